@@ -1,0 +1,32 @@
+# The README's two commands: `make study` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+STUDY_DIR ?= runs/seed_figure
+PYTEST_ARGS ?=
+
+.PHONY: install study test test-fast benchmark clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+study: install
+	$(PY) -m normstudy.study --config=configs/seed_figure.py --workdir=$(STUDY_DIR)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
+
+benchmark: install
+	$(PY) benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) runs *.egg-info

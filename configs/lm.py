@@ -1,0 +1,30 @@
+"""A decoder-only causal language model for LM stability studies: `--config=configs/lm.py[:size]`.
+
+Sizes: `tiny` (CPU smoke runs), `small` (the default), `base`. Override anything on the command
+line, e.g. `--config.model.placement=sandwich_ln --config.optimizer.clip_norm=0`.
+"""
+
+from normstudy import config as config_lib
+
+SIZES = {
+    # name: (num_layers, d_model, num_heads, d_ff, max_len, batch_size)
+    "tiny": (2, 64, 4, 256, 64, 16),
+    "small": (6, 256, 4, 1024, 256, 16),
+    "base": (12, 768, 12, 3072, 1024, 64),
+}
+
+
+def get_config(size: str = "small"):
+  if size not in SIZES:
+    raise ValueError(f"unknown size {size!r} of configs/lm.py; sizes: {', '.join(SIZES)}")
+  config = config_lib.default_config()
+  config.label = f"LM {size} | Pre-LN"
+  num_layers, d_model, num_heads, d_ff, max_len, batch_size = SIZES[size]
+  config.model.update(
+      causal=True, num_layers=num_layers, d_model=d_model, num_heads=num_heads, d_ff=d_ff,
+      max_len=max_len, vocab_size=256, placement="pre_ln", dtype="float32")
+  config.optimizer.update(
+      name="adamw", learning_rate=1e-3, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1,
+      warmup_steps=200, schedule="cosine", end_learning_rate=1e-4, clip_norm=1.0)
+  config.train.update(num_steps=2000, batch_size=batch_size, eval_every=200, checkpoint_every=500)
+  return config

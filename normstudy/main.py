@@ -1,0 +1,25 @@
+"""Train one run: python -m normstudy.main --config=configs/seed_figure.py:pre_norm_clip1 --workdir=DIR
+
+Any config field can be overridden: --config.optimizer.clip_norm=10 --config.model.dtype=float32
+"""
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from normstudy import cli
+from normstudy import train
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:variant].", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the run (created; resumed if it exists).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,127 @@
+"""The embedded default dataset: a seeded sparse Markov chain over a Zipf-like vocabulary.
+
+Why a Markov chain: its entropy rate, the lowest per-token loss any next-token model can reach, is
+known exactly, so every loss curve can be drawn against a true floor.
+
+The language, for vocabulary size V, branching k and seed s:
+  zipf_j  = (j + 1)^-1.1 / sum                         token frequencies of a Zipf-like vocabulary
+  row i   : k distinct successors drawn with probabilities zipf, Dirichlet(1) weights on them
+  P       = (1 - eps) * sparse + eps * zipf             eps = 0.05 keeps the chain irreducible and
+                                                        aperiodic, so it has one stationary law
+  pi      = the stationary distribution (pi P = pi, by power iteration to 1e-12)
+  H       = -sum_i pi_i sum_j P_ij log P_ij              entropy rate in nats per token
+Documents are `DOC_LENGTH` tokens long and start from pi, so the whole corpus is stationary; only
+the first token of each document (1 in DOC_LENGTH) is unpredictable from its predecessor.
+"""
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+DOC_LENGTH = 4096
+SMOOTHING = 0.05
+ZIPF_EXPONENT = 1.1
+
+
+def zipf_frequencies(vocab_size: int) -> np.ndarray:
+  weights = (np.arange(vocab_size) + 1.0) ** -ZIPF_EXPONENT
+  return weights / weights.sum()
+
+
+def transition_matrix(vocab_size: int, branching: int, seed: int) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  zipf = zipf_frequencies(vocab_size)
+  sparse = np.zeros((vocab_size, vocab_size))
+  for row in sparse:
+    successors = rng.choice(vocab_size, size=min(branching, vocab_size), replace=False, p=zipf)
+    row[successors] = rng.dirichlet(np.ones(len(successors)))
+  return (1 - SMOOTHING) * sparse + SMOOTHING * zipf[None, :]
+
+
+def stationary_distribution(transitions: np.ndarray) -> np.ndarray:
+  pi = np.full(len(transitions), 1.0 / len(transitions))
+  for _ in range(10_000):
+    new = pi @ transitions
+    if np.abs(new - pi).max() < 1e-12:
+      return new / new.sum()
+    pi = new
+  raise RuntimeError("stationary distribution did not converge")  # a bug: P is irreducible
+
+
+def entropy_rate(transitions: np.ndarray) -> float:
+  """Exact entropy rate in nats per token."""
+  pi = stationary_distribution(transitions)
+  logs = np.log(transitions, where=transitions > 0, out=np.zeros_like(transitions))
+  return float(-(pi * (transitions * logs).sum(axis=1)).sum())
+
+
+def sample_documents(transitions: np.ndarray, num_docs: int, length: int,
+                     seed: int) -> np.ndarray:
+  """int32 [num_docs, length]: chains started from the stationary law, sampled by inverse CDF."""
+  rng = np.random.default_rng(seed)
+  cdf = np.cumsum(transitions, axis=1)
+  cdf[:, -1] = 1.0
+  pi_cdf = np.cumsum(stationary_distribution(transitions))
+  pi_cdf[-1] = 1.0
+  docs = np.empty((num_docs, length), np.int32)
+  docs[:, 0] = np.searchsorted(pi_cdf, rng.random(num_docs), side="right")
+  for t in range(1, length):
+    u = rng.random(num_docs)
+    docs[:, t] = (u[:, None] >= cdf[docs[:, t - 1]]).sum(axis=1)
+  return docs
+
+
+class SyntheticMarkovConfig(tfds.core.BuilderConfig):
+
+  def __init__(self, *, vocab_size: int, branching: int, seed: int, train_tokens: int,
+               validation_tokens: int):
+    name = f"v{vocab_size}_k{branching}_s{seed}_t{train_tokens}_e{validation_tokens}"
+    super().__init__(name=name, description="seeded sparse Markov chain")
+    self.vocab_size = vocab_size
+    self.branching = branching
+    self.seed = seed
+    self.train_tokens = train_tokens
+    self.validation_tokens = validation_tokens
+
+
+class SyntheticMarkov(tfds.core.GeneratorBasedBuilder):
+  """TFDS builder of the synthetic language; prepares offline, in array_record."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  BUILDER_CONFIGS = []  # Configs are made from config.data, one per vocabulary/seed/size.
+
+  def _info(self):
+    cfg = self.builder_config
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=__doc__,
+        features=tfds.features.FeaturesDict(
+            {"tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32)}),
+        metadata=tfds.core.MetadataDict(
+            entropy_rate=entropy_rate(
+                transition_matrix(cfg.vocab_size, cfg.branching, cfg.seed)),
+            vocab_size=cfg.vocab_size),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # Nothing is downloaded, ever.
+    cfg = self.builder_config
+    return {
+        "train": self._generate_examples(cfg.train_tokens, sample_seed=1),
+        "validation": self._generate_examples(cfg.validation_tokens, sample_seed=2),
+    }
+
+  def _generate_examples(self, num_tokens: int, sample_seed: int):
+    cfg = self.builder_config
+    transitions = transition_matrix(cfg.vocab_size, cfg.branching, cfg.seed)
+    num_docs = max(1, -(-num_tokens // DOC_LENGTH))
+    docs = sample_documents(transitions, num_docs, DOC_LENGTH, seed=(cfg.seed, sample_seed))
+    for i, doc in enumerate(docs):
+      yield i, {"tokens": doc}
+
+
+def builder(data_cfg, vocab_size: int) -> SyntheticMarkov:
+  return SyntheticMarkov(
+      config=SyntheticMarkovConfig(
+          vocab_size=vocab_size, branching=data_cfg.branching, seed=data_cfg.seed,
+          train_tokens=data_cfg.train_tokens, validation_tokens=data_cfg.validation_tokens),
+      data_dir=data_cfg.data_dir)
