@@ -25,14 +25,20 @@ def _read_json(path):
     return json.load(f)
 
 
+STUDY_FILE = "study.json"  # written by normstudy.study: the variants in the config file's order
+
+
 def find_runs(workdir: str) -> list[str]:
-  """Run directories (those holding metrics.jsonl) below `workdir`, sorted."""
+  """Run directories (those holding metrics.jsonl) below `workdir`: a study's variants in its
+  config file's order (the legend order), then any others sorted by path."""
   runs = []
   for root, dirs, files in os.walk(workdir):
     dirs[:] = sorted(d for d in dirs if d != "checkpoints")
     if metrics_lib.FILENAME in files:
       runs.append(root)
-  return runs
+  order = _read_json(os.path.join(workdir, STUDY_FILE)).get("variants", [])
+  rank = {os.path.normpath(os.path.join(workdir, v)): i for i, v in enumerate(order)}
+  return sorted(runs, key=lambda r: (rank.get(os.path.normpath(r), len(rank)), r))
 
 
 def load_runs(workdir: str) -> pd.DataFrame:
@@ -93,7 +99,10 @@ def _k_formatter(value, _):
   return f"{value / 1000:g}K"
 
 
-def plot_comparison(df: pd.DataFrame, path: str, smoothing: float = 0.0) -> str:
+DEFAULT_SMOOTHING = 0.8
+
+
+def plot_comparison(df: pd.DataFrame, path: str, smoothing: float = DEFAULT_SMOOTHING) -> str:
   """The study's figure: loss (top, with the entropy floor) and fp16 loss scale (bottom, log2)."""
   import matplotlib
   matplotlib.use("Agg")
@@ -104,12 +113,15 @@ def plot_comparison(df: pd.DataFrame, path: str, smoothing: float = 0.0) -> str:
   fig, (loss_ax, scale_ax) = plt.subplots(
       2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
   floors = set()
-  for i, run in enumerate(sorted(df.run.unique())):
+  for i, run in enumerate(df.run.unique()):
     color = COLORS[i % len(COLORS)]
     label = infos.get(run, {}).get("label", run)
-    loss = smooth(series(df, run, "loss"), smoothing)
-    markevery = max(1, len(loss) // 40)
+    raw = series(df, run, "loss")
+    markevery = max(1, len(raw) // 40)
     style = dict(color=color, marker="o", markersize=2.5, linewidth=1.0, markevery=markevery)
+    if smoothing > 0:  # the raw curve stays visible behind its average
+      loss_ax.plot(raw.index, raw.values, color=color, linewidth=0.6, alpha=0.25)
+    loss = smooth(raw, smoothing)
     loss_ax.plot(loss.index, loss.values, label=label, **style)
     scale = series(df, run, "loss_scale")
     scale_ax.plot(scale.index, scale.values, label=label, **style)
@@ -139,7 +151,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
   skipped steps, lowest and final loss scale."""
   infos = df.attrs.get("runs", {})
   rows = []
-  for run in sorted(df.run.unique()):
+  for run in df.run.unique():
     info = infos.get(run, {})
     loss = series(df, run, "loss")
     after_warmup = loss[loss.index > info.get("warmup_steps", 0)]
@@ -166,7 +178,7 @@ class NoRunsError(ValueError):
   """A directory holds no run to analyse."""
 
 
-def analyze(workdir: str, smoothing: float = 0.0) -> dict:
+def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING) -> dict:
   """Writes loss_comparison.png and summary.csv into `workdir`; returns their paths."""
   df = load_runs(workdir)
   if df.empty:

@@ -11,7 +11,8 @@ from normstudy import analysis
 from normstudy import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory holding runs (searched recursively).")
-_SMOOTHING = flags.DEFINE_float("smoothing", 0.0, "EMA weight for the loss curves, in [0, 1).")
+_SMOOTHING = flags.DEFINE_float("smoothing", analysis.DEFAULT_SMOOTHING,
+                                "EMA weight of the loss curves in [0, 1); 0 draws raw losses only.")
 flags.mark_flags_as_required(["workdir"])
 
 

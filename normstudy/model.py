@@ -143,7 +143,7 @@ def relaxed_attention_scores(q, k, alpha: float):
     q = q / jnp.asarray(alpha * math.sqrt(head_dim), dtype)
   else:
     q = q / jnp.asarray(math.sqrt(head_dim), dtype)
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+  scores = jnp.einsum("bhqd,bhkd->bhqk", q, k)
   if alpha <= 0:
     return scores.astype(jnp.float32), jnp.zeros(scores.shape[:-1] + (1,), jnp.float32)
   # Softmax is shift invariant, so the row max carries no gradient.
@@ -188,9 +188,11 @@ class Attention(nn.Module):
     wv = _param(self, "value", v_init, qkv_shape, qkv_axes)
     wo = _param(self, "out", xavier_normal(self.branch_gain, in_axis=(0, 1), out_axis=2),
                 (cfg.num_heads, cfg.head_dim, cfg.d_model), ("heads", "kv", "embed"))
-    q = jnp.einsum("bld,dhk->blhk", x, wq.astype(dtype))
-    k = jnp.einsum("bld,dhk->blhk", x, wk.astype(dtype))
-    v = jnp.einsum("bld,dhk->blhk", x, wv.astype(dtype))
+    # Heads-major [batch, heads, length, head_dim]: the score and context products then need
+    # no transposes (measurably faster on CPU than [batch, length, heads, head_dim]).
+    q = jnp.einsum("bld,dhk->bhlk", x, wq.astype(dtype))
+    k = jnp.einsum("bld,dhk->bhlk", x, wk.astype(dtype))
+    v = jnp.einsum("bld,dhk->bhlk", x, wv.astype(dtype))
 
     logits, row_shift = relaxed_attention_scores(q, k, cfg.attention_relax)
     length = x.shape[1]
@@ -203,8 +205,8 @@ class Attention(nn.Module):
         seen = jnp.where(allowed, seen, -jnp.inf)
       self.sow("intermediates", "attn_logit_max", jnp.max(seen))
     probs = jax.nn.softmax(logits, axis=-1).astype(dtype)
-    context = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
-    return jnp.einsum("blhk,hkd->bld", context, wo.astype(dtype))
+    context = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+    return jnp.einsum("bhlk,hkd->bld", context, wo.astype(dtype))
 
 
 class Mlp(nn.Module):

@@ -73,14 +73,17 @@ def make_train_step(config):
     dropout_rng = jax.random.fold_in(state.rng, state.step)
     scale = state.loss_scale.scale
 
+    dynamic = state.loss_scale.dynamic  # static: float32/bfloat16 skip the scaling passes
+
     def scaled_loss(params):
       logits = model.apply({"params": params}, batch["tokens"], batch.get("mask"),
                            rngs={"dropout": dropout_rng})
       loss, _ = cross_entropy(cfg, logits, batch)
-      return loss * scale, loss
+      return (loss * scale if dynamic else loss), loss
 
     grads, loss = jax.grad(scaled_loss, has_aux=True)(state.params)
-    grads = jax.tree.map(lambda g: g / scale, grads)
+    if dynamic:
+      grads = jax.tree.map(lambda g: g / scale, grads)
     finite = jnp.logical_and(precision.all_finite(grads), jnp.isfinite(loss))
     grad_norm = optax.tree.norm(grads)
 

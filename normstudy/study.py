@@ -7,6 +7,7 @@ unfinished ones resumed. Then DIR/loss_comparison.png and DIR/summary.csv are wr
 """
 
 import importlib.util
+import json
 import os
 
 from absl import flags
@@ -57,6 +58,10 @@ def finished_step(run_dir: str):
 
 def run_study(path: str, workdir: str, overrides: dict) -> None:
   configs = variant_configs(path, overrides)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, analysis.STUDY_FILE), "w", encoding="utf-8") as f:
+    json.dump({"config": path, "variants": list(configs), "overrides": {
+        k: v for k, v in overrides.items()}}, f, indent=2, default=str)
   for i, (variant, config) in enumerate(configs.items(), start=1):
     run_dir = os.path.join(workdir, variant)
     if finished_step(run_dir) == config.train.num_steps:

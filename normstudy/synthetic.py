@@ -120,6 +120,7 @@ class SyntheticMarkov(tfds.core.GeneratorBasedBuilder):
 
 
 def builder(data_cfg, vocab_size: int) -> SyntheticMarkov:
+  tfds.disable_progress_bar()  # preparing takes a second; its bars would swamp the run's log
   return SyntheticMarkov(
       config=SyntheticMarkovConfig(
           vocab_size=vocab_size, branching=data_cfg.branching, seed=data_cfg.seed,

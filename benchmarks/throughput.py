@@ -1,0 +1,174 @@
+"""Training-step throughput and model FLOP utilisation (MFU) at two fixed sizes.
+
+  python benchmarks/throughput.py [--steps 20] [--sizes S,M] [--json out.json]
+
+Three steps are timed per size, all decoder-only, float32, Adam, clip 1.0, same FLOPs:
+  plain      a minimal hand-written JAX transformer step (fused qkv, list of layers): the yardstick
+  unrolled   normstudy's train step with scan_layers=False
+  scanned    normstudy's train step with scan_layers=True (the default; compile time flat in depth)
+
+MFU = model FLOPs per step / step time / the dense float32 matmul rate measured in this same
+process (2048^3, jitted, median), so the figure is relative to what this machine can do now.
+Model FLOPs count every matmul of the forward pass (q, k, v, out, fc1, fc2, the scores and the
+attention-weighted sum over the full length, the output head) and 2x that for the backward pass.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from normstudy import config as config_lib
+from normstudy import steps as steps_lib
+
+SIZES = {
+    # d_model, heads, layers, d_ff, length, vocab, batch
+    "S": (128, 4, 4, 512, 128, 256, 16),
+    "M": (256, 4, 6, 1024, 256, 4096, 16),
+}
+
+
+def size_config(name: str):
+  d, heads, layers, ff, length, vocab, batch = SIZES[name]
+  config = config_lib.default_config()
+  config.model.update(d_model=d, num_heads=heads, num_layers=layers, d_ff=ff, max_len=length,
+                      vocab_size=vocab, causal=True, dtype="float32")
+  config.optimizer.update(name="adam", weight_decay=0.0, clip_norm=1.0, warmup_steps=0,
+                          schedule="constant")
+  config.train.update(batch_size=batch, num_steps=1000)
+  return config
+
+
+def model_flops_per_step(config) -> float:
+  m, b = config.model, config.train.batch_size
+  per_token_layer = 2 * (4 * m.d_model * m.d_model + 2 * m.d_model * m.d_ff
+                         + 2 * m.max_len * m.d_model)
+  per_token = m.num_layers * per_token_layer + 2 * m.d_model * m.vocab_size
+  return 3.0 * per_token * m.max_len * b
+
+
+def matmul_flops_per_second(n: int = 2048, repeats: int = 10) -> float:
+  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  matmul = jax.jit(lambda x, y: x @ y)
+  matmul(a, a).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a, a).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return 2 * n**3 / statistics.median(times)
+
+
+def _time(train_step, state, batch, steps: int) -> list[float]:
+  state, metrics = train_step(state, batch)  # compile
+  jax.block_until_ready(metrics)
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    state, metrics = train_step(state, batch)
+    jax.block_until_ready(metrics)
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def _batch(config):
+  m = config.model
+  rng = np.random.default_rng(0)
+  return {"tokens": jnp.asarray(
+      rng.integers(0, m.vocab_size, (config.train.batch_size, m.max_len)), jnp.int32)}
+
+
+def step_seconds(config, steps: int) -> list[float]:
+  """Seconds per normstudy train step, after compilation."""
+  train_step = jax.jit(steps_lib.make_train_step(config), donate_argnums=0)
+  return _time(train_step, steps_lib.create_train_state(config), _batch(config), steps)
+
+
+def plain_step_seconds(config, steps: int) -> list[float]:
+  """Seconds per step of a minimal pre-LN transformer written directly in JAX."""
+  m = config.model
+  d, heads, length = m.d_model, m.num_heads, m.max_len
+  keys = iter(jax.random.split(jax.random.PRNGKey(0), 4 * m.num_layers + 2))
+  normal = lambda shape, std: std * jax.random.normal(next(keys), shape)
+  params = {"emb": normal((m.vocab_size, d), 0.02), "pos": normal((length, d), 0.02),
+            "final": (jnp.ones(d), jnp.zeros(d)), "layers": [
+                {"ln1": (jnp.ones(d), jnp.zeros(d)), "ln2": (jnp.ones(d), jnp.zeros(d)),
+                 "qkv": normal((d, 3 * d), d**-0.5), "out": normal((d, d), d**-0.5),
+                 "fc1": normal((d, m.d_ff), d**-0.5), "fc2": normal((m.d_ff, d), m.d_ff**-0.5)}
+                for _ in range(m.num_layers)]}
+
+  def layernorm(x, gain_bias):
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.square(x - mean).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * gain_bias[0] + gain_bias[1]
+
+  def loss_fn(p, tokens):
+    b = tokens.shape[0]
+    x = p["emb"][tokens] + p["pos"]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    for layer in p["layers"]:
+      q, k, v = jnp.split(layernorm(x, layer["ln1"]) @ layer["qkv"], 3, axis=-1)
+      q, k, v = (t.reshape(b, length, heads, -1) for t in (q, k, v))
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d // heads)
+      probs = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
+      x = x + jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, length, d) @ layer["out"]
+      x = x + jax.nn.gelu(layernorm(x, layer["ln2"]) @ layer["fc1"]) @ layer["fc2"]
+    logits = layernorm(x, p["final"]) @ p["emb"].T
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits[:, :-1], tokens[:, 1:]).mean()
+
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
+
+  def train_step(state, batch):
+    p, opt_state = state
+    loss, grads = jax.value_and_grad(loss_fn)(p, batch["tokens"])
+    updates, opt_state = tx.update(grads, opt_state, p)
+    return (optax.apply_updates(p, updates), opt_state), loss
+
+  return _time(jax.jit(train_step, donate_argnums=0), (params, tx.init(params)),
+               _batch(config), steps)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--steps", type=int, default=20, help="timed steps after compilation")
+  parser.add_argument("--sizes", default="S,M", help="comma-separated, from: S, M")
+  parser.add_argument("--json", default="benchmarks/throughput.json", help="output file")
+  args = parser.parse_args(argv)
+  sizes = args.sizes.split(",")
+  unknown = [s for s in sizes if s not in SIZES]
+  if unknown or args.steps < 1:
+    sys.exit(f"error: unknown size(s) {unknown} (allowed: S, M) or --steps < 1")
+
+  results = {"device": str(jax.devices()[0]), "jax": jax.__version__, "rows": []}
+  print(f"{'size':<5}{'step':<10}{'ms/step':>10}{'tokens/s':>12}{'GFLOP/step':>12}"
+        f"{'matmul GFLOP/s':>16}{'MFU':>8}")
+  for name in sizes:
+    for variant in ("plain", "unrolled", "scanned"):
+      config = size_config(name)
+      config.model.scan_layers = variant == "scanned"
+      timer = plain_step_seconds if variant == "plain" else step_seconds
+      times = timer(config, args.steps)
+      peak = matmul_flops_per_second()  # measured next to each row: the machine is shared
+      median = statistics.median(times)
+      flops = model_flops_per_step(config)
+      tokens = config.train.batch_size * config.model.max_len
+      row = {"size": name, "step": variant, "median_step_s": median,
+             "tokens_per_s": tokens / median, "model_flops_per_step": flops,
+             "matmul_flops_per_s": peak, "mfu": flops / median / peak, "steps": args.steps}
+      results["rows"].append(row)
+      print(f"{name:<5}{variant:<10}{median * 1e3:>10.1f}{row['tokens_per_s']:>12.0f}"
+            f"{flops / 1e9:>12.2f}{peak / 1e9:>16.1f}{row['mfu']:>8.1%}", flush=True)
+  with open(args.json, "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2)
+  print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,42 @@
+"""Helpers for end-to-end tests: run normstudy commands as a user would, in subprocesses."""
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A model small enough that a subprocess run is dominated by start-up, not training.
+TINY = (
+    "--config.model.num_layers=2", "--config.model.d_model=16", "--config.model.num_heads=2",
+    "--config.model.d_ff=32", "--config.model.max_len=16", "--config.model.vocab_size=32",
+    "--config.train.batch_size=4", "--config.data.train_tokens=16384",
+    "--config.data.validation_tokens=4096", "--config.train.eval_steps=2",
+)
+
+
+def tiny_args(data_dir, num_steps=6, every=3):
+  return TINY + (f"--config.data.data_dir={data_dir}", f"--config.train.num_steps={num_steps}",
+                 f"--config.train.eval_every={every}", f"--config.train.checkpoint_every={every}",
+                 f"--config.optimizer.warmup_steps=2")
+
+
+def run_module(module, *args, check=True, timeout=600, **kwargs):
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+  if check and result.returncode != 0:
+    raise AssertionError(f"{module} {' '.join(args)} exited {result.returncode}:\n"
+                         f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
+  return result
+
+
+def records(run_dir):
+  with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def read_json(path):
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)

@@ -1,0 +1,122 @@
+"""The synthetic language, packing, span masks and the resumable iterator."""
+
+import math
+
+import numpy as np
+import pytest
+
+from normstudy import data as data_lib
+from normstudy import synthetic
+
+
+def test_transition_matrix_is_sparse_stochastic_and_seeded():
+  p = synthetic.transition_matrix(64, 4, seed=3)
+  np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-12)
+  # Each row: its 4 successors carry the (1 - eps) mass; everything else only the eps * zipf mix.
+  zipf = synthetic.zipf_frequencies(64)
+  sparse = (p - synthetic.SMOOTHING * zipf) / (1 - synthetic.SMOOTHING)
+  assert ((sparse > 1e-12).sum(1) == 4).all()
+  np.testing.assert_array_equal(p, synthetic.transition_matrix(64, 4, seed=3))
+  assert not np.array_equal(p, synthetic.transition_matrix(64, 4, seed=4))
+
+
+def test_entropy_rate_against_independent_estimates():
+  p = synthetic.transition_matrix(32, 4, seed=0)
+  exact = synthetic.entropy_rate(p)
+  # Independent 1: stationary law from the leading left eigenvector.
+  values, vectors = np.linalg.eig(p.T)
+  pi = np.real(vectors[:, np.argmax(np.real(values))])
+  pi /= pi.sum()
+  by_eig = -sum(pi[i] * sum(p[i, j] * np.log(p[i, j]) for j in range(32) if p[i, j] > 0)
+                for i in range(32))
+  assert exact == pytest.approx(by_eig, rel=1e-9)
+  # Independent 2: Monte Carlo, the mean surprise of sampled transitions.
+  docs = synthetic.sample_documents(p, num_docs=64, length=4000, seed=1)
+  surprise = -np.log(p[docs[:, :-1], docs[:, 1:]])
+  standard_error = surprise.std() / np.sqrt(surprise.size)
+  assert abs(surprise.mean() - exact) < 5 * standard_error
+  # Empirical transition frequencies follow P.
+  counts = np.zeros_like(p)
+  np.add.at(counts, (docs[:, :-1].ravel(), docs[:, 1:].ravel()), 1)
+  frequent = counts.sum(1) > 2000
+  empirical = counts[frequent] / counts[frequent].sum(1, keepdims=True)
+  assert np.abs(empirical - p[frequent]).max() < 0.05
+
+
+def test_pack_concatenates_and_cuts_full_rows():
+  rows = data_lib.pack([np.arange(5), np.arange(5, 12), np.arange(12, 14)], max_len=4)
+  np.testing.assert_array_equal(rows, np.arange(12).reshape(3, 4))
+  with pytest.raises(ValueError, match="fewer than one row"):
+    data_lib.pack([np.arange(3)], max_len=4)
+
+
+def test_span_mask_statistics():
+  rng = np.random.default_rng(0)
+  length, span, prob = 100, 5, 0.2
+  mask = data_lib.span_mask(rng, 4000, length, mask_prob=prob, mask_length=span)
+  # 0.2 * 100 / 5 = 4 starts per row, drawn without replacement from 96; position t stays
+  # unmasked when none of the n_t starts covering it is drawn: C(96 - n_t, 4) / C(96, 4).
+  num_starts, spans = length - span + 1, 4
+  covering = [min(t, num_starts - 1) - max(0, t - span + 1) + 1 for t in range(length)]
+  expected = 1 - np.mean([math.comb(num_starts - n, spans) / math.comb(num_starts, spans)
+                          for n in covering])
+  assert mask.mean() == pytest.approx(expected, abs=0.005)
+  assert mask.any(1).all()
+  # Every run of masked positions is at least one span long.
+  edges = np.diff(np.concatenate([[0], mask[0].astype(int), [0]]))
+  runs = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+  assert (runs >= span).all()
+
+
+def _synthetic_config(make_config, tmp_path, causal=False):
+  config = make_config(causal=causal, vocab_size=32)
+  config.data.update(data_dir=str(tmp_path), train_tokens=2**14, validation_tokens=2**12,
+                     mask_prob=0.3, mask_length=2)
+  return config
+
+
+def test_synthetic_dataset_prepares_offline_and_records_entropy(make_config, tmp_path):
+  config = _synthetic_config(make_config, tmp_path)
+  splits = data_lib.load_splits(config)
+  assert splits.train.shape == (2**14 // 16, 16)
+  assert splits.validation.shape[1] == 16
+  assert splits.train.max() < 32 and splits.train.dtype == np.int32
+  expected = synthetic.entropy_rate(synthetic.transition_matrix(32, config.data.branching, 0))
+  assert splits.entropy_floor == pytest.approx(expected)
+  assert not np.array_equal(splits.train[: len(splits.validation)], splits.validation)
+  again = data_lib.load_splits(config)  # reuses the prepared files
+  np.testing.assert_array_equal(again.train, splits.train)
+
+
+def test_iterator_resumes_at_the_exact_next_batch(make_config, tmp_path):
+  config = _synthetic_config(make_config, tmp_path)
+  splits = data_lib.load_splits(config)
+  reference = data_lib.train_iterator(config, splits)
+  expected = [next(reference) for _ in range(12)]
+  first = data_lib.train_iterator(config, splits)
+  for _ in range(7):
+    next(first)
+  resumed = data_lib.train_iterator(config, splits)
+  resumed.set_state(first.get_state())
+  for want in expected[7:]:
+    got = next(resumed)
+    np.testing.assert_array_equal(got["tokens"], want["tokens"])
+    np.testing.assert_array_equal(got["mask"], want["mask"])
+  # Different seeds shuffle differently.
+  config.train.seed = 1
+  other = next(data_lib.train_iterator(config, splits))
+  assert not np.array_equal(other["tokens"], expected[0]["tokens"])
+
+
+def test_text_files_are_byte_level(make_config, tmp_path):
+  (tmp_path / "a.txt").write_text("hello normstudy " * 40, encoding="utf-8")
+  (tmp_path / "b.txt").write_text("ünïcode bytes " * 40, encoding="utf-8")
+  config = make_config(vocab_size=256)
+  config.data.update(name="text_files", files=str(tmp_path / "*.txt"))
+  splits = data_lib.load_splits(config)
+  stream = (tmp_path / "a.txt").read_bytes() + (tmp_path / "b.txt").read_bytes()
+  np.testing.assert_array_equal(splits.train[0], np.frombuffer(stream[:16], np.uint8))
+  assert splits.entropy_floor is None
+  config.data.files = str(tmp_path / "*.md")
+  with pytest.raises(ValueError, match="matches no file"):
+    data_lib.load_splits(config)
