@@ -5,11 +5,14 @@
 """
 
 import os
+import shutil
 
 from absl import logging
 import grain
 import jax
 import orbax.checkpoint as ocp
+
+from normstudy.errors import UserError
 
 ITEMS = ("state", "data")
 
@@ -18,7 +21,9 @@ def manager(workdir: str, max_to_keep: int) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
       os.path.abspath(os.path.join(workdir, "checkpoints")),
       options=ocp.CheckpointManagerOptions(
-          max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True),
+          max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True,
+          # A save cut short by SIGKILL leaves a *.orbax-checkpoint-tmp directory behind.
+          cleanup_tmp_directories=True),
       item_names=ITEMS)
 
 
@@ -33,8 +38,9 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state, train_iter):
 
   Returns (step, state) with `train_iter` moved to the saved position, or (None, None) when the
   directory holds no checkpoint. A checkpoint that fails to restore (truncated or missing files)
-  is reported and the previous one tried; if none restores, raises `CheckpointError` and leaves
-  the files where they are.
+  is reported and the previous one tried. Once an older one restores, the damaged newer ones are
+  moved to `<workdir>/checkpoints_damaged/` (kept for inspection, out of the way of new saves). If
+  none restores, raises `CheckpointError` and leaves the files where they are.
   """
   steps = sorted(mngr.all_steps(), reverse=True)
   if not steps:
@@ -51,13 +57,28 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state, train_iter):
                       step, reason)
       failures.append(f"step {step} ({reason})")
       continue
+    if failures:
+      _move_aside(mngr, [s for s in steps if s > step])
     return step, restored["state"]
   raise CheckpointError(
       f"no checkpoint under {mngr.directory} can be restored: {'; '.join(failures)}. "
       "The files were left untouched; move them away to start the run afresh.")
 
 
-class CheckpointError(RuntimeError):
+def _move_aside(mngr: ocp.CheckpointManager, steps) -> None:
+  directory = str(mngr.directory)
+  damaged = os.path.join(os.path.dirname(directory), "checkpoints_damaged")
+  os.makedirs(damaged, exist_ok=True)
+  for step in steps:
+    target = os.path.join(damaged, str(step))
+    if os.path.exists(target):
+      shutil.rmtree(target)
+    shutil.move(os.path.join(directory, str(step)), target)
+    logging.warning("moved the damaged checkpoint of step %d to %s", step, target)
+  mngr.reload()
+
+
+class CheckpointError(UserError):
   """No checkpoint of a workdir can be restored."""
 
 

@@ -1,19 +1,27 @@
 """What every normstudy command shares: quiet library logs, and one line for a user's mistake."""
 
 import logging as std_logging
+import os
+import re
 import sys
 
 from absl import app
+from absl import flags
 from absl import logging
 
-
-class UserError(Exception):
-  """Bad input from the user: reported as one line, exit code 2, no traceback."""
+from normstudy.errors import Preempted
+from normstudy.errors import RunHalted
+from normstudy.errors import UserError
 
 
 # INFO lines from these packages drown the progress lines a researcher watches for.
 _QUIET_PACKAGES = ("/orbax/", "/jax/", "/jaxlib/", "/tensorflow_datasets/", "/grain/", "/etils/")
-_QUIET_MESSAGES = ("Using custom data configuration",)
+_QUIET_MESSAGES = (
+    "Using custom data configuration",
+    # orbax reads a damaged checkpoint's arrays in parallel; after the first failure (which
+    # normstudy reports in one line) the others end as unretrieved asyncio task errors.
+    "Task exception was never retrieved",
+)
 
 
 class _LibraryNoise(std_logging.Filter):
@@ -25,15 +33,63 @@ class _LibraryNoise(std_logging.Filter):
     return not any(m in str(record.msg) for m in _QUIET_MESSAGES)
 
 
+def _ignore_closed_loop_callbacks(unraisable):
+  # After orbax gives up on a damaged checkpoint, tensorstore reads still in flight complete
+  # into orbax's closed event loop; each would print a traceback for a failure already reported.
+  if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(
+      unraisable.exc_value):
+    return
+  sys.__unraisablehook__(unraisable)
+
+
 def quiet_library_logs():
+  sys.unraisablehook = _ignore_closed_loop_callbacks
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _LibraryNoise) for f in handler.filters):
     handler.addFilter(_LibraryNoise())
   logging.set_verbosity(logging.INFO)
 
 
+def flag_error_line(error: Exception, argv) -> str:
+  """One line for a flag-parsing failure (config_flags reports config-file errors with the
+  file's whole traceback inside the message)."""
+  text = str(error)
+  if isinstance(error, AttributeError) or "AttributeError" in text:
+    name = re.findall(r"'([^']+)'", text)
+    overrides = [a for a in argv[1:] if name and f".{name[-1]}=" in a]
+    return (f"unknown config field {name[-1]!r}" if name else "unknown config field") + (
+        f" ({overrides[0]})" if overrides else "")
+  raised = [line.strip() for line in text.splitlines() if re.match(r"\s*\w+Error: ", line)]
+  if raised:
+    return raised[-1].split("Error: ", 1)[1]
+  return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def _missing_config_file(argv):
+  # config_flags defers a missing file's error to the first use of the config, as a traceback.
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      path = arg.split("=", 1)[1].split(":", 1)[0]
+      if not os.path.isfile(path):
+        return f"config file {path!r} does not exist (--config={arg.split('=', 1)[1]})"
+  return None
+
+
+def _parse_flags(argv):
+  missing = _missing_config_file(argv)
+  if missing:
+    print(f"error: {missing}", file=sys.stderr)
+    sys.exit(2)
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # a flag or config-file mistake: one line, no traceback
+    print(f"error: {flag_error_line(e, argv)}", file=sys.stderr)
+    sys.exit(2)
+
+
 def run(main):
-  """`absl.app.run(main)`, with library noise filtered and UserError turned into one line."""
+  """`absl.app.run(main)` with library noise filtered; the stops of normstudy.errors become one
+  line on stderr and an exit code (user error 2, halted run 3, preemption 0)."""
 
   def wrapped(argv):
     quiet_library_logs()
@@ -42,5 +98,11 @@ def run(main):
     except UserError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
+    except RunHalted as e:
+      print(f"halted: {e}", file=sys.stderr)
+      sys.exit(3)
+    except Preempted as e:
+      print(f"preempted: {e}", file=sys.stderr)
+      sys.exit(0)
 
-  app.run(wrapped)
+  app.run(wrapped, flags_parser=_parse_flags)

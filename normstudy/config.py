@@ -7,6 +7,8 @@ Config files under `configs/` start from `default_config()` and change what thei
 
 import ml_collections
 
+from normstudy.errors import UserError
+
 
 def default_config() -> ml_collections.ConfigDict:
   """Returns a config with every field normstudy reads, set to its default."""
@@ -71,4 +73,116 @@ def default_config() -> ml_collections.ConfigDict:
   train.eval_steps = 4
   train.checkpoint_every = 200
   train.max_to_keep = 2
+  # float32/bfloat16 steps with a non-finite gradient: "halt" (stop, the newest checkpoint is the
+  # last good state) or "skip" (drop the update; halt after max_consecutive_skips in a row).
+  # float16 always uses the loss scaler's skip and halts when the scale would pass min_scale.
+  train.on_nonfinite = "halt"
+  train.max_consecutive_skips = 10
   return config
+
+
+def _choices():
+  # Imported here: the registries live with the code that uses them.
+  from normstudy import data, model, optimizer, placements
+  return {
+      "model.placement": placements.names(),
+      "model.norm": tuple(sorted(model.NORMS)),
+      "model.dtype": tuple(model.DTYPES),
+      "model.position_embedding": model.POSITION_EMBEDDINGS,
+      "optimizer.name": optimizer.OPTIMIZERS,
+      "optimizer.schedule": optimizer.SCHEDULES,
+      "data.name": data.DATASETS,
+      "train.on_nonfinite": ("halt", "skip"),
+  }
+
+
+# (field, test, what is allowed): each checked in order, the first failure reported.
+_RANGES = (
+    ("model.num_layers", lambda v: v >= 1, "an integer >= 1"),
+    ("model.d_model", lambda v: v >= 1, "an integer >= 1"),
+    ("model.num_heads", lambda v: v >= 1, "an integer >= 1"),
+    ("model.d_ff", lambda v: v >= 1, "an integer >= 1"),
+    ("model.vocab_size", lambda v: v >= 2, "an integer >= 2"),
+    ("model.max_len", lambda v: v >= 2, "an integer >= 2"),
+    ("model.norm_eps", lambda v: v > 0, "a number > 0"),
+    ("model.attention_relax", lambda v: v >= 0, "0 (off) or a number > 0"),
+    ("model.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("optimizer.learning_rate", lambda v: v > 0, "a number > 0"),
+    ("optimizer.end_learning_rate", lambda v: v >= 0, "a number >= 0"),
+    ("optimizer.b1", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("optimizer.b2", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("optimizer.eps", lambda v: v > 0, "a number > 0"),
+    ("optimizer.weight_decay", lambda v: v >= 0, "a number >= 0"),
+    ("optimizer.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
+    ("optimizer.clip_norm", lambda v: v is None or v >= 0, "None or 0 (off), or a number > 0"),
+    ("optimizer.loss_scale.initial_scale", lambda v: v > 0, "a number > 0"),
+    ("optimizer.loss_scale.growth_interval", lambda v: v >= 1, "an integer >= 1"),
+    ("optimizer.loss_scale.min_scale", lambda v: v > 0, "a number > 0"),
+    ("data.mask_prob", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    ("data.mask_length", lambda v: v >= 1, "an integer >= 1"),
+    ("data.branching", lambda v: v >= 1, "an integer >= 1"),
+    ("data.train_tokens", lambda v: v >= 1, "an integer >= 1"),
+    ("data.validation_tokens", lambda v: v >= 1, "an integer >= 1"),
+    ("data.validation_fraction", lambda v: 0 < v < 1, "a number in (0, 1)"),
+    ("train.num_steps", lambda v: v >= 1, "an integer >= 1"),
+    ("train.batch_size", lambda v: v >= 1, "an integer >= 1"),
+    ("train.log_every", lambda v: v >= 1, "an integer >= 1"),
+    ("train.eval_every", lambda v: v >= 0, "0 (never) or an integer >= 1"),
+    ("train.eval_steps", lambda v: v >= 1, "an integer >= 1"),
+    ("train.checkpoint_every", lambda v: v >= 0, "0 (only at the end) or an integer >= 1"),
+    ("train.max_to_keep", lambda v: v >= 1, "an integer >= 1"),
+    ("train.max_consecutive_skips", lambda v: v >= 1, "an integer >= 1"),
+)
+
+
+def get_field(config, dotted: str):
+  for key in dotted.split("."):
+    config = config[key]
+  return config
+
+
+def validate(config, data_parallel: int = 1) -> None:
+  """Raises ConfigError naming the first bad field, its value and what is allowed.
+
+  `data_parallel` is the number of ways the batch is split (the devices on the data axes)."""
+  for field, allowed in _choices().items():
+    value = get_field(config, field)
+    if value not in allowed:
+      raise ConfigError(f"config.{field}={value!r} is not allowed; allowed: {', '.join(allowed)}")
+  for field, test, allowed in _RANGES:
+    value = get_field(config, field)
+    try:
+      ok = test(value)
+    except TypeError:
+      ok = False
+    if not ok:
+      raise ConfigError(f"config.{field}={value!r} is not allowed; allowed: {allowed}")
+  model, data, train = config.model, config.data, config.train
+  if model.d_model % model.num_heads:
+    raise ConfigError(f"config.model.num_heads={model.num_heads} does not divide "
+                      f"config.model.d_model={model.d_model}")
+  if model.position_embedding == "conv" and model.causal:
+    raise ConfigError("config.model.position_embedding='conv' sees both sides of a position; "
+                      "allowed only with config.model.causal=False")
+  if model.position_embedding == "conv" and model.d_model % model.conv_pos_groups:
+    raise ConfigError(f"config.model.conv_pos_groups={model.conv_pos_groups} does not divide "
+                      f"config.model.d_model={model.d_model}")
+  if data.mask_length > model.max_len:
+    raise ConfigError(f"config.data.mask_length={data.mask_length} is longer than "
+                      f"config.model.max_len={model.max_len}")
+  if data.name == "text_files":
+    if not data.files:
+      raise ConfigError("config.data.files is empty; name=text_files needs a glob of text files")
+    if model.vocab_size < 256:
+      raise ConfigError(f"config.model.vocab_size={model.vocab_size} is too small for byte-level "
+                        "text_files; allowed: >= 256")
+  if data.name == "synthetic" and data.branching > model.vocab_size:
+    raise ConfigError(f"config.data.branching={data.branching} exceeds "
+                      f"config.model.vocab_size={model.vocab_size}")
+  if train.batch_size % data_parallel:
+    raise ConfigError(f"config.train.batch_size={train.batch_size} is not divisible by the "
+                      f"{data_parallel} data-parallel devices")
+
+
+class ConfigError(UserError):
+  """A config value outside what normstudy accepts."""

@@ -3,22 +3,25 @@
 Any config field can be overridden: --config.optimizer.clip_norm=10 --config.model.dtype=float32
 """
 
-from absl import app
 from absl import flags
 from ml_collections import config_flags
 
 from normstudy import cli
+from normstudy import errors
 from normstudy import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:variant].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the run (created; resumed if it exists).")
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+    "allow_config_change", False,
+    "Continue a run in --workdir even if its saved config differs in model, optimizer or data.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, _ALLOW_CONFIG_CHANGE.value)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from absl import logging
 FILENAME = "metrics.jsonl"
 
 
-def _plain(value):
+def plain(value):
   """numpy/jax scalars -> Python scalars (bools stay bools, so JSON shows true/false)."""
   return value.item() if hasattr(value, "item") else value
 
@@ -51,7 +51,8 @@ class MetricsLog:
     self._file = open(self.path, "a", encoding="utf-8")
 
   def write(self, record: dict) -> None:
-    self._file.write(json.dumps({k: _plain(v) for k, v in record.items()}) + "\n")
+    self._file.write(json.dumps({k: plain(v) for k, v in record.items()}) + "\n")
+    self._file.flush()  # visible to a notebook watching the run; fsync waits for flush()
 
   def flush(self) -> None:
     """Makes every record so far durable (called at each checkpoint and on exit)."""

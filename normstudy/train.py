@@ -6,12 +6,18 @@
   <workdir>/events.out.tfevents.*  the same scalars for TensorBoard (clu metric writers)
   <workdir>/checkpoints/<step>/    orbax: train state + data-iterator position
 
-Starting again in the same workdir resumes from the newest checkpoint; records after it are
-dropped first, so `metrics.jsonl` never holds a step twice.
+Starting again in the same workdir resumes from the newest checkpoint that restores; records
+after it are dropped first, so `metrics.jsonl` never holds a step twice and a resumed run's
+records equal an uninterrupted run's. SIGTERM/SIGINT finish the current step, checkpoint it and
+stop (normstudy.errors.Preempted); a non-finite step halts or is skipped as
+`config.train.on_nonfinite` says (normstudy.errors.RunHalted).
 """
 
+import contextlib
 import json
 import os
+import signal
+import threading
 import time
 
 from absl import logging
@@ -21,11 +27,22 @@ import jax
 import numpy as np
 
 from normstudy import checkpoints
+from normstudy import config as config_lib
 from normstudy import data as data_lib
 from normstudy import metrics as metrics_lib
 from normstudy import steps as steps_lib
+from normstudy.errors import Preempted
+from normstudy.errors import RunHalted
+from normstudy.errors import UserError
 
 RECORD_KEYS = ("loss", "grad_norm", "clipped", "lr", "loss_scale", "skipped", "skipped_total")
+
+# Fields a continued run may change: they do not alter the trajectory already recorded.
+CHANGEABLE_FIELDS = (
+    "label", "data.data_dir", "train.num_steps", "train.log_every", "train.eval_every",
+    "train.checkpoint_every", "train.max_to_keep", "train.on_nonfinite",
+    "train.max_consecutive_skips",
+)
 
 
 def _write_json(path, obj):
@@ -33,6 +50,40 @@ def _write_json(path, obj):
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(obj, f, indent=2, sort_keys=True)
   os.replace(tmp, path)
+
+
+def _flatten(tree, prefix=""):
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def config_differences(old: dict, new: dict) -> list[str]:
+  """'field: old -> new' for every field that differs and may not change between sessions."""
+  old_flat, new_flat = _flatten(old), _flatten(new)
+  return [f"{k}: {old_flat.get(k, '<absent>')!r} -> {new_flat.get(k, '<absent>')!r}"
+          for k in sorted(set(old_flat) | set(new_flat))
+          if old_flat.get(k) != new_flat.get(k) and k not in CHANGEABLE_FIELDS]
+
+
+def preflight(config, workdir: str, allow_config_change: bool = False) -> None:
+  """Every check that must pass before anything is created or written (raises UserError)."""
+  config_lib.validate(config, data_parallel=jax.device_count())
+  saved_path = os.path.join(workdir, "config.json")
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise UserError(f"--workdir={workdir!r} exists and is not a directory")
+  if os.path.exists(saved_path) and not allow_config_change:
+    with open(saved_path, encoding="utf-8") as f:
+      saved = json.load(f)
+    differences = config_differences(saved, json.loads(config.to_json_best_effort()))
+    if differences:
+      raise UserError(
+          f"{workdir} holds a run with another config ({'; '.join(differences)}); choose another "
+          "--workdir, or pass --allow_config_change to continue this run with the new config")
 
 
 def evaluate(eval_step, params, eval_batches) -> float:
@@ -43,24 +94,91 @@ def evaluate(eval_step, params, eval_batches) -> float:
   return loss_sum / max(count, 1.0)
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
+@contextlib.contextmanager
+def stop_signals():
+  """Yields a dict whose "signal" is set to the name of the first SIGTERM/SIGINT received.
+
+  On a multi-process run SIGTERM is left to JAX's preemption notifier, which every process
+  consults at the same step (CheckpointManager.reached_preemption)."""
+  received = {"signal": None}
+  if threading.current_thread() is not threading.main_thread():
+    yield received
+    return
+  names = ["SIGINT"] + (["SIGTERM"] if jax.process_count() == 1 else [])
+  previous = {}
+
+  def handler(signum, frame):
+    del frame
+    if received["signal"] is None:
+      received["signal"] = signal.Signals(signum).name
+      logging.warning("%s received: finishing the current step, then checkpointing",
+                      received["signal"])
+
+  for name in names:
+    previous[name] = signal.signal(getattr(signal, name), handler)
+  try:
+    yield received
+  finally:
+    for name, old in previous.items():
+      signal.signal(getattr(signal, name), old)
+
+
+class _Halting:
+  """Decides, step by step, whether a non-finite step stops the run."""
+
+  def __init__(self, config):
+    self.float16 = config.model.dtype == "float16"
+    self.policy = config.train.on_nonfinite
+    self.max_skips = config.train.max_consecutive_skips
+    self.min_scale = config.optimizer.loss_scale.min_scale
+    self.consecutive = 0
+
+  def check(self, step: int, values: dict, last_good: int | None) -> None:
+    good = (f"the newest checkpoint (step {last_good}) holds the last good state"
+            if last_good else "no checkpoint was saved yet")
+    if self.float16:
+      if values["scale_underflow"]:
+        raise RunHalted(
+            f"fp16 gradients overflowed again at step {step} with the loss scale at its minimum "
+            f"({self.min_scale:g}, config.optimizer.loss_scale.min_scale); {good}")
+      return
+    if not values["skipped"]:
+      self.consecutive = 0
+      return
+    self.consecutive += 1
+    what = f"non-finite gradient at step {step} (loss={values['loss']}, " \
+           f"grad_norm={values['grad_norm']})"
+    if self.policy == "halt":
+      raise RunHalted(f"{what}; config.train.on_nonfinite=halt; {good}")
+    if self.consecutive > self.max_skips:
+      raise RunHalted(f"{what}: {self.consecutive} consecutive skipped updates, more than "
+                      f"config.train.max_consecutive_skips={self.max_skips}; {good}")
+
+
+def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) -> dict:
   """Trains `config` in `workdir` (resuming if it holds a checkpoint); returns the last record."""
+  preflight(config, workdir, allow_config_change)
   is_writer = jax.process_index() == 0
-  os.makedirs(workdir, exist_ok=True)
   train_cfg = config.train
 
   splits = data_lib.load_splits(config)
   train_iter = data_lib.train_iterator(config, splits)
   eval_batches = data_lib.eval_batches(config, splits)
 
+  os.makedirs(workdir, exist_ok=True)
   state = steps_lib.create_train_state(config)
   mngr = checkpoints.manager(workdir, train_cfg.max_to_keep)
-  start_step, restored = checkpoints.restore_latest(
-      mngr, checkpoints.abstract(state), train_iter)
+  try:
+    start_step, restored = checkpoints.restore_latest(
+        mngr, checkpoints.abstract(state), train_iter)
+  except checkpoints.CheckpointError:
+    mngr.close()  # orbax's background threads must stop before the process exits
+    raise
   if restored is not None:
     state = restored
     logging.info("resumed %s from the checkpoint at step %d", workdir, start_step)
   start_step = start_step or 0
+  last_saved = start_step or None
 
   tokens_per_step = train_cfg.batch_size * config.model.max_len
   num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
@@ -78,58 +196,73 @@ def train_and_evaluate(config, workdir: str) -> dict:
   report = periodic_actions.ReportProgress(
       num_train_steps=train_cfg.num_steps, writer=writer,
       every_steps=max(1, train_cfg.num_steps // 10), every_secs=None)
+  halting = _Halting(config)
 
   train_step = jax.jit(steps_lib.make_train_step(config), donate_argnums=0)
   eval_step = jax.jit(steps_lib.make_eval_step(config))
 
-  def should(every, step):
+  def due(every, step):
     return (every and step % every == 0) or step == train_cfg.num_steps
 
   last_record = None
-  pending = None  # (step, device metrics) of the step before the one in flight
+  pending = None  # (step, device metrics, extra fields) of the step whose successor is in flight
   timer = (start_step, time.perf_counter())
 
   def write_pending():
-    """Fetches the pending step's metrics (its successor is already dispatched) and logs them."""
+    """Fetches the pending step's metrics (its successor is already dispatched), logs them, and
+    stops the run if the step calls for it."""
     nonlocal pending, timer, last_record
     if pending is None:
       return
     step, device_metrics, extra = pending
     pending = None
     values = jax.device_get(device_metrics)
-    if not (should(train_cfg.log_every, step) or step == 1 or extra):
-      return
-    now = time.perf_counter()
-    record = {"step": step, **{k: values[k] for k in RECORD_KEYS}}
-    record["tokens_per_sec"] = (step - timer[0]) * tokens_per_step / max(now - timer[1], 1e-9)
-    timer = (step, now)
-    record.update(extra)
-    last_record = {k: metrics_lib._plain(v) for k, v in record.items()}
-    if is_writer:
-      log.write(record)
-      writer.write_scalars(step, {k: float(v) for k, v in record.items() if k != "step"})
+    if due(train_cfg.log_every, step) or step == 1 or extra or values["skipped"]:
+      now = time.perf_counter()
+      record = {"step": step, **{k: values[k] for k in RECORD_KEYS}}
+      record["tokens_per_sec"] = (step - timer[0]) * tokens_per_step / max(now - timer[1], 1e-9)
+      timer = (step, now)
+      record.update(extra)
+      last_record = {k: metrics_lib.plain(v) for k, v in record.items()}
+      if is_writer:
+        log.write(record)
+        writer.write_scalars(step, {k: float(v) for k, v in record.items() if k != "step"})
+    halting.check(step, values, last_saved)
+
+  def save(step):
+    nonlocal last_saved
+    write_pending()
+    log.flush()
+    checkpoints.save(mngr, step, state, train_iter)
+    last_saved = step
 
   logging.info("training %s: steps %d..%d, %d parameters, %d tokens/step",
                workdir, start_step + 1, train_cfg.num_steps, num_params, tokens_per_step)
-  for step in range(start_step + 1, train_cfg.num_steps + 1):
-    state, device_metrics = train_step(state, next(train_iter))
-    write_pending()
-    pending = (step, device_metrics, {})
-    report(step)
-    if should(train_cfg.eval_every, step):
-      pending[2]["eval_loss"] = evaluate(eval_step, state.params, eval_batches)
+  try:
+    with stop_signals() as stop:
+      for step in range(start_step + 1, train_cfg.num_steps + 1):
+        state, device_metrics = train_step(state, next(train_iter))
+        write_pending()
+        pending = (step, device_metrics, {})
+        report(step)
+        if due(train_cfg.eval_every, step):
+          pending[2]["eval_loss"] = evaluate(eval_step, state.params, eval_batches)
+          write_pending()
+          logging.info("step %d: loss %.4f, eval_loss %.4f, loss_scale %g, skipped %d", step,
+                       last_record["loss"], last_record["eval_loss"],
+                       last_record["loss_scale"], last_record["skipped_total"])
+        preempted = stop["signal"] or (
+            jax.process_count() > 1 and mngr.reached_preemption(step))
+        if due(train_cfg.checkpoint_every, step) or preempted:
+          save(step)
+        if preempted:
+          raise Preempted(f"{stop['signal'] or 'preemption notice'} at step {step}: checkpoint "
+                          f"saved in {workdir}; run the same command to continue")
       write_pending()
-      logging.info("step %d: loss %.4f, eval_loss %.4f, loss_scale %g, skipped %d", step,
-                   last_record["loss"], last_record["eval_loss"], last_record["loss_scale"],
-                   last_record["skipped_total"])
-    if should(train_cfg.checkpoint_every, step):
-      write_pending()
-      log.flush()
-      checkpoints.save(mngr, step, state, train_iter)
-  write_pending()
-  mngr.wait_until_finished()
-  mngr.close()
-  log.close()
-  writer.flush()
-  writer.close()
+  finally:
+    mngr.wait_until_finished()
+    mngr.close()
+    log.close()
+    writer.flush()
+    writer.close()
   return last_record

@@ -40,3 +40,32 @@ def records(run_dir):
 def read_json(path):
   with open(path, encoding="utf-8") as f:
     return json.load(f)
+
+
+def start_module(module, *args, **kwargs):
+  """Starts a normstudy command in the background (for signal tests)."""
+  import subprocess as sp
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  return sp.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env, stdout=sp.PIPE,
+                  stderr=sp.PIPE, text=True, **kwargs)
+
+
+def wait_for_records(proc, run_dir, count, timeout=300):
+  """Waits until metrics.jsonl holds at least `count` lines; False if the process ended first."""
+  import time
+  path = os.path.join(run_dir, "metrics.jsonl")
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if proc.poll() is not None:
+      return False
+    if os.path.exists(path):
+      with open(path, encoding="utf-8") as f:
+        if sum(1 for _ in f) >= count:
+          return True
+    time.sleep(0.005)
+  raise TimeoutError(f"{path} did not reach {count} records")
+
+
+def trajectory(run_dir):
+  """The records without wall-clock measurements: what must be identical across a resume."""
+  return [{k: v for k, v in r.items() if k != "tokens_per_sec"} for r in records(run_dir)]

@@ -1,0 +1,238 @@
+"""Reliability: bit-exact resume after SIGKILL, clean preemption, non-finite steps, damaged
+checkpoints, bad input, workdir safety, torn records. Processes are real subprocesses."""
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from normstudy import analysis
+from normstudy import config as config_lib
+from normstudy import metrics as metrics_lib
+import runs
+
+SEED = "configs/seed_figure.py:pre_norm_clip1"
+LM = "configs/lm.py:tiny"
+
+
+def _args(tmp_path, num_steps, every=5, extra=()):
+  return (*runs.tiny_args(tmp_path / "tfds", num_steps=num_steps, every=every),
+          "--config.model.dropout=0.1", *extra)
+
+
+@pytest.mark.slow
+def test_sigkill_at_several_points_then_resume_is_bit_exact(tmp_path):
+  args = _args(tmp_path, num_steps=40)
+  reference = tmp_path / "reference"
+  runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={reference}", *args)
+  killed = tmp_path / "killed"
+  kills = 0
+  for kill_at in (8, 19, 33):
+    proc = runs.start_module("normstudy.main", f"--config={SEED}", f"--workdir={killed}", *args)
+    if runs.wait_for_records(proc, killed, kill_at):
+      proc.send_signal(signal.SIGKILL)
+      kills += 1
+    proc.communicate(timeout=120)
+  assert kills >= 2  # the run was really interrupted mid-way
+  runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={killed}", *args)
+  expected = runs.trajectory(reference)
+  assert [r["step"] for r in expected] == list(range(1, 41))
+  assert runs.trajectory(killed) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_checkpoints_current_step_and_exits_cleanly(tmp_path, signum):
+  workdir = tmp_path / "run"
+  args = (f"--config={LM}", f"--workdir={workdir}",
+          *runs.tiny_args(tmp_path / "tfds", num_steps=400, every=1000))
+  proc = runs.start_module("normstudy.main", *args)
+  assert runs.wait_for_records(proc, workdir, 5)
+  sent = time.time()
+  proc.send_signal(signum)
+  _, stderr = proc.communicate(timeout=60)
+  assert time.time() - sent < 20
+  assert proc.returncode == 0, stderr[-2000:]
+  assert f"preempted: {signal.Signals(signum).name} at step" in stderr
+  assert "Traceback" not in stderr
+  recs = runs.records(workdir)
+  last = recs[-1]["step"]
+  assert 5 <= last < 400
+  assert sorted(os.listdir(workdir / "checkpoints")) == [str(last)]
+  runs.run_module("normstudy.main", *args)
+  assert [r["step"] for r in runs.records(workdir)] == list(range(1, 401))
+
+
+@pytest.mark.slow
+def test_nonfinite_halt_skip_and_fp16_scale_floor(tmp_path):
+  diverge = ("--config.optimizer.learning_rate=1e30", "--config.optimizer.clip_norm=0",
+             "--config.optimizer.warmup_steps=0")
+  base = runs.tiny_args(tmp_path / "tfds", num_steps=20, every=1)
+  halted = runs.run_module("normstudy.main", f"--config={LM}", f"--workdir={tmp_path / 'halt'}",
+                           *base, *diverge, check=False)
+  assert halted.returncode == 3
+  lines = [l for l in halted.stderr.splitlines() if l.startswith("halted:")]
+  assert len(lines) == 1 and "non-finite gradient at step 2" in lines[0]
+  assert "on_nonfinite=halt" in lines[0] and "Traceback" not in halted.stderr
+  assert "newest checkpoint (step 1)" in lines[0]
+  assert sorted(os.listdir(tmp_path / "halt" / "checkpoints")) == ["1"]
+
+  skipped = runs.run_module(
+      "normstudy.main", f"--config={LM}", f"--workdir={tmp_path / 'skip'}", *base, *diverge,
+      "--config.train.on_nonfinite=skip", "--config.train.max_consecutive_skips=3", check=False)
+  assert skipped.returncode == 3
+  assert "4 consecutive skipped updates" in skipped.stderr
+  recs = runs.records(tmp_path / "skip")
+  assert [r["skipped"] for r in recs] == [False, True, True, True, True]
+  assert recs[-1]["skipped_total"] == 4
+
+  fp16 = runs.run_module(
+      "normstudy.main", f"--config={SEED}", f"--workdir={tmp_path / 'fp16'}", *base,
+      "--config.optimizer.loss_scale.initial_scale=1e30",
+      "--config.optimizer.loss_scale.min_scale=1e29", check=False)
+  assert fp16.returncode == 3
+  assert "with the loss scale at its minimum" in fp16.stderr
+  scales = [r["loss_scale"] for r in runs.records(tmp_path / "fp16")]
+  assert scales[0] == pytest.approx(1e30, rel=1e-6) and scales[1] == pytest.approx(5e29, rel=1e-6)
+
+
+def _corrupt(step_dir):
+  """Truncates every array file of a checkpoint's state."""
+  damaged = 0
+  for root, _, files in os.walk(step_dir / "state"):
+    for name in files:
+      path = os.path.join(root, name)
+      if os.path.getsize(path) > 0 and "d/" in path.replace(os.sep, "/") + "/":
+        with open(path, "r+b") as f:
+          f.truncate(os.path.getsize(path) // 3)
+        damaged += 1
+  assert damaged, f"no array files found under {step_dir}"
+
+
+def _tree_listing(path):
+  return sorted((os.path.relpath(os.path.join(r, f), path), os.path.getsize(os.path.join(r, f)))
+                for r, _, files in os.walk(path) for f in files)
+
+
+@pytest.mark.slow
+def test_damaged_newest_checkpoint_falls_back_then_all_damaged_stops(tmp_path):
+  workdir = tmp_path / "run"
+  common = (f"--config={LM}", f"--workdir={workdir}", "--config.train.max_to_keep=3")
+  runs.run_module("normstudy.main", *common, *runs.tiny_args(tmp_path / "tfds", 6, every=2))
+  reference = runs.trajectory(workdir)
+  _corrupt(workdir / "checkpoints" / "6")
+  resumed = runs.run_module("normstudy.main", *common,
+                            *runs.tiny_args(tmp_path / "tfds", 6, every=2))
+  assert "checkpoint at step 6 cannot be restored" in resumed.stderr
+  assert "resumed" in resumed.stderr and "at step 4" in resumed.stderr
+  assert runs.trajectory(workdir) == reference  # steps 5 and 6 recomputed identically
+  assert (workdir / "checkpoints_damaged" / "6").is_dir()
+
+  for step in os.listdir(workdir / "checkpoints"):
+    if step.isdigit():
+      _corrupt(workdir / "checkpoints" / step)
+  before = _tree_listing(workdir)
+  failed = runs.run_module("normstudy.main", *common,
+                           *runs.tiny_args(tmp_path / "tfds", 8, every=2), check=False)
+  assert failed.returncode == 2
+  assert "no checkpoint under" in failed.stderr and "left untouched" in failed.stderr
+  assert "Traceback" not in failed.stderr
+  assert _tree_listing(workdir) == before
+
+
+BAD_VALUES = [
+    ("model.placement", "peri_ln", "allowed: deepnorm, post_ln, pre_ln, sandwich_ln"),
+    ("model.norm", "batchnorm", "allowed: layernorm, rmsnorm"),
+    ("model.dtype", "float64", "allowed: float32, bfloat16, float16"),
+    ("data.name", "imagenet", "allowed: synthetic, text_files"),
+    ("optimizer.schedule", "step", "allowed: constant, linear, cosine, polynomial"),
+    ("optimizer.name", "sgd", "allowed: adam, adamw"),
+    ("model.num_heads", 5, "does not divide config.model.d_model=128"),
+    ("optimizer.clip_norm", -1.0, "None or 0 (off), or a number > 0"),
+    ("optimizer.learning_rate", 0.0, "a number > 0"),
+    ("train.batch_size", 0, "an integer >= 1"),
+    ("model.attention_relax", -1.0, "0 (off) or a number > 0"),
+    ("data.mask_prob", 1.5, "a number in [0, 1]"),
+    ("train.on_nonfinite", "retry", "allowed: halt, skip"),
+]
+
+
+@pytest.mark.parametrize("field,value,allowed", BAD_VALUES)
+def test_validate_names_field_value_and_allowed(field, value, allowed):
+  config = config_lib.default_config()
+  section, name = field.split(".")
+  config[section][name] = value
+  with pytest.raises(config_lib.ConfigError) as e:
+    config_lib.validate(config)
+  assert f"config.{field}={value!r}" in str(e.value) or f"={value}" in str(e.value)
+  assert allowed in str(e.value)
+
+
+def test_validate_batch_divisible_by_data_parallel_devices():
+  config = config_lib.default_config()
+  config.train.batch_size = 6
+  config_lib.validate(config, data_parallel=3)
+  with pytest.raises(config_lib.ConfigError, match="not divisible by the 4 data-parallel"):
+    config_lib.validate(config, data_parallel=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args,message", [
+    ((f"--config={SEED}", "--config.model.placement=peri_ln"),
+     "config.model.placement='peri_ln' is not allowed; allowed: deepnorm, post_ln"),
+    (("--config=configs/seed_figure.py:nope",), "unknown variant 'nope'"),
+    (("--config=configs/missing.py",), "config file 'configs/missing.py' does not exist"),
+    ((f"--config={SEED}", "--config.model.colour=3"), "unknown config field 'colour'"),
+    ((f"--config={SEED}", "--config.train.batch_size=0"), "config.train.batch_size=0"),
+])
+def test_bad_command_line_is_one_line_and_creates_nothing(tmp_path, args, message):
+  workdir = tmp_path / "never"
+  result = runs.run_module("normstudy.main", *args, f"--workdir={workdir}", check=False)
+  assert result.returncode == 2
+  errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
+  assert not workdir.exists()
+
+
+@pytest.mark.slow
+def test_workdir_holding_another_config_is_refused(tmp_path):
+  workdir = tmp_path / "run"
+  base = (f"--config={LM}", f"--workdir={workdir}", *runs.tiny_args(tmp_path / "tfds", 4, 2))
+  runs.run_module("normstudy.main", *base)
+  before = _tree_listing(workdir)
+  refused = runs.run_module("normstudy.main", *base, "--config.model.d_ff=48",
+                            "--config.optimizer.b1=0.8", check=False)
+  assert refused.returncode == 2
+  line = [l for l in refused.stderr.splitlines() if l.startswith("error:")][0]
+  assert "model.d_ff: 32 -> 48" in line and "optimizer.b1: 0.9 -> 0.8" in line
+  assert "--allow_config_change" in line
+  assert _tree_listing(workdir) == before
+  # Logging/checkpoint frequencies and num_steps may change; an explicit flag allows the rest.
+  runs.run_module("normstudy.main", *base, "--config.train.log_every=2",
+                  "--config.train.num_steps=6")
+  runs.run_module("normstudy.main", *base, "--config.train.num_steps=8",
+                  "--config.optimizer.b1=0.8", "--allow_config_change")
+  assert runs.read_json(workdir / "config.json")["optimizer"]["b1"] == 0.8
+  assert [r["step"] for r in runs.records(workdir)][-1] == 8
+
+
+def test_torn_last_line_is_skipped_with_a_warning(tmp_path, caplog):
+  run = tmp_path / "run"
+  run.mkdir()
+  good = [{"step": 1, "loss": 2.0, "loss_scale": 1.0}, {"step": 2, "loss": 1.5, "loss_scale": 1.0}]
+  text = "".join(json.dumps(r) + "\n" for r in good) + '{"step": 3, "loss": 1.'
+  (run / "metrics.jsonl").write_text(text)
+  df = analysis.load_runs(str(tmp_path))
+  assert list(analysis.series(df, "run", "loss")) == [2.0, 1.5]
+  assert any("torn last line" in r.getMessage() for r in caplog.records)
+  (run / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+  with pytest.raises(ValueError, match="metrics.jsonl:2"):
+    list(metrics_lib.read_records(str(run / "metrics.jsonl")))
+  # A resumed run rewrites the file without the torn line.
+  (run / "metrics.jsonl").write_text(text)
+  log = metrics_lib.MetricsLog(str(run), resume_step=2)
+  log.close()
+  assert [r["step"] for r in metrics_lib.read_records(str(run / "metrics.jsonl"))] == [1, 2]
