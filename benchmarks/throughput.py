@@ -1,6 +1,7 @@
 """Training-step throughput and model FLOP utilisation (MFU) at two fixed sizes.
 
   python benchmarks/throughput.py [--steps 20] [--sizes S,M] [--json out.json]
+                                 [--telemetry_every 10]
 
 Three steps are timed per size, all decoder-only, float32, Adam, clip 1.0, same FLOPs:
   plain      a minimal hand-written JAX transformer step (fused qkv, list of layers): the yardstick
@@ -90,6 +91,28 @@ def step_seconds(config, steps: int) -> list[float]:
   return _time(train_step, steps_lib.create_train_state(config), _batch(config), steps)
 
 
+def telemetry_overhead(config, steps: int, every: int) -> tuple[float, float]:
+  """(seconds per step without telemetry, with telemetry every `every` steps), each the mean
+  over the same number of steps, so the occasional telemetry step is counted at its weight."""
+  plain_step = jax.jit(steps_lib.make_train_step(config), donate_argnums=0)
+  telemetry_step = jax.jit(steps_lib.make_train_step(config, telemetry=True), donate_argnums=0)
+  batch = _batch(config)
+  state = steps_lib.create_train_state(config)
+  for fn in (plain_step, telemetry_step):  # compile both
+    state, metrics = fn(state, batch)
+    jax.block_until_ready(metrics)
+  steps = max(every, steps // every * every)
+  results = []
+  for with_telemetry in (False, True, False, True):  # interleaved: the machine is shared
+    start = time.perf_counter()
+    for i in range(1, steps + 1):
+      fn = telemetry_step if with_telemetry and i % every == 0 else plain_step
+      state, metrics = fn(state, batch)
+      jax.device_get(metrics)  # the training loop fetches every step's metrics too
+    results.append((time.perf_counter() - start) / steps)
+  return min(results[0], results[2]), min(results[1], results[3])
+
+
 def plain_step_seconds(config, steps: int) -> list[float]:
   """Seconds per step of a minimal pre-LN transformer written directly in JAX."""
   m = config.model
@@ -140,6 +163,8 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=20, help="timed steps after compilation")
   parser.add_argument("--sizes", default="S,M", help="comma-separated, from: S, M")
   parser.add_argument("--json", default="benchmarks/throughput.json", help="output file")
+  parser.add_argument("--telemetry_every", type=int, default=10,
+                      help="also time telemetry every N steps against none (0 = skip)")
   args = parser.parse_args(argv)
   sizes = args.sizes.split(",")
   unknown = [s for s in sizes if s not in SIZES]
@@ -165,6 +190,17 @@ def main(argv=None):
       results["rows"].append(row)
       print(f"{name:<5}{variant:<10}{median * 1e3:>10.1f}{row['tokens_per_s']:>12.0f}"
             f"{flops / 1e9:>12.2f}{peak / 1e9:>16.1f}{row['mfu']:>8.1%}", flush=True)
+  if args.telemetry_every:
+    print(f"\ntelemetry every {args.telemetry_every} steps (scanned, the default stack):")
+    print(f"{'size':<5}{'off ms/step':>12}{'on ms/step':>12}{'overhead':>10}")
+    results["telemetry"] = []
+    for name in sizes:
+      config = size_config(name)
+      off, on = telemetry_overhead(config, max(args.steps, 2 * args.telemetry_every),
+                                   args.telemetry_every)
+      results["telemetry"].append({"size": name, "every": args.telemetry_every,
+                                   "off_step_s": off, "on_step_s": on, "overhead": on / off - 1})
+      print(f"{name:<5}{off * 1e3:>12.1f}{on * 1e3:>12.1f}{on / off - 1:>10.1%}", flush=True)
   with open(args.json, "w", encoding="utf-8") as f:
     json.dump(results, f, indent=2)
   print(f"wrote {args.json}")

@@ -74,6 +74,7 @@ def get_config(variant: str = "pre_norm_clip1"):
   train.eval_every = 100
   train.eval_steps = 4
   train.checkpoint_every = 250
+  train.telemetry_every = 10
 
   if variant == "pre_norm_clip10":
     opt.clip_norm = 10.0

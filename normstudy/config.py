@@ -73,6 +73,9 @@ def default_config() -> ml_collections.ConfigDict:
   train.eval_steps = 4
   train.checkpoint_every = 200
   train.max_to_keep = 2
+  # Per-layer telemetry (attention-logit max, activation RMS, gradient/update/parameter norms)
+  # every this many steps, by a second compiled step; 0 = off.
+  train.telemetry_every = 0
   # float32/bfloat16 steps with a non-finite gradient: "halt" (stop, the newest checkpoint is the
   # last good state) or "skip" (drop the update; halt after max_consecutive_skips in a row).
   # float16 always uses the loss scaler's skip and halts when the scale would pass min_scale.
@@ -132,6 +135,7 @@ _RANGES = (
     ("train.checkpoint_every", lambda v: v >= 0, "0 (only at the end) or an integer >= 1"),
     ("train.max_to_keep", lambda v: v >= 1, "an integer >= 1"),
     ("train.max_consecutive_skips", lambda v: v >= 1, "an integer >= 1"),
+    ("train.telemetry_every", lambda v: v >= 0, "0 (off) or an integer >= 1"),
 )
 
 

@@ -61,13 +61,41 @@ def _model(cfg, deterministic, telemetry=False):
   return model_lib.Transformer(cfg, deterministic=deterministic, telemetry=telemetry)
 
 
-def make_train_step(config):
-  """Returns train_step(state, batch) -> (state, metrics)."""
+TELEMETRY_LAYER_METRICS = ("attn_logit_max", "act_rms", "grad_norm", "update_norm", "param_norm")
+
+
+def per_layer_norms(cfg: model_lib.ModelConfig, tree) -> jax.Array:
+  """[num_layers] L2 norms of each layer's part of a parameter-shaped tree."""
+  if cfg.scan_layers:
+    squares = [jnp.sum(jnp.square(x.astype(jnp.float32)), axis=tuple(range(1, x.ndim)))
+               for x in jax.tree.leaves(tree["layers"])]
+    return jnp.sqrt(sum(squares))
+  return jnp.stack([optax.tree.norm(tree[f"layer_{i}"]) for i in range(cfg.num_layers)])
+
+
+def _per_layer_intermediate(cfg, intermediates, path) -> jax.Array:
+  """[num_layers] values a Block sowed under `path` (a tuple of module names, then the name)."""
+  def lookup(tree):
+    for key in path:
+      tree = tree[key]
+    return tree[0]  # sow appends to a tuple
+  if cfg.scan_layers:
+    return lookup(intermediates["layers"])
+  return jnp.stack([lookup(intermediates[f"layer_{i}"]) for i in range(cfg.num_layers)])
+
+
+def make_train_step(config, telemetry: bool = False):
+  """Returns train_step(state, batch) -> (state, metrics).
+
+  With `telemetry`, metrics also hold per-layer arrays [num_layers] under "telemetry":
+  attn_logit_max, act_rms, grad_norm, update_norm, param_norm; and the global output_logit_max
+  and log_z_mean. The state update is the same computation either way.
+  """
   cfg = model_lib.ModelConfig.create(config.model)
   tx = optimizer_lib.make_optimizer(config.optimizer, config.train.num_steps)
   schedule = optimizer_lib.learning_rate_schedule(config.optimizer, config.train.num_steps)
   clip_norm = config.optimizer.clip_norm or 0.0
-  model = _model(cfg, deterministic=cfg.dropout == 0)
+  model = _model(cfg, deterministic=cfg.dropout == 0, telemetry=telemetry)
 
   def train_step(state: TrainState, batch):
     dropout_rng = jax.random.fold_in(state.rng, state.step)
@@ -76,12 +104,22 @@ def make_train_step(config):
     dynamic = state.loss_scale.dynamic  # static: float32/bfloat16 skip the scaling passes
 
     def scaled_loss(params):
-      logits = model.apply({"params": params}, batch["tokens"], batch.get("mask"),
-                           rngs={"dropout": dropout_rng})
+      logits, variables = model.apply(
+          {"params": params}, batch["tokens"], batch.get("mask"), rngs={"dropout": dropout_rng},
+          mutable=["intermediates"] if telemetry else False), {}
+      if telemetry:
+        logits, variables = logits
       loss, _ = cross_entropy(cfg, logits, batch)
-      return (loss * scale if dynamic else loss), loss
+      observed = {}
+      if telemetry:
+        observed = jax.lax.stop_gradient({
+            "intermediates": variables["intermediates"],
+            "output_logit_max": jnp.max(logits),
+            "log_z_mean": jnp.mean(jax.nn.logsumexp(logits, axis=-1)),
+        })
+      return (loss * scale if dynamic else loss), (loss, observed)
 
-    grads, loss = jax.grad(scaled_loss, has_aux=True)(state.params)
+    grads, (loss, observed) = jax.grad(scaled_loss, has_aux=True)(state.params)
     if dynamic:
       grads = jax.tree.map(lambda g: g / scale, grads)
     finite = jnp.logical_and(precision.all_finite(grads), jnp.isfinite(loss))
@@ -110,6 +148,17 @@ def make_train_step(config):
         "skipped_total": new_state.skipped_total,
         "scale_underflow": scale_underflow,
     }
+    if telemetry:
+      inter = observed["intermediates"]
+      metrics["telemetry"] = {
+          "attn_logit_max": _per_layer_intermediate(cfg, inter, ("attention", "attn_logit_max")),
+          "act_rms": _per_layer_intermediate(cfg, inter, ("act_rms",)),
+          "grad_norm": per_layer_norms(cfg, grads),
+          "update_norm": per_layer_norms(cfg, updates),
+          "param_norm": per_layer_norms(cfg, state.params),
+          "output_logit_max": observed["output_logit_max"],
+          "log_z_mean": observed["log_z_mean"],
+      }
     return new_state, metrics
 
   return train_step

@@ -41,7 +41,7 @@ RECORD_KEYS = ("loss", "grad_norm", "clipped", "lr", "loss_scale", "skipped", "s
 CHANGEABLE_FIELDS = (
     "label", "data.data_dir", "train.num_steps", "train.log_every", "train.eval_every",
     "train.checkpoint_every", "train.max_to_keep", "train.on_nonfinite",
-    "train.max_consecutive_skips",
+    "train.max_consecutive_skips", "train.telemetry_every",
 )
 
 
@@ -84,6 +84,24 @@ def preflight(config, workdir: str, allow_config_change: bool = False) -> None:
       raise UserError(
           f"{workdir} holds a run with another config ({'; '.join(differences)}); choose another "
           "--workdir, or pass --allow_config_change to continue this run with the new config")
+
+
+def due_telemetry(train_cfg, step: int) -> bool:
+  every = train_cfg.get("telemetry_every", 0)
+  return bool(every) and step % every == 0
+
+
+def telemetry_record(telemetry: dict, values: dict, float16: bool) -> dict:
+  """Per-layer arrays -> `<metric>/layer_<i>` keys; globals as they are."""
+  record = {}
+  for name in steps_lib.TELEMETRY_LAYER_METRICS:
+    for i, value in enumerate(telemetry[name]):
+      record[f"{name}/layer_{i}"] = value
+  record["output_logit_max"] = telemetry["output_logit_max"]
+  record["log_z_mean"] = telemetry["log_z_mean"]
+  if float16:
+    record["fp16_overflows"] = values["skipped_total"]
+  return record
 
 
 def evaluate(eval_step, params, eval_batches) -> float:
@@ -199,6 +217,9 @@ def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) 
   halting = _Halting(config)
 
   train_step = jax.jit(steps_lib.make_train_step(config), donate_argnums=0)
+  # A second compiled step for telemetry steps, so the others pay nothing for it.
+  telemetry_step = jax.jit(steps_lib.make_train_step(config, telemetry=True), donate_argnums=0)
+  float16 = config.model.dtype == "float16"
   eval_step = jax.jit(steps_lib.make_eval_step(config))
 
   def due(every, step):
@@ -217,12 +238,15 @@ def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) 
     step, device_metrics, extra = pending
     pending = None
     values = jax.device_get(device_metrics)
-    if due(train_cfg.log_every, step) or step == 1 or extra or values["skipped"]:
+    telemetry = values.get("telemetry")
+    if due(train_cfg.log_every, step) or step == 1 or extra or values["skipped"] or telemetry:
       now = time.perf_counter()
       record = {"step": step, **{k: values[k] for k in RECORD_KEYS}}
       record["tokens_per_sec"] = (step - timer[0]) * tokens_per_step / max(now - timer[1], 1e-9)
       timer = (step, now)
       record.update(extra)
+      if telemetry:
+        record.update(telemetry_record(telemetry, values, float16))
       last_record = {k: metrics_lib.plain(v) for k, v in record.items()}
       if is_writer:
         log.write(record)
@@ -241,7 +265,8 @@ def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) 
   try:
     with stop_signals() as stop:
       for step in range(start_step + 1, train_cfg.num_steps + 1):
-        state, device_metrics = train_step(state, next(train_iter))
+        step_fn = telemetry_step if due_telemetry(train_cfg, step) else train_step
+        state, device_metrics = step_fn(state, next(train_iter))
         write_pending()
         pending = (step, device_metrics, {})
         report(step)
