@@ -13,6 +13,8 @@ import pandas as pd
 
 from normstudy import metrics as metrics_lib
 
+STUDY_FILE = "study.json"  # written by normstudy.study: the variants in the config file's order
+
 # The seed figure's colours, in its legend order.
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:pink", "tab:purple", "tab:brown",
           "tab:gray", "tab:olive", "tab:cyan", "tab:red")
@@ -25,7 +27,31 @@ def _read_json(path):
     return json.load(f)
 
 
-STUDY_FILE = "study.json"  # written by normstudy.study: the variants in the config file's order
+
+
+RUN_FILES = (metrics_lib.FILENAME, "config.json", "run.json", STUDY_FILE)
+
+
+def localize(workdir: str, cache_dir: str | None = None, force_copy: bool = False) -> str:
+  """A local directory with the run files of `workdir` (metrics, configs; no checkpoints).
+
+  Local paths are returned as they are; `gs://...` (any path TensorFlow's gfile reads) is copied
+  to `cache_dir` (default: a fresh temporary directory) first, so pandas and matplotlib can read it.
+  """
+  if "://" not in workdir and not force_copy:
+    return workdir
+  import tempfile
+  import tensorflow as tf  # gfile reads gs://; imported only for remote paths
+  local_root = cache_dir or tempfile.mkdtemp(prefix="normstudy_")
+  for root, dirs, files in tf.io.gfile.walk(workdir):
+    dirs[:] = [d for d in dirs if d.rstrip("/") != "checkpoints"]
+    relative = os.path.relpath(root, workdir) if root != workdir else ""
+    for name in files:
+      if name in RUN_FILES:
+        os.makedirs(os.path.join(local_root, relative), exist_ok=True)
+        tf.io.gfile.copy(os.path.join(root, name), os.path.join(local_root, relative, name),
+                         overwrite=True)
+  return local_root
 
 
 def find_runs(workdir: str) -> list[str]:
@@ -104,14 +130,13 @@ DEFAULT_SMOOTHING = 0.8
 
 def plot_comparison(df: pd.DataFrame, path: str, smoothing: float = DEFAULT_SMOOTHING) -> str:
   """The study's figure: loss (top, with the entropy floor) and fp16 loss scale (bottom, log2)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  # A bare Figure draws without pyplot, so a notebook's inline backend is left alone.
+  from matplotlib.figure import Figure
   from matplotlib.ticker import FuncFormatter
 
   infos = df.attrs.get("runs", {})
-  fig, (loss_ax, scale_ax) = plt.subplots(
-      2, 1, figsize=(9, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+  fig = Figure(figsize=(9, 7))
+  loss_ax, scale_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
   floors = set()
   for i, run in enumerate(df.run.unique()):
     color = COLORS[i % len(COLORS)]
@@ -142,7 +167,6 @@ def plot_comparison(df: pd.DataFrame, path: str, smoothing: float = DEFAULT_SMOO
   scale_ax.xaxis.set_major_formatter(FuncFormatter(_k_formatter))
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)
   return path
 
 
@@ -395,10 +419,9 @@ HEATMAP_METRICS = ("attn_logit_max", "act_rms", "grad_norm")
 
 def plot_layer_heatmaps(df: pd.DataFrame, workdir: str) -> dict:
   """layers_<metric>.png for each telemetry metric present: layer x step, one panel per run."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   from matplotlib.colors import LogNorm
+  from matplotlib.figure import Figure
+  from matplotlib.ticker import FuncFormatter
 
   infos = df.attrs.get("runs", {})
   written = {}
@@ -410,8 +433,8 @@ def plot_layer_heatmaps(df: pd.DataFrame, workdir: str) -> dict:
     values = np.concatenate([t.to_numpy().ravel() for t in tables.values()])
     values = values[np.isfinite(values) & (values > 0)]
     norm = LogNorm(values.min(), values.max()) if len(values) else None
-    fig, axes = plt.subplots(1, len(tables), figsize=(4.2 * len(tables), 3.4), squeeze=False,
-                             sharey=True)
+    fig = Figure(figsize=(4.2 * len(tables), 3.4))
+    axes = fig.subplots(1, len(tables), squeeze=False, sharey=True)
     for ax, (run, table) in zip(axes[0], tables.items()):
       steps = table.columns.to_numpy()
       image = ax.imshow(table.to_numpy(), aspect="auto", origin="lower", norm=norm,
@@ -419,13 +442,12 @@ def plot_layer_heatmaps(df: pd.DataFrame, workdir: str) -> dict:
                         extent=(steps.min(), steps.max(), -0.5, len(table) - 0.5))
       ax.set_title(infos.get(run, {}).get("label", run), fontsize=8)
       ax.set_xlabel("Training Step")
-      ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_k_formatter))
+      ax.xaxis.set_major_formatter(FuncFormatter(_k_formatter))
     axes[0][0].set_ylabel("Layer")
     fig.colorbar(image, ax=axes[0].tolist(), label=metric)
     fig.suptitle(f"Per-layer {metric}")
     path = os.path.join(workdir, f"layers_{metric}.png")
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     written[f"layers_{metric}"] = path
   return written
 

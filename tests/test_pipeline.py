@@ -24,7 +24,8 @@ def test_study_runs_every_variant_then_resumes_and_skips(tmp_path):
   study = tmp_path / "study"
   data_dir = tmp_path / "tfds"
   result = runs.run_module("normstudy.study", f"--config={SEED_FIGURE}", f"--workdir={study}",
-                           *runs.tiny_args(data_dir, num_steps=6))
+                           *runs.tiny_args(data_dir, num_steps=6),
+                           "--config.train.telemetry_every=2")
   assert f"figure: {study}/loss_comparison.png" in result.stdout
   for variant, label in zip(VARIANTS, LABELS):
     run_dir = study / variant
@@ -57,10 +58,21 @@ def test_study_runs_every_variant_then_resumes_and_skips(tmp_path):
     assert row.final_eval_loss == pytest.approx(recs[-1]["eval_loss"])
     assert row.min_loss_scale == min(r["loss_scale"] for r in recs)
 
+  observations = (study / "observations.md").read_text()
+  for label in LABELS:
+    assert f"## {label}" in observations
+  assert "## Comparison" in observations
+  for metric in ("attn_logit_max", "act_rms", "grad_norm"):
+    assert (study / f"layers_{metric}.png").read_bytes().startswith(b"\x89PNG")
+  recs = runs.records(study / "pre_norm_clip1")
+  assert [r["step"] for r in recs if "act_rms/layer_1" in r] == [2, 4, 6]
+  assert all("fp16_overflows" in r for r in recs if "act_rms/layer_1" in r)
+  _execute_notebook(study, tmp_path)
+
   # Extending the study resumes every run from its last checkpoint: no step is logged twice.
   first = {v: runs.records(study / v) for v in VARIANTS}
   runs.run_module("normstudy.study", f"--config={SEED_FIGURE}", f"--workdir={study}",
-                  *runs.tiny_args(data_dir, num_steps=9))
+                  *runs.tiny_args(data_dir, num_steps=9), "--config.train.telemetry_every=2")
   for variant in VARIANTS:
     recs = runs.records(study / variant)
     assert [r["step"] for r in recs] == list(range(1, 10))
@@ -68,8 +80,41 @@ def test_study_runs_every_variant_then_resumes_and_skips(tmp_path):
     assert "9" in os.listdir(study / variant / "checkpoints")
   # A finished study is skipped run by run.
   again = runs.run_module("normstudy.study", f"--config={SEED_FIGURE}", f"--workdir={study}",
-                          *runs.tiny_args(data_dir, num_steps=9))
+                          *runs.tiny_args(data_dir, num_steps=9),
+                          "--config.train.telemetry_every=2")
   assert again.stderr.count("finished earlier, skipped") == 4
+
+
+def _execute_notebook(study, tmp_path):
+  """Runs notebooks/compare_runs.ipynb headless against the study; any failing cell fails."""
+  import nbclient
+  import nbformat
+  nb = nbformat.read(os.path.join(runs.REPO, "notebooks", "compare_runs.ipynb"), as_version=4)
+  os.environ["NORMSTUDY_WORKDIR"] = str(study)
+  try:
+    nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+  finally:
+    del os.environ["NORMSTUDY_WORKDIR"]
+  text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+  assert "4 runs" in text
+  images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+            if "image/png" in o.get("data", {})]
+  assert len(images) >= 5  # comparison, 3 heatmaps, overlay
+
+
+def test_localize_copies_run_files_but_not_checkpoints(tmp_path):
+  remote = tmp_path / "remote" / "run"
+  (remote / "checkpoints" / "3").mkdir(parents=True)
+  (remote / "checkpoints" / "3" / "blob").write_bytes(b"x" * 100)
+  (remote / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+  (remote / "config.json").write_text('{"label": "R"}')
+  local = analysis.localize(str(tmp_path / "remote"), str(tmp_path / "cache"), force_copy=True)
+  assert (tmp_path / "cache" / "run" / "metrics.jsonl").read_text() == '{"step": 1, "loss": 2.0}\n'
+  assert (tmp_path / "cache" / "run" / "config.json").exists()
+  assert not (tmp_path / "cache" / "run" / "checkpoints").exists()
+  assert set(analysis.load_runs(local).label) == {"R"}
+  assert analysis.localize(str(tmp_path)) == str(tmp_path)  # local paths are used in place
 
 
 def test_single_run_command_line_and_overrides(tmp_path):

@@ -1,0 +1,80 @@
+"""Writes compare_runs.ipynb from the cells below (edit here, then run: python make_notebook.py)."""
+
+import os
+
+import nbformat
+
+CELLS = [
+    ("markdown", """# normstudy: compare runs
+
+The comparison figure, the summary table, the generated observations, the per-layer telemetry
+heatmaps, and an overlay of any metrics you pick. Point `WORKDIR` at a study directory (local or
+`gs://`)."""),
+    ("code", """# Install normstudy in Colab (elsewhere, install it with `pip install -e .` from a checkout).
+import os
+import sys
+
+NORMSTUDY_REPO = os.environ.get("NORMSTUDY_REPO", "git+https://github.com/normstudy/normstudy.git")
+if "google.colab" in sys.modules:
+  get_ipython().run_line_magic("pip", f"install -q {NORMSTUDY_REPO}")"""),
+    ("code", """# Parameters: a study directory written by `python -m normstudy.study` (local or gs://).
+WORKDIR = os.environ.get("NORMSTUDY_WORKDIR", "runs/seed_figure")
+SMOOTHING = 0.8  # EMA weight of the loss curves; 0 draws raw losses"""),
+    ("code", """import tempfile
+
+import matplotlib.pyplot as plt
+from IPython.display import Image, Markdown, display
+
+from normstudy import analysis
+
+local = analysis.localize(WORKDIR)  # gs:// is copied (run files only, no checkpoints)
+out = tempfile.mkdtemp(prefix="normstudy_nb_")
+df = analysis.load_runs(local)
+print(f"{df.run.nunique()} runs, {len(df)} values from {WORKDIR}")"""),
+    ("markdown", "## Training Loss Comparison"),
+    ("code", """display(Image(analysis.plot_comparison(df, os.path.join(out, "loss_comparison.png"),
+                                      SMOOTHING)))"""),
+    ("markdown", "## Summary"),
+    ("code", """summary = analysis.summarize(df)
+summary"""),
+    ("markdown", "## Observations"),
+    ("code", """path = analysis.write_observations(df, summary, os.path.join(out, "observations.md"))
+display(Markdown(open(path, encoding="utf-8").read()))"""),
+    ("markdown", "## Per-layer telemetry"),
+    ("code", """heatmaps = analysis.plot_layer_heatmaps(df, out)
+if not heatmaps:
+  print("no telemetry in these runs (set config.train.telemetry_every)")
+for name, path in heatmaps.items():
+  display(Image(path))"""),
+    ("markdown", "## Overlay runs and metrics"),
+    ("code", """RUNS = list(df.run.unique())         # pick a subset, e.g. RUNS = ["pre_norm_clip1"]
+METRICS = ["loss", "grad_norm"]       # any of: sorted(df.metric.unique())
+print("metrics available:", ", ".join(sorted(m for m in df.metric.unique() if "/" not in m)))
+
+labels = df.attrs["runs"]
+fig, axes = plt.subplots(len(METRICS), 1, figsize=(9, 3 * len(METRICS)), sharex=True,
+                         squeeze=False)
+for ax, metric in zip(axes[:, 0], METRICS):
+  for run in RUNS:
+    values = analysis.series(df, run, metric)
+    ax.plot(values.index, values.values, label=labels[run]["label"], linewidth=1)
+  ax.set_ylabel(metric)
+  ax.grid(alpha=0.3)
+axes[0, 0].legend(fontsize=8)
+axes[-1, 0].set_xlabel("Training Step")
+plt.show()"""),
+]
+
+
+def build():
+  nb = nbformat.v4.new_notebook()
+  nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+  nb.cells = [nbformat.v4.new_markdown_cell(src) if kind == "markdown"
+              else nbformat.v4.new_code_cell(src) for kind, src in CELLS]
+  return nb
+
+
+if __name__ == "__main__":
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare_runs.ipynb")
+  nbformat.write(build(), path)
+  print(f"wrote {path}")
