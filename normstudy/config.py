@@ -64,6 +64,12 @@ def default_config() -> ml_collections.ConfigDict:
   data.mask_prob = 0.65  # Encoders: fraction of positions that start a masked span (HuBERT).
   data.mask_length = 5
 
+  # Device mesh (normstudy.sharding): one size may be -1, the remaining devices.
+  config.mesh = mesh = ml_collections.ConfigDict()
+  mesh.data = -1
+  mesh.fsdp = 1
+  mesh.tensor = 1
+
   config.train = train = ml_collections.ConfigDict()
   train.num_steps = 1000
   train.batch_size = 16

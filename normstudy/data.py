@@ -80,30 +80,54 @@ def span_mask(rng: np.random.Generator, batch: int, length: int, mask_prob: floa
   return mask
 
 
-def batches(config, rows: np.ndarray, *, train: bool) -> grain.MapDataset:
-  """Batches of {"tokens"} (causal) or {"tokens", "mask"} (encoder), indexable and endless."""
+def batches(config, rows: np.ndarray, *, train: bool, process_index: int = 0,
+            process_count: int = 1) -> grain.MapDataset:
+  """This process's share of every global batch: {"tokens"} (causal) or {"tokens", "mask"}
+  (encoder), indexable and endless.
+
+  The stream of rows is shuffled by seed (per epoch) and each row's span mask is seeded by its
+  position in the stream, so global batch i is rows [i*B, (i+1)*B) of the stream whatever the
+  number of processes; process p reads only rows i*B + p*B/P ... of each.
+  """
   ds = grain.MapDataset.source(rows)
   if train:
     ds = ds.shuffle(seed=config.train.seed)
-  ds = ds.repeat().batch(config.train.batch_size, drop_remainder=True)
+  ds = ds.repeat()
   if config.model.causal:
-    return ds.map(lambda tokens: {"tokens": tokens})
-  data_cfg = config.data
-  seed = config.train.seed if train else config.train.seed + 1_000_003
+    ds = ds.map(lambda tokens: {"tokens": tokens})
+  else:
+    data_cfg = config.data
+    seed = config.train.seed if train else config.train.seed + 1_000_003
 
-  def add_mask(tokens, rng):
-    mask = span_mask(rng, *tokens.shape, data_cfg.mask_prob, data_cfg.mask_length)
-    return {"tokens": tokens, "mask": mask}
+    def add_mask(tokens, rng):
+      mask = span_mask(rng, 1, len(tokens), data_cfg.mask_prob, data_cfg.mask_length)[0]
+      return {"tokens": tokens, "mask": mask}
 
-  return ds.random_map(add_mask, seed=seed)
+    ds = ds.random_map(add_mask, seed=seed)
+  global_batch = config.train.batch_size
+  if process_count == 1:
+    return ds.batch(global_batch, drop_remainder=True)
+  local_batch = global_batch // process_count
+  stream = ds
+
+  def local_row(k):
+    step, j = divmod(k, local_batch)
+    return stream[step * global_batch + process_index * local_batch + j]
+
+  return grain.MapDataset.range(2**62).map(local_row).batch(local_batch, drop_remainder=True)
+
+
+def _process():
+  import jax  # the process layout; jax is initialised by then
+  return {"process_index": jax.process_index(), "process_count": jax.process_count()}
 
 
 def train_iterator(config, splits: TokenSplits) -> grain.DatasetIterator:
   """The training iterator; `get_state`/`set_state` (or orbax's grain handler) resume it."""
-  return iter(batches(config, splits.train, train=True).to_iter_dataset())
+  return iter(batches(config, splits.train, train=True, **_process()).to_iter_dataset())
 
 
 def eval_batches(config, splits: TokenSplits):
   """The same `eval_steps` validation batches at every evaluation, so evals are comparable."""
-  ds = batches(config, splits.validation, train=False)
+  ds = batches(config, splits.validation, train=False, **_process())
   return [ds[i] for i in range(config.train.eval_steps)]

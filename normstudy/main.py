@@ -8,6 +8,7 @@ from ml_collections import config_flags
 
 from normstudy import cli
 from normstudy import errors
+from normstudy import sharding
 from normstudy import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:variant].", lock_config=True)
@@ -15,12 +16,17 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the run (created; 
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change", False,
     "Continue a run in --workdir even if its saved config differs in model, optimizer or data.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0, for multi-process runs.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+  sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, _ALLOW_CONFIG_CHANGE.value)
 
 

@@ -63,3 +63,16 @@ class MetricsLog:
     if not self._file.closed:
       self.flush()
       self._file.close()
+
+
+class NullLog:
+  """The MetricsLog of processes other than 0: they write nothing."""
+
+  def write(self, record: dict) -> None:
+    del record
+
+  def flush(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass

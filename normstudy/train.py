@@ -30,6 +30,7 @@ from normstudy import checkpoints
 from normstudy import config as config_lib
 from normstudy import data as data_lib
 from normstudy import metrics as metrics_lib
+from normstudy import sharding
 from normstudy import steps as steps_lib
 from normstudy.errors import Preempted
 from normstudy.errors import RunHalted
@@ -72,7 +73,9 @@ def config_differences(old: dict, new: dict) -> list[str]:
 
 def preflight(config, workdir: str, allow_config_change: bool = False) -> None:
   """Every check that must pass before anything is created or written (raises UserError)."""
-  config_lib.validate(config, data_parallel=jax.device_count())
+  mesh_sizes = dict(zip(sharding.AXES, sharding.mesh_shape(config.mesh, jax.device_count())))
+  config_lib.validate(config, data_parallel=mesh_sizes["data"] * mesh_sizes["fsdp"])
+  sharding.check_divisible(config, mesh_sizes)
   saved_path = os.path.join(workdir, "config.json")
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise UserError(f"--workdir={workdir!r} exists and is not a directory")
@@ -184,7 +187,8 @@ def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) 
   eval_batches = data_lib.eval_batches(config, splits)
 
   os.makedirs(workdir, exist_ok=True)
-  state = steps_lib.create_train_state(config)
+  mesh = sharding.make_mesh(config.mesh)
+  state, shardings = sharding.create_state(config, mesh)
   mngr = checkpoints.manager(workdir, train_cfg.max_to_keep)
   try:
     start_step, restored = checkpoints.restore_latest(
@@ -209,18 +213,22 @@ def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) 
         "num_params": num_params,
         "tokens_per_step": tokens_per_step,
     })
-  log = metrics_lib.MetricsLog(workdir, start_step if restored is not None else None)
-  writer = metric_writers.AsyncWriter(metric_writers.SummaryWriter(workdir))
+  if is_writer:
+    log = metrics_lib.MetricsLog(workdir, start_step if restored is not None else None)
+    writer = metric_writers.AsyncWriter(metric_writers.SummaryWriter(workdir))
+  else:  # only process 0 writes records; the others still report progress to their logs
+    log, writer = metrics_lib.NullLog(), metric_writers.MultiWriter([])
   report = periodic_actions.ReportProgress(
       num_train_steps=train_cfg.num_steps, writer=writer,
       every_steps=max(1, train_cfg.num_steps // 10), every_secs=None)
   halting = _Halting(config)
 
-  train_step = jax.jit(steps_lib.make_train_step(config), donate_argnums=0)
+  train_step = sharding.jit_train_step(config, mesh, shardings)
   # A second compiled step for telemetry steps, so the others pay nothing for it.
-  telemetry_step = jax.jit(steps_lib.make_train_step(config, telemetry=True), donate_argnums=0)
+  telemetry_step = sharding.jit_train_step(config, mesh, shardings, telemetry=True)
   float16 = config.model.dtype == "float16"
-  eval_step = jax.jit(steps_lib.make_eval_step(config))
+  eval_step = sharding.jit_eval_step(config, mesh, shardings)
+  eval_batches = [sharding.global_batch(mesh, b) for b in eval_batches]
 
   def due(every, step):
     return (every and step % every == 0) or step == train_cfg.num_steps
@@ -260,13 +268,14 @@ def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) 
     checkpoints.save(mngr, step, state, train_iter)
     last_saved = step
 
-  logging.info("training %s: steps %d..%d, %d parameters, %d tokens/step",
-               workdir, start_step + 1, train_cfg.num_steps, num_params, tokens_per_step)
+  logging.info("training %s: steps %d..%d, %d parameters, %d tokens/step, mesh %s",
+               workdir, start_step + 1, train_cfg.num_steps, num_params, tokens_per_step,
+               dict(mesh.shape))
   try:
     with stop_signals() as stop:
       for step in range(start_step + 1, train_cfg.num_steps + 1):
         step_fn = telemetry_step if due_telemetry(train_cfg, step) else train_step
-        state, device_metrics = step_fn(state, next(train_iter))
+        state, device_metrics = step_fn(state, sharding.global_batch(mesh, next(train_iter)))
         write_pending()
         pending = (step, device_metrics, {})
         report(step)

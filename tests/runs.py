@@ -22,8 +22,8 @@ def tiny_args(data_dir, num_steps=6, every=3):
                  f"--config.optimizer.warmup_steps=2")
 
 
-def run_module(module, *args, check=True, timeout=600, **kwargs):
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
+def run_module(module, *args, check=True, timeout=600, env=None, **kwargs):
+  env = dict(env or os.environ, PYTHONUNBUFFERED="1")
   result = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout, **kwargs)
   if check and result.returncode != 0:
@@ -42,10 +42,10 @@ def read_json(path):
     return json.load(f)
 
 
-def start_module(module, *args, **kwargs):
+def start_module(module, *args, env=None, **kwargs):
   """Starts a normstudy command in the background (for signal tests)."""
   import subprocess as sp
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  env = dict(env or os.environ, PYTHONUNBUFFERED="1")
   return sp.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env, stdout=sp.PIPE,
                   stderr=sp.PIPE, text=True, **kwargs)
 

@@ -1,0 +1,88 @@
+"""Meshes: equivalence across device layouts (8 fake devices), checkpoints across meshes,
+multi-process runs on loopback, and the errors for layouts that do not fit."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from normstudy import sharding
+from normstudy.errors import UserError
+import runs
+
+
+def _mesh(data=-1, fsdp=1, tensor=1):
+  return {"data": data, "fsdp": fsdp, "tensor": tensor}
+
+
+def test_mesh_shape_resolves_minus_one_and_rejects_misfits():
+  assert sharding.mesh_shape(_mesh(), 8) == (8, 1, 1)
+  assert sharding.mesh_shape(_mesh(2, -1, 2), 8) == (2, 2, 2)
+  with pytest.raises(UserError, match="the mesh has 6 devices, but there are 8"):
+    sharding.mesh_shape(_mesh(3, 2, 1), 8)
+  with pytest.raises(UserError, match=r"the other axes \(3\) do not divide the 8 devices"):
+    sharding.mesh_shape(_mesh(-1, 3, 1), 8)
+  with pytest.raises(UserError, match="at most one may be -1"):
+    sharding.mesh_shape(_mesh(-1, -1, 1), 8)
+
+
+def test_sizes_that_do_not_divide_are_named(make_config):
+  config = make_config(num_heads=4, d_ff=64)
+  config.train.batch_size = 4
+  sharding.check_divisible(config, {"data": 2, "fsdp": 2, "tensor": 4})
+  with pytest.raises(UserError, match="config.model.num_heads=4 is not divisible by the mesh's "
+                                      "tensor size 8"):
+    sharding.check_divisible(config, {"data": 1, "fsdp": 1, "tensor": 8})
+  with pytest.raises(UserError, match="config.train.batch_size=4 is not divisible by the "
+                                      "mesh's data x fsdp size 8"):
+    sharding.check_divisible(config, {"data": 4, "fsdp": 2, "tensor": 1})
+
+
+@pytest.mark.slow
+def test_meshes_give_the_single_device_trajectory_and_checkpoints_move_between_them(tmp_path):
+  result = subprocess.run(
+      [sys.executable, os.path.join(runs.REPO, "tests", "sharded_run.py"), str(tmp_path)],
+      cwd=os.path.join(runs.REPO, "tests"), capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-4000:]
+  out = json.loads(result.stdout.strip().splitlines()[-1])
+  assert out["device_count"] == 8
+  reference = out["losses"]["single"]
+  for name in ("8x1x1", "2x2x2", "2x1x4", "1x8x1"):
+    for got, want in zip(out["losses"][name], reference):
+      assert abs(got - want) <= 2e-4 * abs(want), (name, out["losses"][name], reference)
+  assert reference[-1] < reference[0]  # it trained
+  assert out["restored_equal"]
+  assert out["restored_sharding"] == "P(None, 'fsdp', 'tensor')"  # the target mesh's layout
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
+  args = ("--config=configs/lm.py:tiny", *runs.tiny_args(tmp_path / "tfds", 6, every=3),
+          "--config.train.batch_size=8")
+  env4 = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  runs.run_module("normstudy.main", *args, f"--workdir={tmp_path / 'one'}",
+                  env=dict(os.environ, **env4))
+  port = _free_port()
+  env2 = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  procs = [runs.start_module("normstudy.main", *args, f"--workdir={tmp_path / 'two'}",
+                             f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                             f"--process_id={i}", env=env2) for i in range(2)]
+  outputs = [p.communicate(timeout=300) for p in procs]
+  for p, (_, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-3000:]
+  one, two = runs.records(tmp_path / "one"), runs.records(tmp_path / "two")
+  assert [r["step"] for r in two] == list(range(1, 7))
+  for a, b in zip(one, two):
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+  assert sorted(os.listdir(tmp_path / "two" / "checkpoints")) == ["3", "6"]
+  assert "mesh {'data': 4" in outputs[0][1]  # 2 processes x 2 devices on the data axis
