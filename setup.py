@@ -19,6 +19,7 @@ INSTALL_REQUIRES = [
     "clu>=0.0.12,<0.1",
     "grain>=0.2.18,<0.3",
     "array-record>=0.8,<0.9",
+    "sentencepiece>=0.2,<0.3",
     "matplotlib>=3.9,<4",
     "pandas>=2.2,<4",
 ]

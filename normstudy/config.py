@@ -53,7 +53,7 @@ def default_config() -> ml_collections.ConfigDict:
   ls.min_scale = 1e-4
 
   config.data = data = ml_collections.ConfigDict()
-  data.name = "synthetic"  # synthetic | text_files
+  data.name = "synthetic"  # synthetic | text_files | a TFDS text dataset (lm1b, c4/en, ...)
   data.data_dir = ml_collections.config_dict.placeholder(str)  # None: the TFDS default.
   data.files = ""  # Glob of UTF-8 text files for name=text_files.
   data.validation_fraction = 0.05  # text_files: the tail of the corpus held out.
@@ -61,6 +61,13 @@ def default_config() -> ml_collections.ConfigDict:
   data.branching = 8  # Synthetic language: successors per token.
   data.train_tokens = 2**20
   data.validation_tokens = 2**16
+  # TFDS catalog datasets: the text feature, the held-out split ("" = validation, else test),
+  # and the tokenizer: "bytes", "train" (a SentencePiece model trained from the training split on
+  # first use and saved beside the data), or the path of a SentencePiece .model.
+  data.text_feature = "text"
+  data.validation_split = ""
+  data.tokenizer = "bytes"
+  data.tokenizer_train_bytes = 2**24
   data.mask_prob = 0.65  # Encoders: fraction of positions that start a masked span (HuBERT).
   data.mask_length = 5
 
@@ -100,7 +107,6 @@ def _choices():
       "model.position_embedding": model.POSITION_EMBEDDINGS,
       "optimizer.name": optimizer.OPTIMIZERS,
       "optimizer.schedule": optimizer.SCHEDULES,
-      "data.name": data.DATASETS,
       "train.on_nonfinite": ("halt", "skip"),
   }
 
@@ -155,6 +161,7 @@ def validate(config, data_parallel: int = 1) -> None:
   """Raises ConfigError naming the first bad field, its value and what is allowed.
 
   `data_parallel` is the number of ways the batch is split (the devices on the data axes)."""
+  from normstudy import data as data_lib
   for field, allowed in _choices().items():
     value = get_field(config, field)
     if value not in allowed:
@@ -168,6 +175,13 @@ def validate(config, data_parallel: int = 1) -> None:
     if not ok:
       raise ConfigError(f"config.{field}={value!r} is not allowed; allowed: {allowed}")
   model, data, train = config.model, config.data, config.train
+  if data.name not in data_lib.DATASETS and not data_lib.is_catalog_dataset(data.name):
+    raise ConfigError(f"config.data.name={data.name!r} is not allowed; allowed: "
+                      f"{', '.join(data_lib.DATASETS)} or a TFDS catalog dataset with a text "
+                      "feature (lm1b, c4/en, ...)")
+  if data.name not in data_lib.DATASETS and data.tokenizer == "bytes" and model.vocab_size < 256:
+    raise ConfigError(f"config.model.vocab_size={model.vocab_size} is too small for "
+                      "config.data.tokenizer='bytes'; allowed: >= 256")
   if model.d_model % model.num_heads:
     raise ConfigError(f"config.model.num_heads={model.num_heads} does not divide "
                       f"config.model.d_model={model.d_model}")

@@ -13,7 +13,8 @@ from typing import Optional
 import grain
 import numpy as np
 
-DATASETS = ("synthetic", "text_files")
+DATASETS = ("synthetic", "text_files")  # besides any TFDS catalog dataset with a text feature
+TOKENIZERS = ("bytes", "train")  # or the path of a SentencePiece .model
 
 
 @dataclasses.dataclass
@@ -57,13 +58,96 @@ def _text_files(data_cfg, max_len: int) -> TokenSplits:
                      f"text_files:{data_cfg.files}")
 
 
+def is_catalog_dataset(name: str) -> bool:
+  import tensorflow_datasets as tfds
+  return name.split("/")[0] in tfds.list_builders()
+
+
+def _read_texts(data_cfg, split: str, budget_bytes: int):
+  """Texts of a TFDS split, in order, until about `budget_bytes` bytes (never the whole of c4)."""
+  import tensorflow_datasets as tfds
+  ds = tfds.load(data_cfg.name, split=split, data_dir=data_cfg.data_dir, shuffle_files=False)
+  total = 0
+  for example in tfds.as_numpy(ds):
+    if data_cfg.text_feature not in example:
+      raise ValueError(f"config.data.text_feature={data_cfg.text_feature!r} is not a feature of "
+                       f"{data_cfg.name}; features: {', '.join(sorted(example))}")
+    text = example[data_cfg.text_feature]
+    text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
+    yield text
+    total += len(text.encode("utf-8")) + 1
+    if total >= budget_bytes:
+      return
+
+
+def _validation_split(data_cfg) -> str:
+  if data_cfg.validation_split:
+    return data_cfg.validation_split
+  import tensorflow_datasets as tfds
+  known = list(tfds.builder(data_cfg.name, data_dir=data_cfg.data_dir).info.splits)
+  return next((s for s in ("validation", "test") if s in known), "validation")
+
+
+def sentencepiece_path(data_cfg, vocab_size: int) -> str:
+  """Where a trained SentencePiece model is saved: beside the data, named by dataset and size."""
+  import os
+  import tensorflow_datasets as tfds
+  root = data_cfg.data_dir or tfds.core.constants.DATA_DIR
+  return os.path.join(os.path.expanduser(root),
+                      f"{data_cfg.name.replace('/', '_')}_sp{vocab_size}.model")
+
+
+def _tokenizer(data_cfg, vocab_size: int):
+  """(encode: str -> list[int], separator ids) for config.data.tokenizer."""
+  if data_cfg.tokenizer == "bytes":
+    return (lambda text: list(text.encode("utf-8"))), [10]
+  import os
+  import sentencepiece as spm
+  path = data_cfg.tokenizer
+  if path == "train":
+    path = sentencepiece_path(data_cfg, vocab_size)
+    if not os.path.exists(path):  # trained once from the training split, as flax's lm1b does
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      texts = _read_texts(data_cfg, "train", data_cfg.tokenizer_train_bytes)
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(texts), model_prefix=path[: -len(".model")],
+          vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
+          hard_vocab_limit=False, minloglevel=2)
+  elif not os.path.exists(path):
+    raise ValueError(f"config.data.tokenizer={path!r}: no such SentencePiece model")
+  processor = spm.SentencePieceProcessor(model_file=path)
+  if processor.get_piece_size() > vocab_size:
+    raise ValueError(f"the SentencePiece model {path} has {processor.get_piece_size()} pieces, "
+                     f"more than config.model.vocab_size={vocab_size}")
+  separator = [processor.eos_id()] if processor.eos_id() >= 0 else []
+  return processor.encode, separator
+
+
+def _catalog(config) -> TokenSplits:
+  data_cfg, max_len = config.data, config.model.max_len
+  encode, separator = _tokenizer(data_cfg, config.model.vocab_size)
+  splits = {}
+  for split, tokens in (("train", data_cfg.train_tokens),
+                        (_validation_split(data_cfg), data_cfg.validation_tokens)):
+    # A token is at most a few bytes; read generously, then cut the packed rows to size.
+    docs = [np.asarray(encode(t) + separator, np.int32)
+            for t in _read_texts(data_cfg, split, 4 * tokens)]
+    rows = pack(docs, max_len)
+    splits[split] = rows[: max(1, -(-tokens // max_len))]
+  train, validation = splits.values()
+  return TokenSplits(train, validation, None, f"tfds:{data_cfg.name}:{data_cfg.tokenizer}")
+
+
 def load_splits(config) -> TokenSplits:
   name = config.data.name
   if name == "synthetic":
     return _synthetic(config.data, config.model.max_len, config.model.vocab_size)
   if name == "text_files":
     return _text_files(config.data, config.model.max_len)
-  raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}")
+  if is_catalog_dataset(name):
+    return _catalog(config)
+  raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)} or a TFDS "
+                   "catalog dataset with a text feature (lm1b, c4/en, ...)")
 
 
 def span_mask(rng: np.random.Generator, batch: int, length: int, mask_prob: float,

@@ -182,7 +182,10 @@ def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) 
   is_writer = jax.process_index() == 0
   train_cfg = config.train
 
-  splits = data_lib.load_splits(config)
+  try:
+    splits = data_lib.load_splits(config)
+  except ValueError as e:  # no files match, a tokenizer that does not fit: the user's to fix
+    raise UserError(str(e)) from None
   train_iter = data_lib.train_iterator(config, splits)
   eval_batches = data_lib.eval_batches(config, splits)
 

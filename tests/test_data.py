@@ -1,6 +1,7 @@
 """The synthetic language, packing, span masks and the resumable iterator."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -119,4 +120,46 @@ def test_text_files_are_byte_level(make_config, tmp_path):
   assert splits.entropy_floor is None
   config.data.files = str(tmp_path / "*.md")
   with pytest.raises(ValueError, match="matches no file"):
+    data_lib.load_splits(config)
+
+
+@pytest.mark.parametrize("name", ["lm1b", "c4/en"])
+def test_catalog_dataset_byte_level_with_mock_data(make_config, tmp_path, name):
+  import tensorflow_datasets as tfds
+  config = make_config(vocab_size=256)
+  config.data.update(name=name, data_dir=str(tmp_path), train_tokens=2048,
+                     validation_tokens=256, tokenizer="bytes")
+  with tfds.testing.mock_data(num_examples=200):
+    splits = data_lib.load_splits(config)
+    texts = list(data_lib._read_texts(config.data, "train", 10**6))
+  stream = b"\n".join(t.encode() for t in texts) + b"\n"
+  np.testing.assert_array_equal(splits.train.ravel(),
+                                np.frombuffer(stream[: splits.train.size], np.uint8))
+  assert splits.train.shape == (2048 // 16, 16) and splits.validation.shape == (256 // 16, 16)
+  assert splits.source == f"tfds:{name}:bytes"
+
+
+def test_catalog_dataset_trains_and_reuses_a_sentencepiece_model(make_config, tmp_path):
+  import sentencepiece as spm
+  import tensorflow_datasets as tfds
+  config = make_config(vocab_size=40)
+  config.data.update(name="lm1b", data_dir=str(tmp_path), train_tokens=1024,
+                     validation_tokens=128, tokenizer="train", tokenizer_train_bytes=20000,
+                     validation_split="test")
+  with tfds.testing.mock_data(num_examples=300):
+    splits = data_lib.load_splits(config)
+    first_text = next(data_lib._read_texts(config.data, "train", 1))
+  path = data_lib.sentencepiece_path(config.data, 40)
+  assert path == str(tmp_path / "lm1b_sp40.model")
+  processor = spm.SentencePieceProcessor(model_file=path)
+  assert processor.get_piece_size() <= 40
+  expected = processor.encode(first_text)
+  np.testing.assert_array_equal(splits.train.ravel()[: len(expected)], expected)
+  assert splits.train.max() < 40
+  modified = os.path.getmtime(path)
+  with tfds.testing.mock_data(num_examples=300):
+    data_lib.load_splits(config)  # the saved model is reused, not retrained
+  assert os.path.getmtime(path) == modified
+  config.data.tokenizer = str(tmp_path / "missing.model")
+  with pytest.raises(ValueError, match="no such SentencePiece model"):
     data_lib.load_splits(config)

@@ -146,7 +146,7 @@ BAD_VALUES = [
     ("model.placement", "peri_ln", "allowed: deepnorm, post_ln, pre_ln, sandwich_ln"),
     ("model.norm", "batchnorm", "allowed: layernorm, rmsnorm"),
     ("model.dtype", "float64", "allowed: float32, bfloat16, float16"),
-    ("data.name", "imagenet", "allowed: synthetic, text_files"),
+    ("data.name", "no_such_dataset", "allowed: synthetic, text_files or a TFDS catalog"),
     ("optimizer.schedule", "step", "allowed: constant, linear, cosine, polynomial"),
     ("optimizer.name", "sgd", "allowed: adam, adamw"),
     ("model.num_heads", 5, "does not divide config.model.d_model=128"),

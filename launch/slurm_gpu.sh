@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Submit a normstudy run to SLURM: one process per node (all its GPUs) or one per GPU.
+usage="usage: launch/slurm_gpu.sh --config FILE[:VARIANT] --workdir DIR [--nodes 2]
+       [--gpus-per-node 8] [--per-gpu] [--partition P] [--time 24:00:00] [--venv .venv]
+       [--dry-run] [-- --config.a.b=value ...]"
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+
+config="" workdir="" nodes=1 gpus=8 per_gpu=0 partition="" time_limit="24:00:00" venv=".venv"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --config) config="$2"; shift 2 ;;
+    --workdir) workdir="$2"; shift 2 ;;
+    --nodes) nodes="$2"; shift 2 ;;
+    --gpus-per-node) gpus="$2"; shift 2 ;;
+    --per-gpu) per_gpu=1; shift ;;
+    --partition) partition="$2"; shift 2 ;;
+    --time) time_limit="$2"; shift 2 ;;
+    --venv) venv="$2"; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) echo "$usage"; exit 0 ;;
+    --) shift; break ;;
+    *) echo "$usage" >&2; die "unknown option '$1'" ;;
+  esac
+done
+[ -n "$config" ] && [ -n "$workdir" ] || { echo "$usage" >&2; die "--config and --workdir are required"; }
+[[ "$nodes" =~ ^[1-9][0-9]*$ ]] || die "--nodes=$nodes is not a positive integer"
+[[ "$gpus" =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-node=$gpus is not a positive integer"
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+tasks_per_node=1
+[ "$per_gpu" = 1 ] && tasks_per_node="$gpus"
+args=(--config="$config" --workdir="$workdir" "$@")
+quoted_args="$(printf '%q ' "${args[@]}")"
+# JAX reads SLURM_* itself (jax.distributed.initialize() with no arguments); per GPU, each task
+# sees only its own device.
+visible=""
+[ "$per_gpu" = 1 ] && visible='export CUDA_VISIBLE_DEVICES=$SLURM_LOCALID; '
+script="#!/bin/bash
+#SBATCH --job-name=normstudy
+#SBATCH --nodes=$nodes
+#SBATCH --ntasks-per-node=$tasks_per_node
+#SBATCH --gpus-per-node=$gpus
+#SBATCH --time=$time_limit
+#SBATCH --signal=TERM@120
+${partition:+#SBATCH --partition=$partition
+}cd $repo
+srun bash -c '${visible}exec $venv/bin/python -m normstudy.main $quoted_args'
+"
+if [ "$DRY_RUN" = 1 ]; then
+  echo "sbatch <<'SCRIPT'"
+  echo "$script"
+  echo "SCRIPT"
+else
+  echo "$script" | sed 's/^/#   /'
+  sbatch <<<"$script"
+fi

@@ -1,0 +1,75 @@
+"""Launch scripts: --dry-run prints the exact commands; bad usage is one line and exit 2."""
+
+import os
+import subprocess
+
+import pytest
+
+import runs
+
+
+def _launch(script, *args):
+  return subprocess.run(["bash", os.path.join(runs.REPO, "launch", script), *args],
+                        cwd=runs.REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_tpu_pod_dry_run_prints_every_step():
+  result = _launch("tpu_pod.sh", "--name", "pod1", "--zone", "us-central2-b", "--config",
+                   "configs/seed_figure.py:pre_norm_clip1", "--workdir", "gs://bucket/study",
+                   "--create", "--delete", "--collect", "runs/pod1", "--dry-run", "--",
+                   "--config.train.num_steps=100")
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert lines[0].startswith("gcloud compute tpus tpu-vm create pod1 --zone=us-central2-b "
+                             "--accelerator-type=v4-32")
+  assert any(l.startswith("git -C ") and "archive" in l for l in lines)
+  ssh = [l for l in lines if " ssh pod1 " in l]
+  assert len(ssh) == 2 and all("--worker=all" in l for l in ssh)
+  assert "normstudy.main\\ --config=configs/seed_figure.py:pre_norm_clip1" in ssh[1]
+  assert "--config.train.num_steps=100" in ssh[1]
+  assert lines[-2].startswith("gcloud storage rsync") and lines[-2].endswith("runs/pod1")
+  assert lines[-1] == "gcloud compute tpus tpu-vm delete pod1 --zone=us-central2-b --quiet"
+
+
+def test_slurm_dry_run_prints_the_batch_script():
+  result = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
+                   "--nodes", "4", "--gpus-per-node", "8", "--per-gpu", "--dry-run")
+  assert result.returncode == 0, result.stderr
+  out = result.stdout
+  assert out.startswith("sbatch <<'SCRIPT'")
+  assert "#SBATCH --nodes=4" in out and "#SBATCH --ntasks-per-node=8" in out
+  assert "CUDA_VISIBLE_DEVICES=$SLURM_LOCALID" in out
+  assert "-m normstudy.main --config=configs/lm.py:small --workdir=runs/lm" in out
+
+
+def test_sweep_starts_one_job_per_variant():
+  result = _launch("sweep.sh", "--config", "configs/seed_figure.py", "--workdir", "runs/sweep",
+                   "--dry-run", "--", "--", "--config.train.num_steps=10")
+  assert result.returncode == 0, result.stderr
+  jobs = [l for l in result.stdout.splitlines() if "normstudy.main" in l]
+  variants = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
+              "pre_norm_attn_relax_clip1")
+  assert len(jobs) == 4
+  for job, variant in zip(jobs, variants):
+    assert f"--config=configs/seed_figure.py:{variant} --workdir=runs/sweep/{variant} " \
+           "--config.train.num_steps=10" in job
+  slurm = _launch("sweep.sh", "--config", "configs/seed_figure.py", "--workdir", "runs/s",
+                  "--launcher", "slurm", "--dry-run", "--", "--nodes", "2")
+  assert slurm.stdout.count("sbatch <<'SCRIPT'") == 4 and "#SBATCH --nodes=2" in slurm.stdout
+
+
+@pytest.mark.parametrize("script,args,message", [
+    ("tpu_pod.sh", (), "--name, --zone, --config and --workdir are required"),
+    ("tpu_pod.sh", ("--name", "p", "--zone", "z", "--config", "c", "--workdir", "/local"),
+     "must be a gs:// path"),
+    ("slurm_gpu.sh", ("--config", "c", "--workdir", "w", "--nodes", "zero"),
+     "--nodes=zero is not a positive integer"),
+    ("sweep.sh", ("--config", "configs/nope.py", "--workdir", "w"),
+     "config file 'configs/nope.py' does not exist"),
+    ("sweep.sh", ("--bogus",), "unknown option '--bogus'"),
+])
+def test_bad_usage_is_one_error_line(script, args, message):
+  result = _launch(script, *args)
+  assert result.returncode == 2
+  assert result.stderr.splitlines()[-1] == f"error: {message}" or message in result.stderr
+  assert "usage:" in result.stderr or "error:" in result.stderr
