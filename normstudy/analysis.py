@@ -420,6 +420,7 @@ HEATMAP_METRICS = ("attn_logit_max", "act_rms", "grad_norm")
 def plot_layer_heatmaps(df: pd.DataFrame, workdir: str) -> dict:
   """layers_<metric>.png for each telemetry metric present: layer x step, one panel per run."""
   from matplotlib.colors import LogNorm
+  from matplotlib.colors import Normalize
   from matplotlib.figure import Figure
   from matplotlib.ticker import FuncFormatter
 
@@ -431,9 +432,11 @@ def plot_layer_heatmaps(df: pd.DataFrame, workdir: str) -> dict:
     if not tables:
       continue
     values = np.concatenate([t.to_numpy().ravel() for t in tables.values()])
-    values = values[np.isfinite(values) & (values > 0)]
-    norm = LogNorm(values.min(), values.max()) if len(values) else None
-    fig = Figure(figsize=(4.2 * len(tables), 3.4))
+    values = values[np.isfinite(values)]
+    # One colour scale for all panels; logarithmic when every value is positive.
+    norm = (LogNorm(values.min(), values.max()) if len(values) and values.min() > 0
+            else Normalize(values.min(), values.max()) if len(values) else None)
+    fig = Figure(figsize=(3.6 * len(tables) + 1.2, 3.2), layout="constrained")
     axes = fig.subplots(1, len(tables), squeeze=False, sharey=True)
     for ax, (run, table) in zip(axes[0], tables.items()):
       steps = table.columns.to_numpy()
@@ -443,6 +446,8 @@ def plot_layer_heatmaps(df: pd.DataFrame, workdir: str) -> dict:
       ax.set_title(infos.get(run, {}).get("label", run), fontsize=8)
       ax.set_xlabel("Training Step")
       ax.xaxis.set_major_formatter(FuncFormatter(_k_formatter))
+      ax.set_yticks(range(len(table)))
+      ax.set_yticklabels([str(i) for i in table.index])
     axes[0][0].set_ylabel("Layer")
     fig.colorbar(image, ax=axes[0].tolist(), label=metric)
     fig.suptitle(f"Per-layer {metric}")

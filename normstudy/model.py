@@ -315,10 +315,10 @@ class Transformer(nn.Module):
 def init_params(model_cfg: Any, seed: int = 0) -> dict:
   """Initial parameters as a nested dict of float32 arrays (logical-axis boxes removed)."""
   cfg = ModelConfig.create(model_cfg)
-  return nn.unbox(_boxed_init(cfg)(jax.random.PRNGKey(seed)))
+  return nn.unbox(boxed_init(cfg)(jax.random.PRNGKey(seed)))
 
 
-def _boxed_init(cfg: ModelConfig):
+def boxed_init(cfg: ModelConfig):
   """A function key -> boxed params (with logical axis names), for sharded initialisation."""
   def init(key):
     tokens = jnp.zeros((1, cfg.max_len), jnp.int32)

@@ -90,7 +90,7 @@ def replicated(mesh) -> NamedSharding:
 
 def _boxed_state(config):
   cfg = model_lib.ModelConfig.create(config.model)
-  params = model_lib._boxed_init(cfg)(jax.random.PRNGKey(config.train.seed))
+  params = model_lib.boxed_init(cfg)(jax.random.PRNGKey(config.train.seed))
   return steps_lib.create_train_state(config, params=params)
 
 

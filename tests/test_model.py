@@ -65,27 +65,27 @@ def test_unknown_placement_names_value_and_choices(make_config):
     assert name in message
 
 
-@pytest.mark.parametrize("scan", [True, False])
-def test_causal_model_does_not_see_the_future(make_config, scan):
-  config = make_config(causal=True, scan_layers=scan)
+def _change_position_9(config):
+  """(params, tokens, changed tokens, per-position max |logit change|) for a change at 9."""
   params = model_lib.init_params(config.model, 0)
   tokens = np.arange(16, dtype=np.int32)[None] % 32
   changed = tokens.copy()
   changed[0, 9] = (changed[0, 9] + 5) % 32
   diff = np.abs(np.asarray(model_lib.forward(config.model, params, tokens)
                            - model_lib.forward(config.model, params, changed))).max(-1)[0]
+  return params, tokens, changed, diff
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_causal_model_does_not_see_the_future(make_config, scan):
+  _, _, _, diff = _change_position_9(make_config(causal=True, scan_layers=scan))
   assert (diff[:9] == 0).all()
   assert (diff[9:] > 1e-6).all()
 
 
 def test_encoder_is_bidirectional_and_masks_inputs(make_config):
   config = make_config(causal=False)
-  params = model_lib.init_params(config.model, 0)
-  tokens = np.arange(16, dtype=np.int32)[None] % 32
-  changed = tokens.copy()
-  changed[0, 9] = (changed[0, 9] + 5) % 32
-  diff = np.abs(np.asarray(model_lib.forward(config.model, params, tokens)
-                           - model_lib.forward(config.model, params, changed))).max(-1)[0]
+  params, tokens, changed, diff = _change_position_9(config)
   assert (diff > 1e-6).all()  # every position, before and after, sees position 9
   mask = np.zeros((1, 16), bool)
   mask[0, 9] = True
