@@ -38,9 +38,11 @@ from normstudy.errors import UserError
 
 RECORD_KEYS = ("loss", "grad_norm", "clipped", "lr", "loss_scale", "skipped", "skipped_total")
 
-# Fields a continued run may change: they do not alter the trajectory already recorded.
+# Fields a continued run may change: they do not alter the trajectory already recorded (the mesh
+# included: a checkpoint restores onto any layout, and results do not depend on it).
 CHANGEABLE_FIELDS = (
-    "label", "data.data_dir", "train.num_steps", "train.log_every", "train.eval_every",
+    "label", "data.data_dir", "mesh.data", "mesh.fsdp", "mesh.tensor",
+    "train.num_steps", "train.log_every", "train.eval_every",
     "train.checkpoint_every", "train.max_to_keep", "train.on_nonfinite",
     "train.max_consecutive_skips", "train.telemetry_every",
 )

@@ -236,3 +236,16 @@ def test_torn_last_line_is_skipped_with_a_warning(tmp_path, caplog):
   log = metrics_lib.MetricsLog(str(run), resume_step=2)
   log.close()
   assert [r["step"] for r in metrics_lib.read_records(str(run / "metrics.jsonl"))] == [1, 2]
+
+
+def test_config_differences_ignore_what_may_change():
+  from normstudy import train
+  old = json.loads(config_lib.default_config().to_json_best_effort())
+  new = json.loads(config_lib.default_config().to_json_best_effort())
+  new["train"].update(num_steps=5000, log_every=7, checkpoint_every=11, telemetry_every=10)
+  new["mesh"].update(data=2, fsdp=2, tensor=2)
+  new["label"] = "renamed"
+  assert train.config_differences(old, new) == []
+  new["model"]["d_model"] = 64
+  new["train"]["seed"] = 3
+  assert train.config_differences(old, new) == ["model.d_model: 128 -> 64", "train.seed: 0 -> 3"]
