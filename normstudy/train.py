@@ -121,13 +121,14 @@ def evaluate(eval_step, params, eval_batches) -> float:
 def stop_signals():
   """Yields a dict whose "signal" is set to the name of the first SIGTERM/SIGINT received.
 
-  On a multi-process run SIGTERM is left to JAX's preemption notifier, which every process
-  consults at the same step (CheckpointManager.reached_preemption)."""
+  Single-process runs only: a multi-process run must stop every process at the same step, so
+  there SIGTERM is left to JAX's preemption notifier, which all processes consult at each step
+  (CheckpointManager.reached_preemption), and SIGINT keeps its default."""
   received = {"signal": None}
-  if threading.current_thread() is not threading.main_thread():
+  if threading.current_thread() is not threading.main_thread() or jax.process_count() > 1:
     yield received
     return
-  names = ["SIGINT"] + (["SIGTERM"] if jax.process_count() == 1 else [])
+  names = ["SIGINT", "SIGTERM"]
   previous = {}
 
   def handler(signum, frame):
@@ -218,7 +219,6 @@ def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) 
         "num_params": num_params,
         "tokens_per_step": tokens_per_step,
     })
-  if is_writer:
     log = metrics_lib.MetricsLog(workdir, start_step if restored is not None else None)
     writer = metric_writers.AsyncWriter(metric_writers.SummaryWriter(workdir))
   else:  # only process 0 writes records; the others still report progress to their logs
