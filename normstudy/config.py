@@ -99,7 +99,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 def _choices():
   # Imported here: the registries live with the code that uses them.
-  from normstudy import data, model, optimizer, placements
+  from normstudy import model, optimizer, placements
   return {
       "model.placement": placements.names(),
       "model.norm": tuple(sorted(model.NORMS)),

@@ -104,11 +104,12 @@ def make_train_step(config, telemetry: bool = False):
     dynamic = state.loss_scale.dynamic  # static: float32/bfloat16 skip the scaling passes
 
     def scaled_loss(params):
-      logits, variables = model.apply(
-          {"params": params}, batch["tokens"], batch.get("mask"), rngs={"dropout": dropout_rng},
-          mutable=["intermediates"] if telemetry else False), {}
+      inputs = ({"params": params}, batch["tokens"], batch.get("mask"))
+      rngs = {"dropout": dropout_rng}
       if telemetry:
-        logits, variables = logits
+        logits, variables = model.apply(*inputs, rngs=rngs, mutable=["intermediates"])
+      else:
+        logits = model.apply(*inputs, rngs=rngs)
       loss, _ = cross_entropy(cfg, logits, batch)
       observed = {}
       if telemetry:

@@ -19,7 +19,7 @@ TINY = (
 def tiny_args(data_dir, num_steps=6, every=3):
   return TINY + (f"--config.data.data_dir={data_dir}", f"--config.train.num_steps={num_steps}",
                  f"--config.train.eval_every={every}", f"--config.train.checkpoint_every={every}",
-                 f"--config.optimizer.warmup_steps=2")
+                 "--config.optimizer.warmup_steps=2")
 
 
 def run_module(module, *args, check=True, timeout=600, env=None, **kwargs):
