@@ -1,19 +1,26 @@
-"""The default configuration: every field a run reads, with its default, in one place.
+"""The configuration schema: every field a run reads, with its default, defined once.
 
 Config files under `configs/` start from `default_config()` and change what their study needs
 (big_vision style: `get_config(arg)`), and the command line overrides any field with
-`--config.a.b=value`.
+`--config.a.b=value`. Variants, sweep axes and study overrides go through `override()`, the same
+typed assignment the command line uses. `ModelConfig` (normstudy.model) is derived from
+`default_config().model`, so a new model field costs one line here.
+
+Validation is split by what it needs to know: `check_ranges` (here) checks each field on its own;
+`normstudy.validation` adds the registered names and the rules across fields.
 """
 
 import ml_collections
 
-from normstudy.errors import UserError
+from normstudy import errors
 
 
 def default_config() -> ml_collections.ConfigDict:
   """Returns a config with every field normstudy reads, set to its default."""
   config = ml_collections.ConfigDict()
-  config.label = ""  # Legend label in figures; empty means the run's directory name.
+  # Legend label. Empty or "{auto}": described from the config (placement, techniques, clip);
+  # "{auto} | Run 2" adds to that; "{optimizer.clip_norm}"-style fields are filled in.
+  config.label = ""
 
   config.model = model = ml_collections.ConfigDict()
   model.num_layers = 4
@@ -26,7 +33,14 @@ def default_config() -> ml_collections.ConfigDict:
   model.placement = "pre_ln"  # A name registered in normstudy.placements.
   model.norm = "layernorm"  # layernorm | rmsnorm
   model.norm_eps = 1e-5
+  # A norm on the embedding output before layer 0 (MERT's Post-LN encoder, wav2vec2 with
+  # layer_norm_first=False); placements such as peri_ln have one of their own.
+  model.input_norm = False
+  model.activation = "gelu"  # gelu (exact erf) | gelu_tanh | relu; GELU runs in float32
+  model.init = "xavier"  # xavier | bert (normal(0.02), fairseq's init_bert_params)
+  model.use_bias = False  # biases on q, k, v, out, fc1, fc2 and the position conv
   model.attention_relax = 0.0  # 0 = off, else the PB-Relax alpha (MERT uses 32).
+  model.attention_relax_form = "pb_relax"  # pb_relax (CogView) | after_product (MERT's code)
   model.dtype = "float32"  # Compute dtype: float32 | bfloat16 | float16. Parameters stay float32.
   model.scan_layers = True
   model.dropout = 0.0
@@ -36,14 +50,18 @@ def default_config() -> ml_collections.ConfigDict:
   model.conv_pos_groups = 4  # conv: channel groups (wav2vec2 uses 16)
 
   config.optimizer = opt = ml_collections.ConfigDict()
-  opt.name = "adamw"  # adam (L2 added to the gradient) | adamw (decoupled decay)
+  # adamw: optax Adam, decay decoupled, norms and biases not decayed | adam: L2 added to the
+  # gradient | adam_fairseq: fairseq's Adam (eps outside the bias correction, every parameter
+  # decayed)
+  opt.name = "adamw"
   opt.learning_rate = 1e-3
   opt.b1 = 0.9
   opt.b2 = 0.98
   opt.eps = 1e-6
   opt.weight_decay = 0.01
   opt.warmup_steps = 100
-  opt.schedule = "polynomial"  # constant | linear | cosine | polynomial (power 1 as fairseq)
+  opt.schedule = "polynomial"  # constant | linear | cosine | polynomial
+  opt.power = 1.0  # polynomial: fairseq's polynomial_decay power (1 = linear decay)
   opt.end_learning_rate = 0.0
   opt.clip_norm = 1.0  # None or 0 = no clipping.
   opt.loss_scale = ls = ml_collections.ConfigDict()
@@ -79,6 +97,9 @@ def default_config() -> ml_collections.ConfigDict:
 
   config.train = train = ml_collections.ConfigDict()
   train.num_steps = 1000
+  # True: num_steps counts train steps, skipped fp16 overflow steps included. False: a run stops
+  # after num_steps applied updates, as fairseq's max_update does.
+  train.count_skipped_steps = True
   train.batch_size = 16
   train.seed = 0
   train.log_every = 1
@@ -97,19 +118,15 @@ def default_config() -> ml_collections.ConfigDict:
   return config
 
 
-def _choices():
-  # Imported here: the registries live with the code that uses them.
-  from normstudy import model, optimizer, placements
-  return {
-      "model.placement": placements.names(),
-      "model.norm": tuple(sorted(model.NORMS)),
-      "model.dtype": tuple(model.DTYPES),
-      "model.position_embedding": model.POSITION_EMBEDDINGS,
-      "optimizer.name": optimizer.OPTIMIZERS,
-      "optimizer.schedule": optimizer.SCHEDULES,
-      "train.on_nonfinite": ("halt", "skip"),
-  }
-
+# Fields whose allowed values are a fixed list. Extensible sets (placements, norms, activations,
+# optimizers, ...) are registries in the modules that implement them (normstudy.validation).
+CHOICES = {
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.position_embedding": ("sinusoidal", "learned", "conv"),
+    "model.attention_relax_form": ("pb_relax", "after_product"),
+    "model.init": ("xavier", "bert"),
+    "train.on_nonfinite": ("halt", "skip"),
+}
 
 # (field, test, what is allowed): each checked in order, the first failure reported.
 _RANGES = (
@@ -122,6 +139,8 @@ _RANGES = (
     ("model.norm_eps", lambda v: v > 0, "a number > 0"),
     ("model.attention_relax", lambda v: v >= 0, "0 (off) or a number > 0"),
     ("model.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("model.conv_pos_width", lambda v: v >= 1, "an integer >= 1"),
+    ("model.conv_pos_groups", lambda v: v >= 1, "an integer >= 1"),
     ("optimizer.learning_rate", lambda v: v > 0, "a number > 0"),
     ("optimizer.end_learning_rate", lambda v: v >= 0, "a number >= 0"),
     ("optimizer.b1", lambda v: 0 <= v < 1, "a number in [0, 1)"),
@@ -129,6 +148,7 @@ _RANGES = (
     ("optimizer.eps", lambda v: v > 0, "a number > 0"),
     ("optimizer.weight_decay", lambda v: v >= 0, "a number >= 0"),
     ("optimizer.warmup_steps", lambda v: v >= 0, "an integer >= 0"),
+    ("optimizer.power", lambda v: v > 0, "a number > 0"),
     ("optimizer.clip_norm", lambda v: v is None or v >= 0, "None or 0 (off), or a number > 0"),
     ("optimizer.loss_scale.initial_scale", lambda v: v > 0, "a number > 0"),
     ("optimizer.loss_scale.growth_interval", lambda v: v >= 1, "an integer >= 1"),
@@ -157,15 +177,54 @@ def get_field(config, dotted: str):
   return config
 
 
-def validate(config, data_parallel: int = 1) -> None:
-  """Raises ConfigError naming the first bad field, its value and what is allowed.
+def has_field(config, dotted: str) -> bool:
+  try:
+    get_field(config, dotted)
+  except (KeyError, AttributeError, TypeError):
+    return False
+  return True
 
-  `data_parallel` is the number of ways the batch is split (the devices on the data axes)."""
-  from normstudy import data as data_lib
-  for field, allowed in _choices().items():
+
+def override(config, dotted: str, value) -> None:
+  """Sets `config.<dotted>` = value with the field's type checks, as `--config.<dotted>=value`
+  does: an unknown field or a value of the wrong type is a ConfigError naming the field."""
+  *parents, name = dotted.split(".")
+  node = config
+  for key in parents:
+    if key not in node:
+      raise errors.ConfigError(f"unknown config field {dotted!r}")
+    node = node[key]
+  if not hasattr(node, "keys") or name not in node:
+    raise errors.ConfigError(f"unknown config field {dotted!r}")
+  if isinstance(node[name], ml_collections.ConfigDict):
+    raise errors.ConfigError(f"config.{dotted} is a section, not a field")
+  try:
+    with node.unlocked() if node.is_locked else _nothing():
+      node[name] = value
+  except (TypeError, ValueError) as e:
+    raise errors.ConfigError(f"config.{dotted}={value!r}: {e}") from None
+
+
+class _nothing:
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
+
+
+def apply_overrides(config, overrides: dict) -> None:
+  for dotted, value in overrides.items():
+    override(config, dotted, value)
+
+
+def check_ranges(config) -> None:
+  """Raises ConfigError for the first field outside its fixed choices or its range."""
+  for field, allowed in CHOICES.items():
     value = get_field(config, field)
     if value not in allowed:
-      raise ConfigError(f"config.{field}={value!r} is not allowed; allowed: {', '.join(allowed)}")
+      raise errors.not_allowed(field, value, allowed)
   for field, test, allowed in _RANGES:
     value = get_field(config, field)
     try:
@@ -173,40 +232,7 @@ def validate(config, data_parallel: int = 1) -> None:
     except TypeError:
       ok = False
     if not ok:
-      raise ConfigError(f"config.{field}={value!r} is not allowed; allowed: {allowed}")
-  model, data, train = config.model, config.data, config.train
-  if data.name not in data_lib.DATASETS and not data_lib.is_catalog_dataset(data.name):
-    raise ConfigError(f"config.data.name={data.name!r} is not allowed; allowed: "
-                      f"{', '.join(data_lib.DATASETS)} or a TFDS catalog dataset with a text "
-                      "feature (lm1b, c4/en, ...)")
-  if data.name not in data_lib.DATASETS and data.tokenizer == "bytes" and model.vocab_size < 256:
-    raise ConfigError(f"config.model.vocab_size={model.vocab_size} is too small for "
-                      "config.data.tokenizer='bytes'; allowed: >= 256")
-  if model.d_model % model.num_heads:
-    raise ConfigError(f"config.model.num_heads={model.num_heads} does not divide "
-                      f"config.model.d_model={model.d_model}")
-  if model.position_embedding == "conv" and model.causal:
-    raise ConfigError("config.model.position_embedding='conv' sees both sides of a position; "
-                      "allowed only with config.model.causal=False")
-  if model.position_embedding == "conv" and model.d_model % model.conv_pos_groups:
-    raise ConfigError(f"config.model.conv_pos_groups={model.conv_pos_groups} does not divide "
-                      f"config.model.d_model={model.d_model}")
-  if data.mask_length > model.max_len:
-    raise ConfigError(f"config.data.mask_length={data.mask_length} is longer than "
-                      f"config.model.max_len={model.max_len}")
-  if data.name == "text_files":
-    if not data.files:
-      raise ConfigError("config.data.files is empty; name=text_files needs a glob of text files")
-    if model.vocab_size < 256:
-      raise ConfigError(f"config.model.vocab_size={model.vocab_size} is too small for byte-level "
-                        "text_files; allowed: >= 256")
-  if data.name == "synthetic" and data.branching > model.vocab_size:
-    raise ConfigError(f"config.data.branching={data.branching} exceeds "
-                      f"config.model.vocab_size={model.vocab_size}")
-  if train.batch_size % data_parallel:
-    raise ConfigError(f"config.train.batch_size={train.batch_size} is not divisible by the "
-                      f"{data_parallel} data-parallel devices")
+      raise errors.not_allowed(field, value, allowed)
 
 
-class ConfigError(UserError):
-  """A config value outside what normstudy accepts."""
+ConfigError = errors.ConfigError

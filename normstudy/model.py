@@ -5,8 +5,13 @@ Notebook API:
   logits = forward(model_cfg, params, tokens)       # float32 [batch, length, vocab]
 
 `model_cfg` is `config.model` (a ConfigDict), a plain dict with the same fields, or a `ModelConfig`.
-Parameters carry logical axis names (`nn.with_logical_partitioning`) so that `normstudy.sharding`
-can place them on a mesh; `init_params` returns them unboxed.
+Parameters carry logical axis names (for `normstudy.sharding`) and their weight-decay role
+(`decay_mask`); `init_params` returns them unboxed.
+
+Dtypes (README, "Precision"): parameters, embeddings and positions are float32; the residual
+stream, the projections, attention products and the position conv run in the compute dtype;
+norm statistics, GELU, the softmax, the relaxed score shift and the loss run in float32, as
+fairseq runs them under --fp16.
 """
 
 import dataclasses
@@ -14,55 +19,69 @@ import functools
 import math
 from typing import Any, Mapping
 
+from flax import struct
 import flax.linen as nn
+from flax.linen import spmd
 import jax
 import jax.numpy as jnp
 
+from normstudy import config as config_lib
 from normstudy import placements
+from normstudy import telemetry
+from normstudy.registry import Registry
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Hashable copy of `config.model`, so that Flax modules and jit caches can hold it."""
-  num_layers: int = 4
-  d_model: int = 128
-  num_heads: int = 4
-  d_ff: int = 512
-  vocab_size: int = 256
-  max_len: int = 128
-  causal: bool = True
-  placement: str = "pre_ln"
-  norm: str = "layernorm"
-  norm_eps: float = 1e-5
-  attention_relax: float = 0.0
-  dtype: str = "float32"
-  scan_layers: bool = True
-  dropout: float = 0.0
-  tie_embeddings: bool = True
-  position_embedding: str = "sinusoidal"
-  conv_pos_width: int = 5
-  conv_pos_groups: int = 4
+def _model_config_class():
+  fields = [(name, type(value), dataclasses.field(default=value))
+            for name, value in config_lib.default_config().model.items()]
 
   @classmethod
-  def create(cls, model_cfg: Any) -> "ModelConfig":
+  def create(cls, model_cfg: Any):
     if isinstance(model_cfg, cls):
       return model_cfg
-    fields = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for f in dataclasses.fields(cls)}
     values = dict(model_cfg.items()) if hasattr(model_cfg, "items") else dict(model_cfg)
-    unknown = sorted(set(values) - fields)
+    unknown = sorted(set(values) - known)
     if unknown:
-      raise ValueError(f"unknown model field(s) {unknown}; known fields: {sorted(fields)}")
+      raise ValueError(f"unknown model field(s) {unknown}; known fields: {sorted(known)}")
     return cls(**values)
 
-  @property
-  def head_dim(self) -> int:
-    return self.d_model // self.num_heads
+  namespace = {
+      "__doc__": "Hashable copy of `config.model` (fields and defaults from "
+                 "normstudy.config.default_config), for Flax modules and jit caches.",
+      "create": create,
+      "head_dim": property(lambda self: self.d_model // self.num_heads),
+      "compute_dtype": property(lambda self: DTYPES[self.dtype]),
+  }
+  return dataclasses.make_dataclass("ModelConfig", fields, frozen=True, namespace=namespace)
 
-  @property
-  def compute_dtype(self):
-    return DTYPES[self.dtype]
+
+ModelConfig = _model_config_class()
+
+
+class RoleBox(spmd.LogicallyPartitioned):
+  """A parameter's logical axis names plus its weight-decay role, declared where it is created."""
+  decay: bool = struct.field(default=True, pytree_node=False)
+
+
+def _param(module, name, init, shape, axes, decay=True):
+  def boxed(*args):
+    return RoleBox(init(*args), names=axes, decay=decay)
+  return module.param(name, boxed, shape, jnp.float32)
+
+
+def _plus_bias(module, name, y, axes, dims=None):
+  """y + a zero-initialised, undecayed bias over y's dimensions `dims` (default: the trailing
+  `len(axes)`), when `cfg.use_bias` (fairseq, MERT and torchscale give every projection one)."""
+  if not module.cfg.use_bias:
+    return y
+  dims = tuple(range(y.ndim - len(axes), y.ndim)) if dims is None else dims
+  bias = _param(module, name, nn.initializers.zeros, tuple(y.shape[d] for d in dims), axes,
+                decay=False)
+  others = [d for d in range(y.ndim) if d not in dims]
+  return y + jnp.expand_dims(bias.astype(y.dtype), others)
 
 
 def xavier_normal(gain: float = 1.0, in_axis=-2, out_axis=-1):
@@ -71,7 +90,15 @@ def xavier_normal(gain: float = 1.0, in_axis=-2, out_axis=-1):
       gain**2, "fan_avg", "normal", in_axis=in_axis, out_axis=out_axis)
 
 
-POSITION_EMBEDDINGS = ("sinusoidal", "learned", "conv")
+BERT_STD = 0.02
+
+
+def projection_init(cfg, gain: float = 1.0, in_axis=-2, out_axis=-1):
+  """Init of a projection. `xavier`: Xavier-normal with `gain` (DeepNet's formulation); `bert`:
+  normal(0.02 * gain), fairseq's init_bert_params, with the placement's gain on top."""
+  if cfg.init == "bert":
+    return nn.initializers.normal(BERT_STD * gain)
+  return xavier_normal(gain, in_axis, out_axis)
 
 
 def sinusoidal_positions(length: int, dim: int) -> jax.Array:
@@ -86,10 +113,6 @@ def sinusoidal_positions(length: int, dim: int) -> jax.Array:
   return table.at[:, 1::2].set(jnp.cos(angles[:, : dim // 2]))
 
 
-def _param(module, name, init, shape, axes):
-  return module.param(name, nn.with_logical_partitioning(init, axes), shape, jnp.float32)
-
-
 class LayerNorm(nn.Module):
   eps: float
   dtype: Any
@@ -97,8 +120,8 @@ class LayerNorm(nn.Module):
   @nn.compact
   def __call__(self, x):
     d = x.shape[-1]
-    scale = _param(self, "scale", nn.initializers.ones, (d,), ("embed",))
-    bias = _param(self, "bias", nn.initializers.zeros, (d,), ("embed",))
+    scale = _param(self, "scale", nn.initializers.ones, (d,), ("embed",), decay=False)
+    bias = _param(self, "bias", nn.initializers.zeros, (d,), ("embed",), decay=False)
     # Statistics in float32: an fp16 variance of a large residual stream overflows.
     x = x.astype(jnp.float32)
     mean = jnp.mean(x, axis=-1, keepdims=True)
@@ -112,40 +135,56 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",))
+    scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",), decay=False)
     x = x.astype(jnp.float32)
     ms = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
     return (x * jax.lax.rsqrt(ms + self.eps) * scale).astype(self.dtype)
 
 
-NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+NORMS: Registry[type] = Registry("model.norm")
+NORMS.register("layernorm", LayerNorm)
+NORMS.register("rmsnorm", RMSNorm)
 
 
-def make_norm(cfg: ModelConfig, name: str) -> nn.Module:
-  if cfg.norm not in NORMS:
-    raise ValueError(f"unknown norm {cfg.norm!r}; allowed: {', '.join(sorted(NORMS))}")
-  return NORMS[cfg.norm](eps=cfg.norm_eps, dtype=cfg.compute_dtype, name=name)
+def make_norm(cfg, name: str) -> nn.Module:
+  return NORMS.get(cfg.norm)(eps=cfg.norm_eps, dtype=cfg.compute_dtype, name=name)
 
 
-def relaxed_attention_scores(q, k, alpha: float):
-  """Pre-softmax attention logits in float32, from q and k in the compute dtype.
+def _float32_gelu(approximate: bool):
+  def gelu(x):
+    # fairseq: gelu(x.float()).type_as(x). In float16 the tanh form's 3x^2 overflows from
+    # |x| ~ 148, and its gradient turns NaN.
+    return jax.nn.gelu(x.astype(jnp.float32), approximate=approximate).astype(x.dtype)
+  return gelu
 
-  Plain (alpha = 0): q / sqrt(d_h) then Q K^T, both in the compute dtype, as fp16 training does.
-  PB-Relax (alpha > 0): S = (q / (alpha sqrt(d_h))) K^T in the compute dtype, then
-  (S - max_row(S)) * alpha in float32. Softmax ignores the per-row shift, so the two agree exactly
-  in real arithmetic; the relaxed product stays alpha times further from the fp16 limit (65504).
-  Returns (logits [b, h, q, k] float32, row_shift): `row_shift` is max_row(S) * alpha, the part
-  removed before the softmax (zero without relax), so logits + row_shift are the unshifted scores.
+
+ACTIVATIONS: Registry[Any] = Registry("model.activation")
+ACTIVATIONS.register("gelu", _float32_gelu(approximate=False))
+ACTIVATIONS.register("gelu_tanh", _float32_gelu(approximate=True))
+ACTIVATIONS.register("relu", jax.nn.relu)
+
+
+def attention_scores(q, k, alpha: float = 0.0, form: str = "pb_relax"):
+  """Pre-softmax attention logits in float32, from q and k [b, h, l, d] in the compute dtype.
+
+  Plain (alpha = 0): (q / sqrt(d)) K^T in the compute dtype, as fp16 training does.
+  `pb_relax` (CogView's PB-Relax, Ding et al. 2021): S = (q / (alpha sqrt(d))) K^T in the
+    compute dtype, then (S - max_row(S)) * alpha in float32: the product stays alpha times
+    further from fp16's 65504.
+  `after_product` (MERT's released fairseq code): W = (q / sqrt(d)) K^T in the compute dtype,
+    then (W/alpha - max_row(W/alpha)) * alpha; no protection once the product overflows.
+  Softmax ignores a per-row shift, so all three agree in real arithmetic. Returns (logits,
+  row_shift): logits + row_shift are the unshifted scores (row_shift is zero without relax).
   """
   dtype = q.dtype
   head_dim = q.shape[-1]
-  if alpha > 0:
-    q = q / jnp.asarray(alpha * math.sqrt(head_dim), dtype)
-  else:
-    q = q / jnp.asarray(math.sqrt(head_dim), dtype)
-  scores = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+  divisor = alpha * math.sqrt(head_dim) if alpha > 0 and form == "pb_relax" else math.sqrt(
+      head_dim)
+  scores = jnp.einsum("bhqd,bhkd->bhqk", q / jnp.asarray(divisor, dtype), k)
   if alpha <= 0:
     return scores.astype(jnp.float32), jnp.zeros(scores.shape[:-1] + (1,), jnp.float32)
+  if form == "after_product":
+    scores = scores / jnp.asarray(alpha, dtype)
   # Softmax is shift invariant, so the row max carries no gradient.
   row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
   shifted = (scores - row_max).astype(jnp.float32) * alpha
@@ -153,27 +192,30 @@ def relaxed_attention_scores(q, k, alpha: float):
 
 
 class ConvPositions(nn.Module):
-  """wav2vec2/HuBERT/MERT's convolutional relative positions: x + GELU(grouped conv(x)) over the
-  sequence. It sees both sides of a position, so it is for encoders only."""
-  cfg: ModelConfig
+  """wav2vec2/HuBERT/MERT's convolutional relative positions: activation(grouped conv(x)) over
+  the sequence, added to x by the caller. It sees both sides of a position: encoders only."""
+  cfg: Any
 
   @nn.compact
   def __call__(self, x):
     cfg = self.cfg
+    dtype = cfg.compute_dtype
     group_width = cfg.d_model // cfg.conv_pos_groups
     kernel = _param(self, "kernel", xavier_normal(1.0, in_axis=1, out_axis=2),
                     (cfg.conv_pos_width, group_width, cfg.d_model), (None, None, "embed"))
     y = jax.lax.conv_general_dilated(
-        x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype), window_strides=(1,),
+        x.astype(dtype), kernel.astype(dtype), window_strides=(1,),
         padding="SAME", dimension_numbers=("NWC", "WIO", "NWC"),
         feature_group_count=cfg.conv_pos_groups)
-    return nn.gelu(y)
+    y = _plus_bias(self, "bias", y, ("embed",))
+    return ACTIVATIONS.get(cfg.activation)(y)
 
 
 class Attention(nn.Module):
-  cfg: ModelConfig
+  cfg: Any
   branch_gain: float
-  telemetry: bool = False
+  inner_norm: bool = False  # Sub-LN: a norm over the heads' concatenation before `out`
+  probe: telemetry.Probe = telemetry.OFF
 
   @nn.compact
   def __call__(self, x):
@@ -181,89 +223,116 @@ class Attention(nn.Module):
     dtype = cfg.compute_dtype
     qkv_shape = (cfg.d_model, cfg.num_heads, cfg.head_dim)
     qkv_axes = ("embed", "heads", "kv")
-    qk_init = xavier_normal(1.0, in_axis=0, out_axis=(1, 2))
-    v_init = xavier_normal(self.branch_gain, in_axis=0, out_axis=(1, 2))
-    wq = _param(self, "query", qk_init, qkv_shape, qkv_axes)
-    wk = _param(self, "key", qk_init, qkv_shape, qkv_axes)
-    wv = _param(self, "value", v_init, qkv_shape, qkv_axes)
-    wo = _param(self, "out", xavier_normal(self.branch_gain, in_axis=(0, 1), out_axis=2),
-                (cfg.num_heads, cfg.head_dim, cfg.d_model), ("heads", "kv", "embed"))
-    # Heads-major [batch, heads, length, head_dim]: the score and context products then need
-    # no transposes (measurably faster on CPU than [batch, length, heads, head_dim]).
-    q = jnp.einsum("bld,dhk->bhlk", x, wq.astype(dtype))
-    k = jnp.einsum("bld,dhk->bhlk", x, wk.astype(dtype))
-    v = jnp.einsum("bld,dhk->bhlk", x, wv.astype(dtype))
+    qk_init = projection_init(cfg, 1.0, in_axis=0, out_axis=(1, 2))
+    v_init = projection_init(cfg, self.branch_gain, in_axis=0, out_axis=(1, 2))
 
-    logits, row_shift = relaxed_attention_scores(q, k, cfg.attention_relax)
+    def project(name, init):
+      w = _param(self, name, init, qkv_shape, qkv_axes)
+      # Heads-major [batch, heads, length, head_dim]: the score and context products then need
+      # no transposes (measurably faster on CPU than [batch, length, heads, head_dim]).
+      y = jnp.einsum("bld,dhk->bhlk", x, w.astype(dtype))
+      return _plus_bias(self, f"{name}_bias", y, qkv_axes[1:], dims=(1, 3))
+
+    q, k, v = project("query", qk_init), project("key", qk_init), project("value", v_init)
+    logits, row_shift = attention_scores(q, k, cfg.attention_relax, cfg.attention_relax_form)
+    telemetry.sow_site(self, self.probe, "attn_scores", logits)
     length = x.shape[1]
-    if cfg.causal:
-      allowed = jnp.tril(jnp.ones((length, length), bool))
+    allowed = jnp.tril(jnp.ones((length, length), bool)) if cfg.causal else None
+    if allowed is not None:
       logits = jnp.where(allowed, logits, -jnp.inf)
-    if self.telemetry:
+
+    def largest_score():
       seen = logits + row_shift
-      if cfg.causal:
-        seen = jnp.where(allowed, seen, -jnp.inf)
-      self.sow("intermediates", "attn_logit_max", jnp.max(seen))
-    probs = jax.nn.softmax(logits, axis=-1).astype(dtype)
-    context = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
-    return jnp.einsum("bhlk,hkd->bld", context, wo.astype(dtype))
+      return jnp.max(seen if allowed is None else jnp.where(allowed, seen, -jnp.inf))
+
+    telemetry.sow_stat(self, self.probe, "attn_logit_max", largest_score)
+    probs = jax.nn.softmax(logits, axis=-1)
+    telemetry.sow_stat(self, self.probe, "attn_entropy", lambda: telemetry.row_entropy(probs))
+    context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(dtype), v)
+    wo = _param(self, "out", projection_init(cfg, self.branch_gain, in_axis=(0, 1), out_axis=2),
+                (cfg.num_heads, cfg.head_dim, cfg.d_model), ("heads", "kv", "embed"))
+    if self.inner_norm:
+      batch = x.shape[0]
+      joined = context.transpose(0, 2, 1, 3).reshape(batch, length, cfg.d_model)
+      joined = make_norm(cfg, "inner_norm")(joined)
+      out = jnp.einsum("bld,de->ble", joined,
+                       wo.reshape(cfg.d_model, cfg.d_model).astype(dtype))
+    else:
+      out = jnp.einsum("bhlk,hkd->bld", context, wo.astype(dtype))
+    out = _plus_bias(self, "out_bias", out, ("embed",))
+    telemetry.sow_site(self, self.probe, "attn_out", out)
+    return out
 
 
 class Mlp(nn.Module):
-  cfg: ModelConfig
+  cfg: Any
   branch_gain: float
+  inner_norm: bool = False  # Sub-LN: a norm before fc2
+  probe: telemetry.Probe = telemetry.OFF
 
   @nn.compact
   def __call__(self, x):
     cfg = self.cfg
     dtype = cfg.compute_dtype
-    init = xavier_normal(self.branch_gain)
+    init = projection_init(cfg, self.branch_gain)
     w1 = _param(self, "fc1", init, (cfg.d_model, cfg.d_ff), ("embed", "mlp"))
     w2 = _param(self, "fc2", init, (cfg.d_ff, cfg.d_model), ("mlp", "embed"))
-    h = nn.gelu(jnp.einsum("bld,df->blf", x, w1.astype(dtype)))
-    return jnp.einsum("blf,fd->bld", h, w2.astype(dtype))
+    h = _plus_bias(self, "fc1_bias", jnp.einsum("bld,df->blf", x, w1.astype(dtype)), ("mlp",))
+    telemetry.sow_site(self, self.probe, "mlp_preact", h)
+    telemetry.sow_stat(self, self.probe, "mlp_preact_absmax", lambda: telemetry.absmax(h))
+    h = ACTIVATIONS.get(cfg.activation)(h)
+    if self.inner_norm:
+      h = make_norm(cfg, "inner_norm")(h)
+    out = _plus_bias(self, "fc2_bias", jnp.einsum("blf,fd->bld", h, w2.astype(dtype)),
+                     ("embed",))
+    telemetry.sow_site(self, self.probe, "mlp_out", out)
+    return out
 
 
 class Block(nn.Module):
   """One transformer layer; the placement decides where the norms and residuals go."""
-  cfg: ModelConfig
+  cfg: Any
   deterministic: bool = True
-  telemetry: bool = False
+  probe: telemetry.Probe = telemetry.OFF
 
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, index=0):
     cfg = self.cfg
     placement = placements.get(cfg.placement)
-    alpha = placement.residual_alpha(cfg.num_layers, cfg.causal)
-    gain = placement.branch_gain(cfg.num_layers, cfg.causal)
+    ctx = placements.LayerContext(
+        index=index, num_layers=cfg.num_layers, causal=cfg.causal,
+        alpha=placement.residual_alpha(cfg.num_layers), cfg=cfg)
+    gain = placement.branch_gain(cfg.num_layers)
 
     def norms_of(prefix):
-      return lambda slot: make_norm(cfg, f"{prefix}_norm" if slot == "in" else f"{prefix}_out_norm")
+      return lambda slot: make_norm(cfg, f"{prefix}_norm" if slot == "in" else
+                                    f"{prefix}_{slot}_norm")
 
     def dropped(f):
       return lambda h: nn.Dropout(cfg.dropout)(f(h), deterministic=self.deterministic)
 
-    attention = Attention(cfg, gain, self.telemetry, name="attention")
-    mlp = Mlp(cfg, gain, name="mlp")
-    x = placement.wrap(x, dropped(attention), norms_of("attention"), alpha)
-    x = placement.wrap(x, dropped(mlp), norms_of("mlp"), alpha)
-    if self.telemetry:
-      self.sow("intermediates", "act_rms",
-               jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)))))
+    attention = Attention(cfg, gain, placement.inner_norm, self.probe, name="attention")
+    mlp = Mlp(cfg, gain, placement.inner_norm, self.probe, name="mlp")
+    x = placement.wrap(x, dropped(attention), norms_of("attention"), ctx)
+    telemetry.sow_site(self, self.probe, "resid_attn", x)
+    x = placement.wrap(x, dropped(mlp), norms_of("mlp"), ctx)
+    telemetry.sow_site(self, self.probe, "resid_mlp", x)
+    telemetry.sow_stat(self, self.probe, "act_rms", lambda: telemetry.rms(x))
+    telemetry.sow_stat(self, self.probe, "resid_absmax", lambda: telemetry.absmax(x))
     return x
 
 
 class _ScanBlock(Block):
-  """Block with the (carry, xs) -> (carry, ys) signature nn.scan needs."""
+  """Block with the (carry, xs) -> (carry, ys) signature nn.scan needs; xs is the layer index."""
 
-  def __call__(self, x, _):
-    return super().__call__(x), None
+  def __call__(self, x, index):
+    return super().__call__(x, index), None
 
 
 class Transformer(nn.Module):
-  cfg: ModelConfig
+  cfg: Any
   deterministic: bool = True
-  telemetry: bool = False
+  probe: telemetry.Probe = telemetry.OFF
 
   @nn.compact
   def __call__(self, tokens, mask=None):
@@ -271,55 +340,57 @@ class Transformer(nn.Module):
     is replaced by the learned mask embedding (encoders trained by masked prediction)."""
     cfg = self.cfg
     dtype = cfg.compute_dtype
-    embedding = _param(self, "embedding", nn.initializers.normal(0.02),
+    placement = placements.get(cfg.placement)
+    embedding = _param(self, "embedding", nn.initializers.normal(BERT_STD),
                        (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
     x = jnp.take(embedding, tokens, axis=0)
-    if cfg.position_embedding == "learned":
-      x = x + _param(self, "pos_embedding", nn.initializers.normal(0.02),
-                     (cfg.max_len, cfg.d_model), (None, "embed"))[: tokens.shape[1]]
-    elif cfg.position_embedding == "sinusoidal":
-      x = x + sinusoidal_positions(cfg.max_len, cfg.d_model)[: tokens.shape[1]]
     if not cfg.causal:
-      mask_embedding = _param(self, "mask_embedding", nn.initializers.normal(0.02),
+      mask_embedding = _param(self, "mask_embedding", nn.initializers.normal(BERT_STD),
                               (cfg.d_model,), ("embed",))
       if mask is not None:
+        # Before positions: a masked position keeps its position (wav2vec2/HuBERT mask the
+        # features, then add the positions).
         x = jnp.where(mask[..., None], mask_embedding, x)
+    length = tokens.shape[1]
+    if cfg.position_embedding == "learned":
+      x = x + _param(self, "pos_embedding", nn.initializers.normal(BERT_STD),
+                     (cfg.max_len, cfg.d_model), (None, "embed"))[:length]
+    elif cfg.position_embedding == "sinusoidal":
+      x = x + sinusoidal_positions(cfg.max_len, cfg.d_model)[:length]
+    x = x.astype(dtype)
     if cfg.position_embedding == "conv":
       x = x + ConvPositions(cfg, name="pos_conv")(x)
-    x = nn.Dropout(cfg.dropout)(x.astype(dtype), deterministic=self.deterministic)
+    if placement.embedding_norm or cfg.input_norm:
+      x = make_norm(cfg, "embedding_norm")(x)
+    telemetry.sow_site(self, self.probe, "embedding", x)
+    x = nn.Dropout(cfg.dropout)(x, deterministic=self.deterministic)
 
     if cfg.scan_layers:
+      collections = {"params": 0, telemetry.STATS: 0, telemetry.LOCATE: 0}
       stack = nn.scan(
-          _ScanBlock,
-          variable_axes={"params": 0, "intermediates": 0},
-          split_rngs={"params": True, "dropout": True},
-          length=cfg.num_layers,
+          _ScanBlock, variable_axes=collections,
+          split_rngs={"params": True, "dropout": True}, length=cfg.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"},
-      )(cfg, self.deterministic, self.telemetry, name="layers")
-      x, _ = stack(x, None)
+      )(cfg, self.deterministic, self.probe, name="layers")
+      x, _ = stack(x, jnp.arange(cfg.num_layers, dtype=jnp.int32))
     else:
       for i in range(cfg.num_layers):
-        x = Block(cfg, self.deterministic, self.telemetry, name=f"layer_{i}")(x)
+        x = Block(cfg, self.deterministic, self.probe, name=f"layer_{i}")(x, i)
 
-    if placements.get(cfg.placement).final_norm:
+    if placement.final_norm:
       x = make_norm(cfg, "final_norm")(x)
     if cfg.tie_embeddings:
       head = embedding.T
     else:
-      head = _param(self, "head", xavier_normal(1.0), (cfg.d_model, cfg.vocab_size),
+      head = _param(self, "head", projection_init(cfg), (cfg.d_model, cfg.vocab_size),
                     ("embed", "vocab"))
-    logits = jnp.einsum("bld,dv->blv", x, head.astype(dtype))
-    return logits.astype(jnp.float32)
+    logits = jnp.einsum("bld,dv->blv", x, head.astype(dtype)).astype(jnp.float32)
+    telemetry.sow_site(self, self.probe, "logits", logits)
+    return logits
 
 
-def init_params(model_cfg: Any, seed: int = 0) -> dict:
-  """Initial parameters as a nested dict of float32 arrays (logical-axis boxes removed)."""
-  cfg = ModelConfig.create(model_cfg)
-  return nn.unbox(boxed_init(cfg)(jax.random.PRNGKey(seed)))
-
-
-def boxed_init(cfg: ModelConfig):
-  """A function key -> boxed params (with logical axis names), for sharded initialisation."""
+def boxed_init(cfg):
+  """A function key -> boxed params (logical axis names and decay roles), for sharded init."""
   def init(key):
     tokens = jnp.zeros((1, cfg.max_len), jnp.int32)
     mask = None if cfg.causal else jnp.zeros((1, cfg.max_len), bool)
@@ -327,8 +398,26 @@ def boxed_init(cfg: ModelConfig):
   return init
 
 
+def init_params(model_cfg: Any, seed: int = 0) -> dict:
+  """Initial parameters as a nested dict of float32 arrays (boxes removed)."""
+  cfg = ModelConfig.create(model_cfg)
+  return nn.unbox(boxed_init(cfg)(jax.random.PRNGKey(seed)))
+
+
+def _is_box(x):
+  return isinstance(x, RoleBox)
+
+
+def decay_mask(model_cfg: Any) -> dict:
+  """Parameter-shaped tree of bools: True where weight decay applies, as each parameter declared
+  where it was created (projections and embeddings yes; norm gains and biases no)."""
+  cfg = ModelConfig.create(model_cfg)
+  boxed = jax.eval_shape(boxed_init(cfg), jax.random.PRNGKey(0))
+  return jax.tree.map(lambda box: box.decay, boxed, is_leaf=_is_box)
+
+
 @functools.lru_cache(maxsize=32)
-def _jitted_forward(cfg: ModelConfig):
+def _jitted_forward(cfg):
   return jax.jit(lambda params, tokens, mask: Transformer(cfg).apply(
       {"params": params}, tokens, mask))
 

@@ -1,57 +1,116 @@
-"""The optax chain built from `config.optimizer`: clip, Adam(W), learning-rate schedule."""
+"""The optimizer: clip, Adam (three flavours), weight decay and the learning-rate schedule.
+
+Hyperparameters are data: `hyperparameters(config)` turns the numeric ones into float32 arrays
+that live in the train state, and `make_optimizer` builds the optax chain from them inside the
+jitted step. A sweep then stacks K runs' hyperparameters and vmaps one compiled step; a single
+run is the K = 1 case. What changes the program's structure (the optimizer's name, the schedule's
+shape) stays in the config.
+"""
 
 import jax
+import jax.numpy as jnp
 import optax
 
-OPTIMIZERS = ("adam", "adamw")
+from normstudy.registry import Registry
+
 SCHEDULES = ("constant", "linear", "cosine", "polynomial")
 
-
-def learning_rate_schedule(opt_cfg, num_steps: int) -> optax.Schedule:
-  """Linear warm-up from 0 to `learning_rate` over `warmup_steps`, then the named decay to
-  `end_learning_rate` at `num_steps` (`constant` stays at the peak). `polynomial` uses power
-  `opt_cfg.get("power", 1.0)`: fairseq's polynomial_decay default of 1 is a linear decay."""
-  peak, end = opt_cfg.learning_rate, opt_cfg.end_learning_rate
-  warmup = int(opt_cfg.warmup_steps)
-  decay_steps = max(int(num_steps) - warmup, 1)
-  if opt_cfg.schedule == "constant":
-    decay = optax.constant_schedule(peak)
-  elif opt_cfg.schedule == "linear":
-    decay = optax.linear_schedule(peak, end, decay_steps)
-  elif opt_cfg.schedule == "cosine":
-    decay = optax.cosine_decay_schedule(peak, decay_steps, alpha=end / peak if peak else 0.0)
-  elif opt_cfg.schedule == "polynomial":
-    decay = optax.polynomial_schedule(peak, end, opt_cfg.get("power", 1.0), decay_steps)
-  else:
-    raise ValueError(
-        f"unknown schedule {opt_cfg.schedule!r}; allowed: {', '.join(SCHEDULES)}")
-  if warmup == 0:
-    return decay
-  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), decay], [warmup])
+# The numeric fields of config.optimizer that are data, plus the schedule's horizon.
+HYPERPARAMETERS = ("learning_rate", "end_learning_rate", "warmup_steps", "schedule_steps",
+                   "clip_norm", "weight_decay", "b1", "b2", "eps", "power")
 
 
-def _decay_mask(params):
-  """Weight decay on weight matrices and embeddings; never on norm gains and biases."""
-  def decays(path, _):
-    return not any("norm" in str(getattr(key, "key", key)) for key in path)
-  return jax.tree_util.tree_map_with_path(decays, params)
+def hyperparameters(config, schedule_steps=None) -> dict:
+  """float32 scalars of a run's hyperparameters. `schedule_steps` is where the decay ends
+  (default `config.train.num_steps`); `clip_norm` None or 0 means no clipping."""
+  opt = config.optimizer
+  values = {name: opt[name] for name in HYPERPARAMETERS if name in opt}
+  values["clip_norm"] = opt.clip_norm or 0.0
+  values["schedule_steps"] = (config.train.num_steps if schedule_steps is None
+                              else schedule_steps)
+  return {name: jnp.asarray(values[name], jnp.float32) for name in HYPERPARAMETERS}
 
 
-def make_optimizer(opt_cfg, num_steps: int) -> optax.GradientTransformation:
-  """clip_by_global_norm (if clip_norm) -> Adam -> weight decay -> learning rate.
+def learning_rate(schedule: str, hp: dict, count) -> jax.Array:
+  """The learning rate of update `count` (0-based): linear warm-up from 0 to `learning_rate`
+  over `warmup_steps`, then the named decay to `end_learning_rate` at `schedule_steps`
+  (`constant` stays at the peak). `polynomial` is fairseq's polynomial_decay
+  ((peak - end) (1 - t)^power + end); `cosine` is optax's cosine_decay_schedule; `linear` is
+  polynomial with power 1. The same values as optax's schedules joined after the warm-up."""
+  count = jnp.asarray(count, jnp.float32)
+  peak, end, warmup = hp["learning_rate"], hp["end_learning_rate"], hp["warmup_steps"]
+  progress = jnp.clip((count - warmup) / jnp.maximum(hp["schedule_steps"] - warmup, 1.0), 0, 1)
+  if schedule == "constant":
+    decayed = peak
+  elif schedule == "linear":
+    decayed = peak + (end - peak) * progress
+  elif schedule == "polynomial":
+    decayed = (peak - end) * (1.0 - progress) ** hp["power"] + end
+  elif schedule == "cosine":
+    decayed = end + (peak - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+  else:  # validated before any run starts
+    raise ValueError(f"unknown schedule {schedule!r}")
+  warming = peak * count / jnp.maximum(warmup, 1.0)
+  return jnp.where(count < warmup, warming, decayed)
 
-  `adamw` decays decoupled from the gradient statistics (as fairseq's `adam` does); `adam` adds
-  the L2 term to the gradient before Adam. Clipping sees the unscaled gradient, once per step.
+
+def scale_by_fairseq_adam(b1, b2, eps) -> optax.GradientTransformation:
+  """fairseq's Adam direction (fairseq/optim/adam.py): `sqrt(1 - b2^t) / (1 - b1^t) * m /
+  (sqrt(v) + eps)` with eps added to the square root of the bias-uncorrected v. optax's
+  `scale_by_adam` adds eps after the correction instead; the moments are optax's own."""
+
+  def init_fn(params):
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
+                                  mu=optax.tree.zeros_like(params),
+                                  nu=optax.tree.zeros_like(params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+    count = optax.safe_increment(state.count)
+    t = count.astype(jnp.float32)
+    step_size = jnp.sqrt(1.0 - b2**t) / (1.0 - b1**t)
+    direction = jax.tree.map(lambda m, v: step_size * m / (jnp.sqrt(v) + eps), mu, nu)
+    return direction, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _adamw(hp, mask):
+  return [optax.scale_by_adam(b1=hp["b1"], b2=hp["b2"], eps=hp["eps"]),
+          optax.add_decayed_weights(hp["weight_decay"], mask)]
+
+
+def _adam(hp, mask):
+  return [optax.add_decayed_weights(hp["weight_decay"], mask),
+          optax.scale_by_adam(b1=hp["b1"], b2=hp["b2"], eps=hp["eps"])]
+
+
+def _adam_fairseq(hp, mask):
+  del mask  # fairseq decays every parameter, norm gains and biases included
+  return [scale_by_fairseq_adam(hp["b1"], hp["b2"], hp["eps"]),
+          optax.add_decayed_weights(hp["weight_decay"])]
+
+
+# name -> (hyperparameters, decay mask) -> the optax transforms between clipping and the rate.
+OPTIMIZERS: Registry = Registry("optimizer.name")
+OPTIMIZERS.register("adamw", _adamw)  # decay decoupled from the gradient statistics
+OPTIMIZERS.register("adam", _adam)  # L2 added to the gradient before Adam
+OPTIMIZERS.register("adam_fairseq", _adam_fairseq)
+
+
+def make_optimizer(opt_cfg, hp: dict, decay_mask) -> optax.GradientTransformation:
+  """clip_by_global_norm -> Adam flavour with weight decay -> -learning rate (schedule).
+
+  Clipping sees the unscaled gradient once per step; `clip_norm` 0 leaves it untouched (the
+  clip's threshold is then infinite, so the chain's structure is the same for every run).
+  `decay_mask` (normstudy.model.decay_mask) says which parameters weight decay applies to.
+  Works with traced `hp`: build it inside the step. Its state does not depend on `hp`.
   """
-  if opt_cfg.name not in OPTIMIZERS:
-    raise ValueError(f"unknown optimizer {opt_cfg.name!r}; allowed: {', '.join(OPTIMIZERS)}")
-  schedule = learning_rate_schedule(opt_cfg, num_steps)
-  chain = []
-  if opt_cfg.clip_norm:
-    chain.append(optax.clip_by_global_norm(opt_cfg.clip_norm))
-  decay = ([optax.add_decayed_weights(opt_cfg.weight_decay, _decay_mask)]
-           if opt_cfg.weight_decay else [])
-  adam = optax.scale_by_adam(b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps)
-  chain += decay + [adam] if opt_cfg.name == "adam" else [adam] + decay
-  chain.append(optax.scale_by_learning_rate(schedule))
-  return optax.chain(*chain)
+  clip = jnp.where(hp["clip_norm"] > 0, hp["clip_norm"], jnp.inf)
+  return optax.chain(
+      optax.clip_by_global_norm(clip),
+      *OPTIMIZERS.get(opt_cfg.name)(hp, decay_mask),
+      optax.scale_by_schedule(lambda count: -learning_rate(opt_cfg.schedule, hp, count)),
+  )

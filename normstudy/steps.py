@@ -1,8 +1,11 @@
-"""The train state, the loss and the train/eval steps: pure functions of (state, batch).
+"""The train state and the train, eval and locate steps: pure functions of (state, batch).
 
-Being pure (no Python side effects, every random number derived from the state) is what lets the
-training loop jit the step once, resume it bit-exactly and, later, vmap several runs into one
-program.
+A run's hyperparameters (peak learning rate, clip norm, weight decay, warm-up, Adam's betas and
+eps) and its seed are arrays in the state, and a run decides its own life inside the step
+(finished, or halted by its non-finite policy or its loss-scale floor; a stopped run is frozen).
+So one compiled step serves K runs stacked on a leading axis (`jax.vmap`, normstudy.train), and a
+single run is the case K = 1. Being pure (every random number derived from the state) is what
+lets the loop resume bit-exactly.
 """
 
 from typing import Any
@@ -12,9 +15,26 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from normstudy import loss as loss_lib
 from normstudy import model as model_lib
 from normstudy import optimizer as optimizer_lib
 from normstudy import precision
+from normstudy import telemetry
+
+# A run's life, `TrainState.status`.
+RUNNING, FINISHED, HALTED_NONFINITE, HALTED_SKIPS, HALTED_SCALE = range(5)
+HALT_REASONS = {
+    HALTED_NONFINITE: "non-finite gradient with config.train.on_nonfinite=halt",
+    HALTED_SKIPS: "too many consecutive skipped updates "
+                  "(config.train.max_consecutive_skips)",
+    HALTED_SCALE: "fp16 gradients overflowed with the loss scale at its minimum "
+                  "(config.optimizer.loss_scale.min_scale)",
+}
+
+# Config fields that are data in the state (so they may differ between the runs of one program).
+RUN_DATA_FIELDS = tuple(f"optimizer.{name}" for name in optimizer_lib.HYPERPARAMETERS
+                        if name != "schedule_steps") + (
+                            "optimizer.loss_scale.initial_scale", "train.seed")
 
 
 @struct.dataclass
@@ -25,141 +45,123 @@ class TrainState:
   opt_state: Any
   loss_scale: precision.LossScale
   skipped_total: jax.Array  # int32: updates skipped for non-finite gradients so far
+  consecutive_skips: jax.Array  # int32: skipped updates in a row, up to this step
   rng: jax.Array  # dropout key; each step folds in `step`
+  hparams: dict  # float32 scalars (normstudy.optimizer.HYPERPARAMETERS)
+  status: jax.Array  # int32: RUNNING, FINISHED or a HALTED_* reason
+  halt_step: jax.Array  # int32: the step that halted the run (0 while it has not)
+
+
+def init_state(config, seed, hparams, params=None) -> TrainState:
+  """A fresh state from a (possibly traced) integer seed and hyperparameters. Parameters come
+  from PRNGKey(seed) unless given (boxed or not); dropout keys from PRNGKey(seed + 1)."""
+  cfg = model_lib.ModelConfig.create(config.model)
+  if params is None:
+    params = model_lib.boxed_init(cfg)(jax.random.PRNGKey(seed))
+  tx = optimizer_lib.make_optimizer(config.optimizer, hparams, model_lib.decay_mask(cfg))
+  zero = jnp.zeros((), jnp.int32)
+  return TrainState(
+      step=zero, opt_step=zero, params=params, opt_state=tx.init(params),
+      loss_scale=precision.create(config.model.dtype, config.optimizer.loss_scale),
+      skipped_total=zero, consecutive_skips=zero, rng=jax.random.PRNGKey(seed + 1),
+      hparams=hparams, status=zero, halt_step=zero)
 
 
 def create_train_state(config, params=None) -> TrainState:
-  """A fresh state: parameters from `config.train.seed` unless given."""
-  if params is None:
-    params = model_lib.init_params(config.model, config.train.seed)
-  tx = optimizer_lib.make_optimizer(config.optimizer, config.train.num_steps)
-  return TrainState(
-      step=jnp.zeros((), jnp.int32),
-      opt_step=jnp.zeros((), jnp.int32),
-      params=params,
-      opt_state=tx.init(params),
-      loss_scale=precision.create(config.model.dtype, config.optimizer.loss_scale),
-      skipped_total=jnp.zeros((), jnp.int32),
-      rng=jax.random.PRNGKey(config.train.seed + 1),
-  )
+  """The state of one run, unboxed, from `config.train.seed` and the config's hyperparameters."""
+  import flax.linen as nn
+  state = init_state(config, config.train.seed, optimizer_lib.hyperparameters(config), params)
+  return nn.unbox(state)
 
 
-def cross_entropy(cfg: model_lib.ModelConfig, logits, batch) -> tuple[jax.Array, jax.Array]:
-  """(mean loss, number of predicted tokens). Causal: next token; encoder: masked positions."""
-  tokens = batch["tokens"]
-  if cfg.causal:
-    logits, targets = logits[:, :-1], tokens[:, 1:]
-    weights = jnp.ones(targets.shape, jnp.float32)
-  else:
-    targets, weights = tokens, batch["mask"].astype(jnp.float32)
-  losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
-  count = jnp.sum(weights)
-  return jnp.sum(losses * weights) / jnp.maximum(count, 1.0), count
+def _tree_where(condition, new, old):
+  return jax.tree.map(lambda n, o: jnp.where(condition, n, o), new, old)
 
 
-def _model(cfg, deterministic, telemetry=False):
-  return model_lib.Transformer(cfg, deterministic=deterministic, telemetry=telemetry)
+def _model(cfg, probe=telemetry.OFF):
+  return model_lib.Transformer(cfg, deterministic=cfg.dropout == 0, probe=probe)
 
 
-TELEMETRY_LAYER_METRICS = ("attn_logit_max", "act_rms", "grad_norm", "update_norm", "param_norm")
+def make_train_step(config, telemetry_on: bool = False):
+  """Returns train_step(state, batch) -> (state, metrics) for one run (vmap it for K).
 
-
-def per_layer_norms(cfg: model_lib.ModelConfig, tree) -> jax.Array:
-  """[num_layers] L2 norms of each layer's part of a parameter-shaped tree."""
-  if cfg.scan_layers:
-    squares = [jnp.sum(jnp.square(x.astype(jnp.float32)), axis=tuple(range(1, x.ndim)))
-               for x in jax.tree.leaves(tree["layers"])]
-    return jnp.sqrt(sum(squares))
-  return jnp.stack([optax.tree.norm(tree[f"layer_{i}"]) for i in range(cfg.num_layers)])
-
-
-def _per_layer_intermediate(cfg, intermediates, path) -> jax.Array:
-  """[num_layers] values a Block sowed under `path` (a tuple of module names, then the name)."""
-  def lookup(tree):
-    for key in path:
-      tree = tree[key]
-    return tree[0]  # sow appends to a tuple
-  if cfg.scan_layers:
-    return lookup(intermediates["layers"])
-  return jnp.stack([lookup(intermediates[f"layer_{i}"]) for i in range(cfg.num_layers)])
-
-
-def make_train_step(config, telemetry: bool = False):
-  """Returns train_step(state, batch) -> (state, metrics).
-
-  With `telemetry`, metrics also hold per-layer arrays [num_layers] under "telemetry":
-  attn_logit_max, act_rms, grad_norm, update_norm, param_norm; and the global output_logit_max
-  and log_z_mean. The state update is the same computation either way.
+  metrics: loss (cross entropy), grad_norm (unscaled, before clipping), clipped, lr,
+  loss_scale (the scale this step's loss was multiplied by), skipped, skipped_total, active
+  (the run was running before this step; the others are frozen and report nothing new),
+  status, and with `telemetry_on` the per-layer arrays of normstudy.telemetry under "telemetry".
+  The state update is the same computation either way.
   """
   cfg = model_lib.ModelConfig.create(config.model)
-  tx = optimizer_lib.make_optimizer(config.optimizer, config.train.num_steps)
-  schedule = optimizer_lib.learning_rate_schedule(config.optimizer, config.train.num_steps)
-  clip_norm = config.optimizer.clip_norm or 0.0
-  model = _model(cfg, deterministic=cfg.dropout == 0, telemetry=telemetry)
+  mask = model_lib.decay_mask(cfg)
+  model = _model(cfg, telemetry.Probe(stats=telemetry_on))
+  opt_cfg, train_cfg = config.optimizer, config.train
+  loss_cfg = config.get("loss")
+  num_steps = train_cfg.num_steps
+  float16 = config.model.dtype == "float16"
 
   def train_step(state: TrainState, batch):
+    hp = state.hparams
+    tx = optimizer_lib.make_optimizer(opt_cfg, hp, mask)
     dropout_rng = jax.random.fold_in(state.rng, state.step)
     scale = state.loss_scale.scale
-
-    dynamic = state.loss_scale.dynamic  # static: float32/bfloat16 skip the scaling passes
 
     def scaled_loss(params):
       inputs = ({"params": params}, batch["tokens"], batch.get("mask"))
       rngs = {"dropout": dropout_rng}
-      if telemetry:
-        logits, variables = model.apply(*inputs, rngs=rngs, mutable=["intermediates"])
+      sown = {}
+      if telemetry_on:
+        logits, variables = model.apply(*inputs, rngs=rngs, mutable=[telemetry.STATS])
+        sown = variables[telemetry.STATS]
       else:
         logits = model.apply(*inputs, rngs=rngs)
-      loss, _ = cross_entropy(cfg, logits, batch)
-      observed = {}
-      if telemetry:
-        observed = jax.lax.stop_gradient({
-            "intermediates": variables["intermediates"],
-            "output_logit_max": jnp.max(logits),
-            "log_z_mean": jnp.mean(jax.nn.logsumexp(logits, axis=-1)),
-        })
-      return (loss * scale if dynamic else loss), (loss, observed)
+      loss, terms = loss_lib.objective(cfg, loss_cfg, logits, batch)
+      observed = jax.lax.stop_gradient((terms, sown, logits if telemetry_on else None))
+      # float32/bfloat16 skip the scaling passes (the scale is 1 and static there).
+      return (loss * scale if float16 else loss), (loss, observed)
 
-    grads, (loss, observed) = jax.grad(scaled_loss, has_aux=True)(state.params)
-    if dynamic:
+    grads, (loss, (terms, sown, logits)) = jax.grad(scaled_loss, has_aux=True)(state.params)
+    if float16:
       grads = jax.tree.map(lambda g: g / scale, grads)
     finite = jnp.logical_and(precision.all_finite(grads), jnp.isfinite(loss))
     grad_norm = optax.tree.norm(grads)
-
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
-    keep_old = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     loss_scale, scale_underflow = precision.update(state.loss_scale, finite)
-    skipped = ~finite
-    new_state = state.replace(
-        step=state.step + 1,
-        opt_step=state.opt_step + finite.astype(jnp.int32),
-        params=keep_old(new_params, state.params),
-        opt_state=keep_old(new_opt_state, state.opt_state),
+
+    step = state.step + 1
+    opt_step = state.opt_step + finite.astype(jnp.int32)
+    consecutive = jnp.where(finite, 0, state.consecutive_skips + 1)
+    if float16:  # the loss scaler skips overflowing steps; fairseq stops at its floor
+      halt, reason = scale_underflow, HALTED_SCALE
+    elif train_cfg.on_nonfinite == "halt":
+      halt, reason = ~finite, HALTED_NONFINITE
+    else:
+      halt, reason = consecutive > train_cfg.max_consecutive_skips, HALTED_SKIPS
+    done = (step if train_cfg.count_skipped_steps else opt_step) >= num_steps
+    status = jnp.where(halt, reason, jnp.where(done, FINISHED, RUNNING)).astype(jnp.int32)
+    updated = state.replace(
+        step=step, opt_step=opt_step,
+        params=_tree_where(finite, new_params, state.params),
+        opt_state=_tree_where(finite, new_opt_state, state.opt_state),
         loss_scale=loss_scale,
-        skipped_total=state.skipped_total + skipped.astype(jnp.int32),
-    )
+        skipped_total=state.skipped_total + (~finite).astype(jnp.int32),
+        consecutive_skips=consecutive.astype(jnp.int32), status=status,
+        halt_step=jnp.where(halt, step, 0).astype(jnp.int32))
+    active = state.status == RUNNING
+    new_state = _tree_where(active, updated, state)  # a stopped run stays as it stopped
     metrics = {
-        "loss": loss,
+        **terms,
         "grad_norm": grad_norm,
-        "clipped": jnp.logical_and(clip_norm > 0, grad_norm > clip_norm),
-        "lr": schedule(state.opt_step),
-        "loss_scale": scale,  # the scale this step's loss was multiplied by
-        "skipped": skipped,
-        "skipped_total": new_state.skipped_total,
-        "scale_underflow": scale_underflow,
+        "clipped": jnp.logical_and(hp["clip_norm"] > 0, grad_norm > hp["clip_norm"]),
+        "lr": optimizer_lib.learning_rate(opt_cfg.schedule, hp, state.opt_step),
+        "loss_scale": scale,
+        "skipped": ~finite,
+        "skipped_total": updated.skipped_total,
+        "active": active,
+        "status": updated.status,
     }
-    if telemetry:
-      inter = observed["intermediates"]
-      metrics["telemetry"] = {
-          "attn_logit_max": _per_layer_intermediate(cfg, inter, ("attention", "attn_logit_max")),
-          "act_rms": _per_layer_intermediate(cfg, inter, ("act_rms",)),
-          "grad_norm": per_layer_norms(cfg, grads),
-          "update_norm": per_layer_norms(cfg, updates),
-          "param_norm": per_layer_norms(cfg, state.params),
-          "output_logit_max": observed["output_logit_max"],
-          "log_z_mean": observed["log_z_mean"],
-      }
+    if telemetry_on:
+      metrics["telemetry"] = telemetry.collect(cfg, sown, logits, grads, updates, state.params)
     return new_state, metrics
 
   return train_step
@@ -168,11 +170,30 @@ def make_train_step(config, telemetry: bool = False):
 def make_eval_step(config):
   """Returns eval_step(params, batch) -> {"loss_sum", "count"} (sum over predicted tokens)."""
   cfg = model_lib.ModelConfig.create(config.model)
-  model = _model(cfg, deterministic=True)
+  model = model_lib.Transformer(cfg, deterministic=True)
 
   def eval_step(params, batch):
     logits = model.apply({"params": params}, batch["tokens"], batch.get("mask"))
-    loss, count = cross_entropy(cfg, logits, batch)
+    loss, count = loss_lib.cross_entropy(cfg, logits, batch)
     return {"loss_sum": loss * count, "count": count}
 
   return eval_step
+
+
+def make_locate_step(config):
+  """Returns locate(state, batch) -> the finiteness flags of every site of the forward pass
+  that `state` took on `batch` (normstudy.telemetry.site_flags), with the same dropout.
+
+  Called for a step whose loss or gradient was non-finite, on the state after it: a skipped
+  step leaves the parameters as they were, so this re-runs exactly that step's forward."""
+  cfg = model_lib.ModelConfig.create(config.model)
+  model = _model(cfg, telemetry.Probe(locate=True))
+
+  def locate(state: TrainState, batch):
+    # The failed step folded in its own index, one less than the counter after it.
+    dropout_rng = jax.random.fold_in(state.rng, state.step - 1)
+    _, variables = model.apply({"params": state.params}, batch["tokens"], batch.get("mask"),
+                               rngs={"dropout": dropout_rng}, mutable=[telemetry.LOCATE])
+    return telemetry.site_flags(cfg, variables[telemetry.LOCATE])
+
+  return locate
