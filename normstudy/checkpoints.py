@@ -1,25 +1,26 @@
-"""Orbax checkpoints of a run: `<workdir>/checkpoints/<step>/{state,data}`.
+"""Orbax checkpoints of a program's stacked train state: `<dir>/<step>/state`.
 
-`state` is the whole TrainState (parameters, optimizer and loss-scale state, counters, RNG);
-`data` is the training iterator's position, saved through grain's orbax handler.
+`state` is the whole TrainState of every run of the program (parameters, optimizer and
+loss-scale state, counters, RNG, hyperparameters, each run's life). The data position needs no
+saving: a run at step s reads batch s - 1 (normstudy.data).
 """
 
 import os
 import shutil
 
 from absl import logging
-import grain
 import jax
 import orbax.checkpoint as ocp
 
+from normstudy import rundir
 from normstudy.errors import UserError
 
-ITEMS = ("state", "data")
+ITEMS = ("state",)
 
 
-def manager(workdir: str, max_to_keep: int) -> ocp.CheckpointManager:
+def manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(
-      os.path.abspath(os.path.join(workdir, "checkpoints")),
+      os.path.abspath(directory),
       options=ocp.CheckpointManagerOptions(
           max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True,
           # A save cut short by SIGKILL leaves a *.orbax-checkpoint-tmp directory behind.
@@ -27,20 +28,31 @@ def manager(workdir: str, max_to_keep: int) -> ocp.CheckpointManager:
       item_names=ITEMS)
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state, train_iter) -> None:
-  mngr.save(step, args=ocp.args.Composite(
-      state=ocp.args.StandardSave(state),
-      data=grain.checkpoint.CheckpointSave(train_iter)))
+def save(mngr: ocp.CheckpointManager, step: int, state) -> None:
+  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
 
 
-def restore_latest(mngr: ocp.CheckpointManager, abstract_state, train_iter):
+def _reason(error: Exception) -> str:
+  """One short line for why orbax could not read a checkpoint (its messages can hold kilobytes
+  of escaped TensorStore JSON)."""
+  text = " ".join(str(error).split())
+  for marker in ("Error opening", "Error reading", "NOT_FOUND", "DATA_LOSS", "FAILED_PRECONDITION",
+                 "OUT_OF_RANGE", "INVALID_ARGUMENT"):
+    if marker in text:
+      text = text[text.index(marker):]
+      break
+  text = text.split(" [source locations]")[0].split("; [tensorstore_spec")[0]
+  return f"{type(error).__name__}: {text[:160]}" + ("..." if len(text) > 160 else "")
+
+
+def restore_latest(mngr: ocp.CheckpointManager, abstract_state):
   """Restores the newest checkpoint that can be read, newest first.
 
-  Returns (step, state) with `train_iter` moved to the saved position, or (None, None) when the
-  directory holds no checkpoint. A checkpoint that fails to restore (truncated or missing files)
-  is reported and the previous one tried. Once an older one restores, the damaged newer ones are
-  moved to `<workdir>/checkpoints_damaged/` (kept for inspection, out of the way of new saves). If
-  none restores, raises `CheckpointError` and leaves the files where they are.
+  Returns (step, state), or (None, None) when the directory holds no checkpoint. A checkpoint that
+  fails to restore (truncated or missing files) is reported in one line and the previous one
+  tried. Once an older one restores, the damaged newer ones are moved to
+  `<dir>/../checkpoints_damaged/` (kept for inspection, out of the way of new saves). If none
+  restores, raises `CheckpointError` and leaves the files where they are.
   """
   steps = sorted(mngr.all_steps(), reverse=True)
   if not steps:
@@ -49,12 +61,11 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state, train_iter):
   for step in steps:
     try:
       restored = mngr.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state),
-          data=grain.checkpoint.CheckpointRestore(train_iter)))
+          state=ocp.args.StandardRestore(abstract_state)))
     except Exception as e:  # orbax raises many types for damaged files
-      reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-      logging.warning("checkpoint at step %d cannot be restored (%s); trying an older one",
-                      step, reason)
+      reason = _reason(e)
+      logging.warning("the checkpoint of step %d in %s cannot be restored (%s); trying an older "
+                      "one", step, mngr.directory, reason)
       failures.append(f"step {step} ({reason})")
       continue
     if failures:
@@ -67,7 +78,7 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state, train_iter):
 
 def _move_aside(mngr: ocp.CheckpointManager, steps) -> None:
   directory = str(mngr.directory)
-  damaged = os.path.join(os.path.dirname(directory), "checkpoints_damaged")
+  damaged = os.path.join(os.path.dirname(directory), rundir.DAMAGED_CHECKPOINTS)
   os.makedirs(damaged, exist_ok=True)
   for step in steps:
     target = os.path.join(damaged, str(step))

@@ -1,4 +1,9 @@
-"""What every normstudy command shares: quiet library logs, and one line for a user's mistake."""
+"""What every normstudy command shares: quiet library logs, and one line for a user's mistake.
+
+Entry modules (main, study, sweep, analyze) define their absl flags in a `define_flags()` that
+only runs when the module is the program, so any of them can be imported together (a notebook,
+a test) without duplicate-flag errors.
+"""
 
 import logging as std_logging
 import os
@@ -87,9 +92,11 @@ def _parse_flags(argv):
     sys.exit(2)
 
 
-def run(main):
-  """`absl.app.run(main)` with library noise filtered; the stops of normstudy.errors become one
-  line on stderr and an exit code (user error 2, halted run 3, preemption 0)."""
+def run(main, define_flags):
+  """Defines the entry's flags, then `absl.app.run(main)` with library noise filtered; the stops
+  of normstudy.errors become one line on stderr and an exit code (user error 2, halted run 3,
+  preemption 0)."""
+  define_flags()
 
   def wrapped(argv):
     quiet_library_logs()

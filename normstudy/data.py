@@ -2,8 +2,8 @@
 
 Every batch is a pure function of (config, batch index): rows are packed once in memory, grain's
 `MapDataset` shuffles by seed per epoch, and encoder span masks come from `random_map`, whose
-generator is seeded by the element index. The iterator's state is therefore just a position,
-saved with each checkpoint, and a resumed run sees exactly the batches it would have seen.
+generator is seeded by the element index. A run at step s reads batch s - 1, so a resumed run sees
+exactly the batches it would have seen, and the runs of a sweep each read their own order.
 """
 
 import dataclasses
@@ -12,6 +12,8 @@ from typing import Optional
 
 import grain
 import numpy as np
+
+from normstudy import errors
 
 DATASETS = ("synthetic", "text_files")  # besides any TFDS catalog dataset with a text feature
 TOKENIZERS = ("bytes", "train")  # or the path of a SentencePiece .model
@@ -138,16 +140,21 @@ def _catalog(config) -> TokenSplits:
   return TokenSplits(train, validation, None, f"tfds:{data_cfg.name}:{data_cfg.tokenizer}")
 
 
+def check_name(name: str) -> None:
+  """ConfigError unless `name` is a built-in source or a TFDS catalog dataset."""
+  if name not in DATASETS and not is_catalog_dataset(name):
+    raise errors.not_allowed("data.name", name, f"{', '.join(DATASETS)} or a TFDS catalog "
+                             "dataset with a text feature (lm1b, c4/en, ...)")
+
+
 def load_splits(config) -> TokenSplits:
   name = config.data.name
+  check_name(name)
   if name == "synthetic":
     return _synthetic(config.data, config.model.max_len, config.model.vocab_size)
   if name == "text_files":
     return _text_files(config.data, config.model.max_len)
-  if is_catalog_dataset(name):
-    return _catalog(config)
-  raise ValueError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)} or a TFDS "
-                   "catalog dataset with a text feature (lm1b, c4/en, ...)")
+  return _catalog(config)
 
 
 def span_mask(rng: np.random.Generator, batch: int, length: int, mask_prob: float,
@@ -206,9 +213,11 @@ def _process():
   return {"process_index": jax.process_index(), "process_count": jax.process_count()}
 
 
-def train_iterator(config, splits: TokenSplits) -> grain.DatasetIterator:
-  """The training iterator; `get_state`/`set_state` (or orbax's grain handler) resume it."""
-  return iter(batches(config, splits.train, train=True, **_process()).to_iter_dataset())
+def train_batches(config, splits: TokenSplits) -> grain.MapDataset:
+  """This process's share of training batch i at index i, for every i: a run at step s reads
+  index s - 1, so a resumed run (and each run of a sweep, with its own seed) needs no iterator
+  state beyond its step."""
+  return batches(config, splits.train, train=True, **_process())
 
 
 def eval_batches(config, splits: TokenSplits):

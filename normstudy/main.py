@@ -11,24 +11,29 @@ from normstudy import errors
 from normstudy import sharding
 from normstudy import train
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file[:variant].", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the run (created; resumed if it exists).")
-_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
-    "allow_config_change", False,
-    "Continue a run in --workdir even if its saved config differs in model, optimizer or data.")
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "host:port of process 0, for multi-process runs.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
-flags.mark_flags_as_required(["config", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  config_flags.DEFINE_config_file("config", None, "Config file[:variant].", lock_config=True)
+  flags.DEFINE_string("workdir", None, "Directory of the run (created; resumed if it exists).")
+  flags.DEFINE_bool(
+      "allow_config_change", False,
+      "Continue a run in --workdir even if its saved config differs in model, optimizer or data.")
+  flags.DEFINE_string("coordinator_address", None,
+                      "host:port of process 0, for multi-process runs.")
+  flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
+  flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
+  flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
-  sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value, _ALLOW_CONFIG_CHANGE.value)
+  sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
+                                  FLAGS.process_id)
+  train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, define_flags)

@@ -10,7 +10,7 @@ from typing import Iterator
 
 from absl import logging
 
-FILENAME = "metrics.jsonl"
+from normstudy import rundir
 
 
 def plain(value):
@@ -18,28 +18,39 @@ def plain(value):
   return value.item() if hasattr(value, "item") else value
 
 
-def read_records(path: str) -> Iterator[dict]:
+class DamagedRecords(ValueError):
+  """A metrics file holds a line that is not a JSON record, before its last line."""
+
+
+def read_records(path: str, skip_damaged: bool = False) -> Iterator[dict]:
   """Yields the records of a metrics file. A torn last line (a crash mid-write) is skipped with a
-  warning; a damaged line elsewhere is a real error and raises."""
-  with open(path, encoding="utf-8") as f:
+  warning. A damaged line elsewhere raises DamagedRecords naming the file and line, or, with
+  `skip_damaged` (the analysis), is skipped with a warning naming them."""
+  with open(path, encoding="utf-8", errors="replace") as f:
     lines = f.read().split("\n")
   if lines and lines[-1] == "":
     lines.pop()
   for i, line in enumerate(lines):
     try:
-      yield json.loads(line)
-    except json.JSONDecodeError:
+      record = json.loads(line)
+      if not isinstance(record, dict) or "step" not in record:
+        raise ValueError("not a record")
+    except ValueError:
       if i == len(lines) - 1:
-        logging.warning("%s: skipping a torn last line (%d bytes)", path, len(line))
+        logging.warning("%s:%d: skipping a torn last line (%d bytes)", path, i + 1, len(line))
         return
-      raise ValueError(f"{path}:{i + 1}: not a JSON record: {line[:80]!r}") from None
+      if skip_damaged:
+        logging.warning("%s:%d: skipping a damaged line: %r", path, i + 1, line[:80])
+        continue
+      raise DamagedRecords(f"{path}:{i + 1}: not a JSON record: {line[:80]!r}") from None
+    yield record
 
 
 class MetricsLog:
   """Appends records; on resume, drops every record after the restored step first."""
 
   def __init__(self, workdir: str, resume_step: int | None):
-    self.path = os.path.join(workdir, FILENAME)
+    self.path = os.path.join(workdir, rundir.METRICS)
     if os.path.exists(self.path):
       keep = []
       if resume_step is not None:

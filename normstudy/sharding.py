@@ -1,12 +1,14 @@
 """Device meshes and where every array lives on them: the one place the logical-axis rules are.
 
-The mesh has three axes, sized by `config.mesh.{data,fsdp,tensor}` (one of them may be -1, the
-remaining devices):
+The mesh has four axes, sized by `config.mesh.{runs,data,fsdp,tensor}` (one of them may be -1,
+the remaining devices):
+  runs    the K runs of one program (a sweep), each run on its own slice of devices
   data    replicas, each with a slice of the batch
   fsdp    a slice of the batch too, and a slice of every parameter and optimizer moment (on `embed`)
   tensor  attention heads and the MLP hidden dimension
-Parameters carry logical axis names (normstudy.model); RULES map them to mesh axes. The train
-step is `jax.jit` with these shardings on its inputs and outputs and the state donated.
+Every state leaf carries a leading run axis of size K (K = 1 for a single run). Parameters carry
+logical axis names (normstudy.model); RULES map them to mesh axes. The steps are `jax.jit` of
+`jax.vmap` over the run axis, with these shardings on inputs and outputs and the state donated.
 """
 
 import math
@@ -18,14 +20,16 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from normstudy import model as model_lib
+from normstudy import optimizer as optimizer_lib
 from normstudy import steps as steps_lib
 from normstudy.errors import UserError
 
-AXES = ("data", "fsdp", "tensor")
+AXES = ("runs", "data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 # logical axis -> mesh axis (None: replicated)
 RULES = (
+    ("runs", "runs"),
     ("batch", BATCH_AXES),
     ("embed", "fsdp"),
     ("heads", "tensor"),
@@ -36,8 +40,8 @@ RULES = (
 )
 
 
-def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
-  """(data, fsdp, tensor) sizes, with a -1 resolved; UserError if they do not fit the devices."""
+def mesh_shape(mesh_cfg, num_devices: int) -> dict:
+  """{axis: size} with a -1 resolved; UserError if the sizes do not fit the devices."""
   sizes = [int(mesh_cfg.get(axis, 1)) for axis in AXES]
   described = ", ".join(f"config.mesh.{a}={s}" for a, s in zip(AXES, sizes))
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
@@ -51,73 +55,103 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
   if math.prod(sizes) != num_devices:
     raise UserError(f"{described}: the mesh has {math.prod(sizes)} devices, but there are "
                     f"{num_devices}")
-  return tuple(sizes)
+  return dict(zip(AXES, sizes))
 
 
 def make_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
   """A mesh over `devices` (default: all). Auto axis types: jax.make_mesh now defaults to
   Explicit, under which matmuls with sharded contracting dimensions fail (jax 0.10)."""
   devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(mesh_cfg, len(devices))
+  shape = tuple(mesh_shape(mesh_cfg, len(devices)).values())
   return jax.sharding.Mesh(np.asarray(devices).reshape(shape), AXES)
 
 
-def check_divisible(config, sizes: dict) -> None:
-  """UserError naming the first model or batch size that a mesh of `sizes` (axis -> size)
-  cannot split evenly."""
+def check_divisible(config, sizes: dict, num_runs: int = 1) -> None:
+  """The one check that a mesh of `sizes` (axis -> size) splits every sharded size evenly:
+  UserError naming the first that it does not."""
   m = config.model
   need = [
-      ("config.train.batch_size", config.train.batch_size, sizes["data"] * sizes["fsdp"],
-       "data x fsdp"),
-      ("config.model.d_model", m.d_model, sizes["fsdp"], "fsdp"),
-      ("config.model.num_heads", m.num_heads, sizes["tensor"], "tensor"),
-      ("config.model.d_ff", m.d_ff, sizes["tensor"], "tensor"),
+      (f"{num_runs} runs", num_runs, sizes["runs"], "runs"),
+      (f"config.train.batch_size={config.train.batch_size}", config.train.batch_size,
+       sizes["data"] * sizes["fsdp"], "data x fsdp"),
+      (f"config.model.d_model={m.d_model}", m.d_model, sizes["fsdp"], "fsdp"),
+      (f"config.model.num_heads={m.num_heads}", m.num_heads, sizes["tensor"], "tensor"),
+      (f"config.model.d_ff={m.d_ff}", m.d_ff, sizes["tensor"], "tensor"),
   ]
-  for field, value, parts, axes in need:
+  for what, value, parts, axes in need:
     if value % parts:
-      raise UserError(f"{field}={value} is not divisible by the mesh's {axes} size {parts} "
-                      f"(mesh data={sizes['data']}, fsdp={sizes['fsdp']}, "
-                      f"tensor={sizes['tensor']})")
+      mesh = ", ".join(f"{a}={s}" for a, s in sizes.items())
+      raise UserError(f"{what} is not divisible by the mesh's {axes} size {parts} (mesh {mesh})")
 
 
 def batch_sharding(mesh) -> NamedSharding:
-  return NamedSharding(mesh, P(BATCH_AXES))
+  """[runs, batch, ...] arrays: runs on `runs`, the batch on data x fsdp."""
+  return NamedSharding(mesh, P("runs", BATCH_AXES))
 
 
-def replicated(mesh) -> NamedSharding:
-  return NamedSharding(mesh, P())
+def runs_sharding(mesh) -> NamedSharding:
+  """[runs, ...] per-run values (metrics, seeds, hyperparameters)."""
+  return NamedSharding(mesh, P("runs"))
 
 
-def _boxed_state(config):
-  cfg = model_lib.ModelConfig.create(config.model)
-  params = model_lib.boxed_init(cfg)(jax.random.PRNGKey(config.train.seed))
-  return steps_lib.create_train_state(config, params=params)
+def _plain(tree):
+  """Boxes removed without sharding constraints (the jit's out_shardings place the arrays)."""
+  return jax.tree.map(lambda x: x.unbox(apply_constraint=False) if isinstance(x, nn.Partitioned)
+                      else x, tree, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
+def _one_run_state(config, seed, hparams, boxed: bool):
+  state = steps_lib.init_state(config, seed, hparams)
+  return state if boxed else _plain(state)
+
+
+def stacked_hparams(configs) -> tuple[np.ndarray, dict]:
+  """(seeds int32 [K], {hyperparameter: float32 [K]}) of the runs' configs."""
+  seeds = np.asarray([c.train.seed for c in configs], np.int32)
+  per_run = [jax.tree.map(np.asarray, optimizer_lib.hyperparameters(c)) for c in configs]
+  return seeds, {k: np.stack([h[k] for h in per_run]) for k in per_run[0]}
 
 
 def state_shardings(config, mesh):
-  """NamedShardings of every leaf of the (unboxed) train state."""
-  specs = nn.get_partition_spec(jax.eval_shape(lambda: _boxed_state(config)))
-  return nn.logical_to_mesh_sharding(specs, mesh, RULES)
+  """NamedShardings of every leaf of the stacked (unboxed) train state [K, ...]."""
+  seed, hp = np.int32(0), jax.tree.map(np.asarray, optimizer_lib.hyperparameters(config))
+  boxed = jax.eval_shape(lambda: _one_run_state(config, seed, hp, boxed=True))
+  specs = nn.get_partition_spec(boxed)
+  stacked = jax.tree.map(lambda spec: P("runs", *spec), specs,
+                         is_leaf=lambda x: isinstance(x, P))
+  return jax.tree.map(lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(spec, RULES)),
+                      stacked, is_leaf=lambda x: isinstance(x, P))
 
 
-def create_state(config, mesh):
-  """The initial train state, created directly in its shards (same values as on one device)."""
+def create_states(configs, mesh):
+  """The stacked initial state of runs whose configs share a program (same values as each run
+  alone on one device), created directly in its shards; returns (state, shardings)."""
+  config = configs[0]
   shardings = state_shardings(config, mesh)
+  seeds, hparams = stacked_hparams(configs)
+  init = jax.vmap(lambda seed, hp: _one_run_state(config, seed, hp, boxed=False))
   with jax.set_mesh(mesh):
-    return jax.jit(lambda: nn.unbox(_boxed_state(config)), out_shardings=shardings)(), shardings
+    state = jax.jit(init, out_shardings=shardings)(seeds, hparams)
+  return state, shardings
 
 
-def jit_train_step(config, mesh, shardings, telemetry: bool = False):
-  """The train step compiled for the mesh: sharded state in and out (donated), batch split."""
-  step = steps_lib.make_train_step(config, telemetry=telemetry)
+def jit_train_step(config, mesh, shardings, telemetry_on: bool = False):
+  """The train step of K stacked runs, compiled for the mesh: state donated."""
+  step = jax.vmap(steps_lib.make_train_step(config, telemetry_on), spmd_axis_name="runs")
   return jax.jit(step, in_shardings=(shardings, batch_sharding(mesh)),
-                 out_shardings=(shardings, replicated(mesh)), donate_argnums=0)
+                 out_shardings=(shardings, runs_sharding(mesh)), donate_argnums=0)
 
 
 def jit_eval_step(config, mesh, shardings):
-  return jax.jit(steps_lib.make_eval_step(config),
-                 in_shardings=(shardings.params, batch_sharding(mesh)),
-                 out_shardings=replicated(mesh))
+  step = jax.vmap(steps_lib.make_eval_step(config), spmd_axis_name="runs")
+  return jax.jit(step, in_shardings=(shardings.params, batch_sharding(mesh)),
+                 out_shardings=runs_sharding(mesh))
+
+
+def jit_locate_step(config, mesh, shardings):
+  step = jax.vmap(steps_lib.make_locate_step(config), spmd_axis_name="runs")
+  return jax.jit(step, in_shardings=(shardings, batch_sharding(mesh)),
+                 out_shardings=runs_sharding(mesh))
 
 
 def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
@@ -146,7 +180,7 @@ def initialize_distributed(coordinator_address=None, num_processes=None, process
 
 
 def global_batch(mesh, local_batch: dict) -> dict:
-  """Device arrays of the global batch, from this process's rows of it."""
+  """Device arrays of the global batch [runs, batch, ...], from this process's rows of it."""
   sharding = batch_sharding(mesh)
   if jax.process_count() == 1:
     return jax.device_put(local_batch, sharding)

@@ -1,120 +1,87 @@
-"""The training loop: config -> a run directory with metrics, checkpoints and the resolved config.
+"""The training loop: run configs -> run directories with records, checkpoints and configs.
 
-  <workdir>/config.json            the resolved config
-  <workdir>/run.json               label, dataset, entropy floor, parameter count
-  <workdir>/metrics.jsonl          one record per logged step (normstudy.metrics)
-  <workdir>/events.out.tfevents.*  the same scalars for TensorBoard (clu metric writers)
-  <workdir>/checkpoints/<step>/    orbax: train state + data-iterator position
+One program trains K runs whose configs differ only in data fields (learning rate, clip norm,
+weight decay, warm-up, Adam's betas and eps, seed: normstudy.steps.RUN_DATA_FIELDS). Their
+states are stacked on a leading axis and one vmapped, jitted step advances all of them; each run
+keeps its own loss scale, skip counter and life, and a run that finishes or halts is frozen while
+the others go on. `normstudy.main` is K = 1; `normstudy.sweep` and `normstudy.study` group their
+runs into programs (`group_runs`) and train them one after another.
 
-Starting again in the same workdir resumes from the newest checkpoint that restores; records
-after it are dropped first, so `metrics.jsonl` never holds a step twice and a resumed run's
+Each run writes its own directory (normstudy.rundir). Starting again resumes from the newest
+checkpoint that restores: each run's records after it are dropped first, so a resumed run's
 records equal an uninterrupted run's. SIGTERM/SIGINT finish the current step, checkpoint it and
-stop (normstudy.errors.Preempted); a non-finite step halts or is skipped as
-`config.train.on_nonfinite` says (normstudy.errors.RunHalted).
+stop (errors.Preempted).
+
+The loop processes step N-1's metrics after step N is dispatched, as nanodo does; before
+dispatching N it only checks whether N-1 was non-finite, since the state after a skipped step
+still has the parameters that failed, which `locate` re-runs to say where the failure started.
 """
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
 import threading
 import time
+from concurrent import futures
 
 from absl import logging
-from clu import metric_writers
-from clu import periodic_actions
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from normstudy import checkpoints
 from normstudy import config as config_lib
 from normstudy import data as data_lib
+from normstudy import labels
 from normstudy import metrics as metrics_lib
+from normstudy import optimizer as optimizer_lib
+from normstudy import rundir
 from normstudy import sharding
 from normstudy import steps as steps_lib
+from normstudy import telemetry
+from normstudy import validation
 from normstudy.errors import Preempted
 from normstudy.errors import RunHalted
 from normstudy.errors import UserError
 
 RECORD_KEYS = ("loss", "grad_norm", "clipped", "lr", "loss_scale", "skipped", "skipped_total")
 
-# Fields a continued run may change: they do not alter the trajectory already recorded (the mesh
-# included: a checkpoint restores onto any layout, and results do not depend on it).
-CHANGEABLE_FIELDS = (
-    "label", "data.data_dir", "mesh.data", "mesh.fsdp", "mesh.tensor",
-    "train.num_steps", "train.log_every", "train.eval_every",
-    "train.checkpoint_every", "train.max_to_keep", "train.on_nonfinite",
-    "train.max_consecutive_skips", "train.telemetry_every",
-)
+
+@dataclasses.dataclass
+class Run:
+  """One run: its name (in logs and sweep.json), its config and its directory."""
+  name: str
+  config: object
+  directory: str
 
 
-def _write_json(path, obj):
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+def config_json(config) -> dict:
+  return json.loads(config.to_json_best_effort())
 
 
-def _flatten(tree, prefix=""):
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      flat.update(_flatten(value, f"{prefix}{key}."))
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat
-
-
-def config_differences(old: dict, new: dict) -> list[str]:
-  """'field: old -> new' for every field that differs and may not change between sessions."""
-  old_flat, new_flat = _flatten(old), _flatten(new)
-  return [f"{k}: {old_flat.get(k, '<absent>')!r} -> {new_flat.get(k, '<absent>')!r}"
-          for k in sorted(set(old_flat) | set(new_flat))
-          if old_flat.get(k) != new_flat.get(k) and k not in CHANGEABLE_FIELDS]
-
-
-def preflight(config, workdir: str, allow_config_change: bool = False) -> None:
+def preflight(runs: list, allow_config_change: bool = False) -> None:
   """Every check that must pass before anything is created or written (raises UserError)."""
-  mesh_sizes = dict(zip(sharding.AXES, sharding.mesh_shape(config.mesh, jax.device_count())))
-  config_lib.validate(config, data_parallel=mesh_sizes["data"] * mesh_sizes["fsdp"])
-  sharding.check_divisible(config, mesh_sizes)
-  saved_path = os.path.join(workdir, "config.json")
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise UserError(f"--workdir={workdir!r} exists and is not a directory")
-  if os.path.exists(saved_path) and not allow_config_change:
-    with open(saved_path, encoding="utf-8") as f:
-      saved = json.load(f)
-    differences = config_differences(saved, json.loads(config.to_json_best_effort()))
-    if differences:
-      raise UserError(
-          f"{workdir} holds a run with another config ({'; '.join(differences)}); choose another "
-          "--workdir, or pass --allow_config_change to continue this run with the new config")
+  sizes = sharding.mesh_shape(runs[0].config.mesh, jax.device_count())
+  for run in runs:
+    validation.validate(run.config)
+    sharding.check_divisible(run.config, sizes, num_runs=len(runs))
+    path = run.directory
+    if os.path.exists(path) and not os.path.isdir(path):
+      raise UserError(f"--workdir={path!r} exists and is not a directory")
+    saved = rundir.RunDir(path).saved_config()
+    if saved and not allow_config_change:
+      differences = rundir.config_differences(saved, config_json(run.config))
+      if differences:
+        raise UserError(
+            f"{path} holds a run with another config ({'; '.join(differences)}); choose another "
+            "--workdir, or pass --allow_config_change to continue this run with the new config")
 
 
 def due_telemetry(train_cfg, step: int) -> bool:
   every = train_cfg.get("telemetry_every", 0)
   return bool(every) and step % every == 0
-
-
-def telemetry_record(telemetry: dict, values: dict, float16: bool) -> dict:
-  """Per-layer arrays -> `<metric>/layer_<i>` keys; globals as they are."""
-  record = {}
-  for name in steps_lib.TELEMETRY_LAYER_METRICS:
-    for i, value in enumerate(telemetry[name]):
-      record[f"{name}/layer_{i}"] = value
-  record["output_logit_max"] = telemetry["output_logit_max"]
-  record["log_z_mean"] = telemetry["log_z_mean"]
-  if float16:
-    record["fp16_overflows"] = values["skipped_total"]
-  return record
-
-
-def evaluate(eval_step, params, eval_batches) -> float:
-  """Mean loss per predicted token over the fixed validation batches."""
-  totals = [eval_step(params, batch) for batch in eval_batches]
-  loss_sum = sum(float(t["loss_sum"]) for t in totals)
-  count = sum(float(t["count"]) for t in totals)
-  return loss_sum / max(count, 1.0)
 
 
 @contextlib.contextmanager
@@ -128,7 +95,6 @@ def stop_signals():
   if threading.current_thread() is not threading.main_thread() or jax.process_count() > 1:
     yield received
     return
-  names = ["SIGINT", "SIGTERM"]
   previous = {}
 
   def handler(signum, frame):
@@ -138,7 +104,7 @@ def stop_signals():
       logging.warning("%s received: finishing the current step, then checkpointing",
                       received["signal"])
 
-  for name in names:
+  for name in ("SIGINT", "SIGTERM"):
     previous[name] = signal.signal(getattr(signal, name), handler)
   try:
     yield received
@@ -147,161 +113,413 @@ def stop_signals():
       signal.signal(getattr(signal, name), old)
 
 
-class _Halting:
-  """Decides, step by step, whether a non-finite step stops the run."""
-
-  def __init__(self, config):
-    self.float16 = config.model.dtype == "float16"
-    self.policy = config.train.on_nonfinite
-    self.max_skips = config.train.max_consecutive_skips
-    self.min_scale = config.optimizer.loss_scale.min_scale
-    self.consecutive = 0
-
-  def check(self, step: int, values: dict, last_good: int | None) -> None:
-    good = (f"the newest checkpoint (step {last_good}) holds the last good state"
-            if last_good else "no checkpoint was saved yet")
-    if self.float16:
-      if values["scale_underflow"]:
-        raise RunHalted(
+def halt_description(config, status: int, record: dict) -> tuple[str, str]:
+  """(short reason for run.json, the sentence of the halt line) of a halted run's last record."""
+  step = record["step"]
+  values = f"loss={record['loss']}, grad_norm={record['grad_norm']}"
+  if status == steps_lib.HALTED_SCALE:
+    min_scale = config.optimizer.loss_scale.min_scale
+    return (f"loss scale at its minimum ({min_scale:g})",
             f"fp16 gradients overflowed again at step {step} with the loss scale at its minimum "
-            f"({self.min_scale:g}, config.optimizer.loss_scale.min_scale); {good}")
+            f"({min_scale:g}, config.optimizer.loss_scale.min_scale)")
+  if status == steps_lib.HALTED_SKIPS:
+    limit = config.train.max_consecutive_skips
+    return (f"{limit + 1} consecutive skipped updates",
+            f"non-finite gradient at step {step} ({values}): {limit + 1} consecutive skipped "
+            f"updates, more than config.train.max_consecutive_skips={limit}")
+  return ("non-finite gradient",
+          f"non-finite gradient at step {step} ({values}); config.train.on_nonfinite=halt")
+
+
+class Recorder:
+  """One run's side effects: its records (metrics.jsonl), TensorBoard scalars and run.json.
+  Processes other than 0 keep none of them."""
+
+  def __init__(self, run: Run, resume_step, info: dict, writer_pool, is_writer: bool,
+               stopped: bool = False):
+    self.run = run
+    self.dir = rundir.RunDir(run.directory)
+    self.is_writer = is_writer
+    self.status = self.dir.status() if stopped else "running"
+    self.last_record = None
+    self.timer = (resume_step or 0, time.perf_counter())  # (step, time) of the last record
+    if is_writer:
+      self.dir.write_config(config_json(run.config))
+      self.dir.update_info(**info, status=self.status)
+      self.log = metrics_lib.MetricsLog(run.directory, resume_step)
+      from clu import metric_writers  # imports TensorFlow; only the writing process needs it
+      self.writer = metric_writers.SummaryWriter(run.directory)
+    else:
+      self.log, self.writer = metrics_lib.NullLog(), None
+    self._pool = writer_pool
+
+  def write(self, record: dict) -> None:
+    self.last_record = {k: metrics_lib.plain(v) for k, v in record.items()}
+    if not self.is_writer:
       return
-    if not values["skipped"]:
-      self.consecutive = 0
+    self.log.write(self.last_record)
+    scalars = {k: float(v) for k, v in self.last_record.items()
+               if k != "step" and isinstance(v, (int, float))}
+    self._pool.submit(self.writer.write_scalars, record["step"], scalars)
+
+  def set_status(self, status: str, **fields) -> None:
+    self.status = status
+    if self.is_writer:
+      self.dir.update_info(status=status, **fields)
+
+  def flush(self) -> None:
+    self.log.flush()
+
+  def close(self) -> None:
+    self.log.close()
+    if self.writer is not None:
+      self._pool.submit(self.writer.flush).result()
+      self.writer.close()
+
+
+class _Progress:
+  """One log line per interval for the whole program."""
+
+  def __init__(self, runs, start_step, num_steps):
+    self.names = [run.name for run in runs]
+    self.num_steps = num_steps
+    self.every = max(1, num_steps // 20)
+    self.start = (start_step, time.perf_counter())
+
+  def report(self, step, losses: dict, stopped: dict):
+    if step % self.every and step != self.num_steps:
       return
-    self.consecutive += 1
-    what = f"non-finite gradient at step {step} (loss={values['loss']}, " \
-           f"grad_norm={values['grad_norm']})"
-    if self.policy == "halt":
-      raise RunHalted(f"{what}; config.train.on_nonfinite=halt; {good}")
-    if self.consecutive > self.max_skips:
-      raise RunHalted(f"{what}: {self.consecutive} consecutive skipped updates, more than "
-                      f"config.train.max_consecutive_skips={self.max_skips}; {good}")
+    elapsed = time.perf_counter() - self.start[1]
+    rate = (step - self.start[0]) / max(elapsed, 1e-9)
+    eta = (self.num_steps - step) / rate if rate > 0 and step < self.num_steps else 0.0
+    alive = len(self.names) - len(stopped)
+    halted = sum(1 for s in stopped.values() if s == "halted")
+    parts = [f"step {step}/{self.num_steps}", f"{rate:.2f} steps/s", f"ETA {eta:.0f}s"]
+    if len(self.names) > 1:
+      parts.append(f"runs alive {alive}/{len(self.names)}, halted {halted}")
+    finite = {n: v for n, v in losses.items() if np.isfinite(v)}
+    if len(finite) == 1:
+      parts.append(f"loss {next(iter(finite.values())):.4f}")
+    elif finite:
+      best, worst = min(finite, key=finite.get), max(finite, key=finite.get)
+      parts.append(f"loss best {finite[best]:.4f} ({best}), worst {finite[worst]:.4f} ({worst})")
+    logging.info("%s", " | ".join(parts))
+
+
+def _stack(batches: list) -> dict:
+  return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
+
+
+def _restart_finished(state, configs):
+  """Runs restored as finished whose config now asks for more steps run again (an extension)."""
+  steps = np.asarray([c.train.num_steps for c in configs], np.int32)
+  counted = state.step if configs[0].train.count_skipped_steps else state.opt_step
+  more = jnp.logical_and(state.status == steps_lib.FINISHED, counted < jnp.asarray(steps))
+  return state.replace(status=jnp.where(more, steps_lib.RUNNING, state.status))
+
+
+def _with_config_hparams(state, configs, mesh):
+  """The restored state with every hyperparameter from the (possibly changed) configs except the
+  schedule's horizon, which stays the one the run started with (no jump in the rate)."""
+  _, hparams = sharding.stacked_hparams(configs)
+  hparams["schedule_steps"] = state.hparams["schedule_steps"]
+  hparams = jax.device_put(hparams, sharding.runs_sharding(mesh))
+  return state.replace(hparams=hparams)
+
+
+class Program:
+  """K runs that share one compiled program, and the loop that trains them: their stacked state
+  (restored from the newest checkpoint that restores), the compiled steps, the checkpoint manager,
+  one Recorder per run, and the pending step, whose metrics are processed after its successor is
+  dispatched. `single`: the one run of normstudy.main, which stops with RunHalted when the run
+  halts (its newest checkpoint then holds the last good state); otherwise the others go on, and
+  the frozen run is saved with them."""
+
+  def __init__(self, runs: list, checkpoint_dir: str, single: bool = False):
+    self.runs, self.checkpoint_dir, self.single = runs, checkpoint_dir, single
+    configs = [run.config for run in runs]
+    self.config = config = configs[0]
+    self.train_cfg = config.train
+    self.float16 = config.model.dtype == "float16"
+    try:
+      splits = data_lib.load_splits(config)
+    except ValueError as e:  # no files match, a tokenizer that does not fit: the user's to fix
+      raise UserError(str(e)) from None
+    self.train_data = [data_lib.train_batches(c, splits) for c in configs]
+    eval_data = _stack([_stack(data_lib.eval_batches(c, splits)) for c in configs])
+
+    for run in runs:
+      rundir.ensure_directory(run.directory)
+    self.mesh = mesh = sharding.make_mesh(config.mesh)
+    self.state, self.shardings = sharding.create_states(configs, mesh)
+    self.mngr = checkpoints.manager(checkpoint_dir, self.train_cfg.max_to_keep)
+    try:
+      start_step, restored = checkpoints.restore_latest(self.mngr,
+                                                        checkpoints.abstract(self.state))
+    except checkpoints.CheckpointError:
+      self.mngr.close()  # orbax's background threads must stop before the process exits
+      raise
+    if restored is not None:
+      self.state = _restart_finished(_with_config_hparams(restored, configs, mesh), configs)
+      logging.info("resumed %s from the checkpoint at step %d", checkpoint_dir, start_step)
+    self.start_step = start_step or 0
+    self.last_saved = start_step or None
+    self.stopped = {}  # run index -> "finished" | "halted"
+    for k, status in enumerate(np.asarray(jax.device_get(self.state.status))):
+      if status != steps_lib.RUNNING:  # stopped before the checkpoint we resumed from
+        self.stopped[k] = "finished" if status == steps_lib.FINISHED else "halted"
+
+    self.tokens_per_step = self.train_cfg.batch_size * config.model.max_len
+    self.num_params = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(self.state.params))
+    is_writer = jax.process_index() == 0
+    self.pool = futures.ThreadPoolExecutor(max_workers=1) if is_writer else None
+    horizons = np.asarray(jax.device_get(self.state.hparams["schedule_steps"]))
+    self.recorders = []
+    for k, run in enumerate(runs):
+      info = {"label": labels.resolve(run.config), "name": run.name, "dataset": splits.source,
+              "entropy_floor": splits.entropy_floor, "num_params": self.num_params,
+              "tokens_per_step": self.tokens_per_step, "schedule_steps": int(horizons[k])}
+      self.recorders.append(Recorder(run, start_step if restored is not None else None, info,
+                                     self.pool, is_writer, stopped=k in self.stopped))
+      if horizons[k] < run.config.train.num_steps:
+        self._warn_extension(k, run, int(horizons[k]))
+
+    self.train_step = sharding.jit_train_step(config, mesh, self.shardings)
+    # A second compiled step for telemetry steps, so the others pay nothing for it.
+    self.telemetry_step = sharding.jit_train_step(config, mesh, self.shardings, telemetry_on=True)
+    self.eval_step = sharding.jit_eval_step(config, mesh, self.shardings)
+    self.locate_step = None  # compiled on the first non-finite step
+    self.eval_batches = [sharding.global_batch(mesh, jax.tree.map(lambda x: x[:, i], eval_data))
+                         for i in range(self.train_cfg.eval_steps)]
+    self.progress = _Progress(runs, self.start_step, self.train_cfg.num_steps)
+    self.pending = None  # {"step", "metrics" (device), "batch", "eval"}: the newest step
+    self.halted_line = None  # set when the single run halts
+
+  def train(self) -> list:
+    """The loop; returns the Recorders (status, last record) in the order of the runs."""
+    cfg = self.train_cfg
+    logging.info("training %d run(s) in one program: steps %d..%d, %d parameters each, "
+                 "%d tokens/step, mesh %s", len(self.runs), self.start_step + 1, cfg.num_steps,
+                 self.num_params, self.tokens_per_step, dict(self.mesh.shape))
+    step = self.start_step
+    try:
+      with stop_signals() as stop:
+        batch = self._batch(step + 1)
+        while len(self.stopped) < len(self.runs):
+          values = None
+          if self.pending is not None:  # the step before: was it finite, did its runs stop?
+            values, sites = self._resolve()
+            if self._ends_with(values):
+              self._write(values, sites)
+              break
+          step += 1
+          step_fn = self.telemetry_step if due_telemetry(cfg, step) else self.train_step
+          self.state, device_metrics = step_fn(self.state, batch)
+          if values is not None:
+            self._write(values, sites)
+          self.pending = {"step": step, "metrics": device_metrics, "batch": batch}
+          batch = self._batch(step + 1)  # prepared while the device runs this step
+          if self._due(cfg.eval_every, step):
+            self.pending["eval"] = self._evaluate()
+          preempted = stop["signal"] or (jax.process_count() > 1
+                                         and self.mngr.reached_preemption(step))
+          if self._due(cfg.checkpoint_every, step) or preempted:
+            self._save(step)
+          if preempted:
+            for k, recorder in enumerate(self.recorders):
+              if k not in self.stopped:
+                recorder.set_status("preempted", last_step=step)
+            raise Preempted(f"{stop['signal'] or 'preemption notice'} at step {step}: "
+                            f"checkpoint saved in {self.checkpoint_dir}; run the same command "
+                            "to continue")
+        if self.halted_line is not None:
+          raise RunHalted(self.halted_line)
+        if step > self.start_step and self.last_saved != step:
+          self._save(step)
+    finally:
+      self.close()
+    return self.recorders
+
+  def close(self):
+    self.mngr.wait_until_finished()
+    self.mngr.close()
+    for recorder in self.recorders:
+      recorder.close()
+    if self.pool is not None:
+      self.pool.shutdown()
+
+  def _warn_extension(self, k, run, horizon):
+    hp = {name: float(values[k]) for name, values in jax.device_get(self.state.hparams).items()}
+    final = float(optimizer_lib.learning_rate(run.config.optimizer.schedule, hp, horizon))
+    logging.warning("%s: extended to %d steps; the learning-rate schedule keeps the horizon of "
+                    "%d steps it started with, so the steps after it run at its final rate %g",
+                    run.name, run.config.train.num_steps, horizon, final)
+
+  def _batch(self, step):
+    return sharding.global_batch(self.mesh, _stack([ds[step - 1] for ds in self.train_data]))
+
+  def _due(self, every, step):
+    return (every and step % every == 0) or step == self.train_cfg.num_steps
+
+  def _evaluate(self):
+    """Each run's mean loss per predicted token over its fixed validation batches."""
+    totals = jax.device_get([self.eval_step(self.state.params, b) for b in self.eval_batches])
+    loss_sum = sum(t["loss_sum"] for t in totals)
+    count = sum(t["count"] for t in totals)
+    return loss_sum / np.maximum(count, 1.0)
+
+  def _resolve(self):
+    """Fetches the pending step's metrics; locates the failure of runs whose step was
+    non-finite (the state still holds their parameters before that step)."""
+    values = jax.device_get(self.pending["metrics"])
+    failed = np.asarray(values["skipped"]) & np.asarray(values["active"])
+    sites = {}
+    if failed.any():
+      if self.locate_step is None:
+        self.locate_step = sharding.jit_locate_step(self.config, self.mesh, self.shardings)
+      flags = jax.device_get(self.locate_step(self.state, self.pending["batch"]))
+      for k in np.flatnonzero(failed):
+        sites[k] = telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k], flags))
+    return values, sites
+
+  def _ends_with(self, values) -> bool:
+    """Whether no run is left running after the pending step."""
+    stopping = values["active"] & (values["status"] != steps_lib.RUNNING)
+    return len(self.stopped) + int(np.sum(stopping)) == len(self.runs)
+
+  def _write(self, values, sites):
+    """Writes the pending step's records and marks the runs that stopped with it."""
+    step = self.pending["step"]
+    tel = values.get("telemetry")
+    losses = {}
+    for k, recorder in enumerate(self.recorders):
+      if not values["active"][k]:
+        continue
+      status = int(values["status"][k])
+      record = {"step": step, **{key: values[key][k] for key in RECORD_KEYS}}
+      record.update({key: values[key][k] for key in values
+                     if key not in RECORD_KEYS + ("active", "status", "telemetry")})
+      if self.pending.get("eval") is not None:
+        record["eval_loss"] = self.pending["eval"][k]
+      if tel is not None:
+        record.update(telemetry.flatten(jax.tree.map(lambda x, k=k: x[k], tel)))
+        if self.float16:
+          record["fp16_overflows"] = values["skipped_total"][k]
+      if k in sites:
+        record["nonfinite_at"] = sites[k]
+      if (self._due(self.train_cfg.log_every, step) or step == 1 or "eval_loss" in record
+          or record["skipped"] or tel is not None or status != steps_lib.RUNNING):
+        last_step, last_time = recorder.timer
+        now = time.perf_counter()
+        record["tokens_per_sec"] = (step - last_step) * self.tokens_per_step / max(
+            now - last_time, 1e-9)
+        recorder.timer = (step, now)
+        recorder.write(record)
+      losses[recorder.run.name] = float(record["loss"])
+      if status == steps_lib.FINISHED:
+        self.stopped[k] = "finished"
+        recorder.set_status("finished", last_step=step)
+      elif status != steps_lib.RUNNING:
+        self.stopped[k] = "halted"
+        self._halted(k, recorder, status, record, sites.get(k, telemetry.BACKWARD_ONLY))
+    self.pending = None
+    self.progress.report(step, losses, self.stopped)
+
+  def _halted(self, k, recorder, status, record, where):
+    reason, sentence = halt_description(recorder.run.config, status, record)
+    recorder.set_status("halted", last_step=record["step"], halt_step=record["step"],
+                        halt_reason=reason, nonfinite_at=where)
+    sentence += f"; first non-finite: {where}"
+    logging.warning("%s halted: %s", recorder.run.name, sentence)
+    if self.single:
+      good = (f"the newest checkpoint (step {self.last_saved}) holds the last good state"
+              if self.last_saved else "no checkpoint was saved yet")
+      self.halted_line = f"{sentence}; {good}"
+
+  def _save(self, step):
+    if self.pending is not None:
+      self._write(*self._resolve())
+    if self.halted_line is not None:  # a halted single run keeps its last good checkpoint
+      raise RunHalted(self.halted_line)
+    for recorder in self.recorders:
+      recorder.flush()
+    checkpoints.save(self.mngr, step, self.state)
+    self.last_saved = step
+
+
+def train_runs(runs: list, checkpoint_dir: str, single: bool = False) -> list:
+  """Trains runs that share a program (normstudy.train.Program); returns their Recorders."""
+  return Program(runs, checkpoint_dir, single).train()
+
+
+def lock(directory: str):
+  """The directory's lock for this program's life; only process 0 of a multi-process run takes
+  it (all processes share the directory)."""
+  return rundir.Lock(directory) if jax.process_index() == 0 else contextlib.nullcontext()
 
 
 def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) -> dict:
-  """Trains `config` in `workdir` (resuming if it holds a checkpoint); returns the last record."""
-  preflight(config, workdir, allow_config_change)
-  is_writer = jax.process_index() == 0
-  train_cfg = config.train
+  """Trains one run in `workdir` (resuming if it holds a checkpoint); returns its last record.
+  Raises RunHalted when the run halts."""
+  run = Run(os.path.basename(os.path.normpath(workdir)) or workdir, config, workdir)
+  preflight([run], allow_config_change)
+  rundir.ensure_directory(workdir)
+  with lock(workdir):
+    recorder, = train_runs([run], rundir.RunDir(workdir).checkpoints, single=True)
+  return recorder.last_record
 
-  try:
-    splits = data_lib.load_splits(config)
-  except ValueError as e:  # no files match, a tokenizer that does not fit: the user's to fix
-    raise UserError(str(e)) from None
-  train_iter = data_lib.train_iterator(config, splits)
-  eval_batches = data_lib.eval_batches(config, splits)
 
-  os.makedirs(workdir, exist_ok=True)
-  mesh = sharding.make_mesh(config.mesh)
-  state, shardings = sharding.create_state(config, mesh)
-  mngr = checkpoints.manager(workdir, train_cfg.max_to_keep)
-  try:
-    start_step, restored = checkpoints.restore_latest(
-        mngr, checkpoints.abstract(state), train_iter)
-  except checkpoints.CheckpointError:
-    mngr.close()  # orbax's background threads must stop before the process exits
-    raise
-  if restored is not None:
-    state = restored
-    logging.info("resumed %s from the checkpoint at step %d", workdir, start_step)
-  start_step = start_step or 0
-  last_saved = start_step or None
+def program_key(config) -> str:
+  """What must be equal for runs to share one compiled program: the config without its per-run
+  data fields (normstudy.steps.RUN_DATA_FIELDS) and label."""
+  flat = rundir.flatten(config_json(config))
+  for field in steps_lib.RUN_DATA_FIELDS + ("label",):
+    flat.pop(field, None)
+  return json.dumps(flat, sort_keys=True, default=str)
 
-  tokens_per_step = train_cfg.batch_size * config.model.max_len
-  num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
-  if is_writer:
-    _write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
-    _write_json(os.path.join(workdir, "run.json"), {
-        "label": config.label or os.path.basename(os.path.normpath(workdir)),
-        "dataset": splits.source,
-        "entropy_floor": splits.entropy_floor,
-        "num_params": num_params,
-        "tokens_per_step": tokens_per_step,
-    })
-    log = metrics_lib.MetricsLog(workdir, start_step if restored is not None else None)
-    writer = metric_writers.AsyncWriter(metric_writers.SummaryWriter(workdir))
-  else:  # only process 0 writes records; the others still report progress to their logs
-    log, writer = metrics_lib.NullLog(), metric_writers.MultiWriter([])
-  report = periodic_actions.ReportProgress(
-      num_train_steps=train_cfg.num_steps, writer=writer,
-      every_steps=max(1, train_cfg.num_steps // 10), every_secs=None)
-  halting = _Halting(config)
 
-  train_step = sharding.jit_train_step(config, mesh, shardings)
-  # A second compiled step for telemetry steps, so the others pay nothing for it.
-  telemetry_step = sharding.jit_train_step(config, mesh, shardings, telemetry=True)
-  float16 = config.model.dtype == "float16"
-  eval_step = sharding.jit_eval_step(config, mesh, shardings)
-  eval_batches = [sharding.global_batch(mesh, b) for b in eval_batches]
+def group_runs(runs: list) -> list:
+  """The runs split into programs (lists of runs), in order of first appearance."""
+  groups = {}
+  for run in runs:
+    groups.setdefault(program_key(run.config), []).append(run)
+  return list(groups.values())
 
-  def due(every, step):
-    return (every and step % every == 0) or step == train_cfg.num_steps
 
-  last_record = None
-  pending = None  # (step, device metrics, extra fields) of the step whose successor is in flight
-  timer = (start_step, time.perf_counter())
+def group_name(group: list) -> str:
+  """A stable directory name for a program's stacked checkpoints."""
+  import hashlib
+  names = "\n".join(run.name for run in group)
+  digest = hashlib.sha1(names.encode()).hexdigest()[:8]
+  first = group[0].name.replace("/", "_")
+  return f"{first}+{len(group) - 1}_{digest}" if len(group) > 1 else f"{first}_{digest}"
 
-  def write_pending():
-    """Fetches the pending step's metrics (its successor is already dispatched), logs them, and
-    stops the run if the step calls for it."""
-    nonlocal pending, timer, last_record
-    if pending is None:
-      return
-    step, device_metrics, extra = pending
-    pending = None
-    values = jax.device_get(device_metrics)
-    telemetry = values.get("telemetry")
-    if due(train_cfg.log_every, step) or step == 1 or extra or values["skipped"] or telemetry:
-      now = time.perf_counter()
-      record = {"step": step, **{k: values[k] for k in RECORD_KEYS}}
-      record["tokens_per_sec"] = (step - timer[0]) * tokens_per_step / max(now - timer[1], 1e-9)
-      timer = (step, now)
-      record.update(extra)
-      if telemetry:
-        record.update(telemetry_record(telemetry, values, float16))
-      last_record = {k: metrics_lib.plain(v) for k, v in record.items()}
-      if is_writer:
-        log.write(record)
-        writer.write_scalars(step, {k: float(v) for k, v in record.items() if k != "step"})
-    halting.check(step, values, last_saved)
 
-  def save(step):
-    nonlocal last_saved
-    write_pending()
-    log.flush()
-    checkpoints.save(mngr, step, state, train_iter)
-    last_saved = step
+def needs_training(run: Run) -> bool:
+  """False for a run recorded as halted, or finished at its config's num_steps."""
+  info = rundir.RunDir(run.directory).info()
+  if info.get("status") == "halted":
+    return False
+  return not (info.get("status") == "finished"
+              and info.get("last_step") == run.config.train.num_steps)
 
-  logging.info("training %s: steps %d..%d, %d parameters, %d tokens/step, mesh %s",
-               workdir, start_step + 1, train_cfg.num_steps, num_params, tokens_per_step,
-               dict(mesh.shape))
-  try:
-    with stop_signals() as stop:
-      for step in range(start_step + 1, train_cfg.num_steps + 1):
-        step_fn = telemetry_step if due_telemetry(train_cfg, step) else train_step
-        state, device_metrics = step_fn(state, sharding.global_batch(mesh, next(train_iter)))
-        write_pending()
-        pending = (step, device_metrics, {})
-        report(step)
-        if due(train_cfg.eval_every, step):
-          pending[2]["eval_loss"] = evaluate(eval_step, state.params, eval_batches)
-          write_pending()
-          logging.info("step %d: loss %.4f, eval_loss %.4f, loss_scale %g, skipped %d", step,
-                       last_record["loss"], last_record["eval_loss"],
-                       last_record["loss_scale"], last_record["skipped_total"])
-        preempted = stop["signal"] or (
-            jax.process_count() > 1 and mngr.reached_preemption(step))
-        if due(train_cfg.checkpoint_every, step) or preempted:
-          save(step)
-        if preempted:
-          raise Preempted(f"{stop['signal'] or 'preemption notice'} at step {step}: checkpoint "
-                          f"saved in {workdir}; run the same command to continue")
-      write_pending()
-  finally:
-    mngr.wait_until_finished()
-    mngr.close()
-    log.close()
-    writer.flush()
-    writer.close()
-  return last_record
+
+def train_programs(runs: list, root: str, allow_config_change: bool = False) -> dict:
+  """Trains every run (grouped into programs, one program after another) with stacked
+  checkpoints under `root/checkpoints/<program>/`; returns {run name: status}. A run that halts
+  is a result: the others go on. Runs recorded as finished or halted are not trained again."""
+  groups = group_runs(runs)
+  for group in groups:  # every run checked before any starts
+    preflight(group, allow_config_change)
+  for i, group in enumerate(groups, start=1):
+    names = ", ".join(run.name for run in group)
+    if not any(needs_training(run) for run in group):
+      logging.info("[program %d/%d] %s: finished earlier, skipped", i, len(groups), names)
+      continue
+    logging.info("[program %d/%d] %d run(s): %s", i, len(groups), len(group), names)
+    with contextlib.ExitStack() as locks:
+      for run in group:
+        rundir.ensure_directory(run.directory)
+        locks.enter_context(lock(run.directory))
+      train_runs(group, os.path.join(root, rundir.CHECKPOINTS, group_name(group)))
+  return {run.name: rundir.RunDir(run.directory).status() for run in runs}

@@ -1,0 +1,173 @@
+"""A run directory: the files a run writes, their names, and the questions asked of them.
+
+  <run>/config.json            the resolved config
+  <run>/run.json               label, dataset, entropy floor, parameter count, and the run's life:
+                               status (running | finished | halted | preempted), last_step,
+                               halt_step, halt_reason, nonfinite_at
+  <run>/metrics.jsonl          one record per logged step (normstudy.metrics)
+  <run>/events.out.tfevents.*  the same scalars for TensorBoard
+  <run>/checkpoints/<step>/    orbax: the train state (a single run's; a sweep keeps its
+                               stacked checkpoints once, under <sweep>/checkpoints/)
+  <study>/study.json           a study's variants in legend order
+  <sweep>/sweep.json           a sweep's axes and its runs with their status
+
+A directory in use is locked (`lock`): a second process gets one line naming the holder.
+"""
+
+import fcntl
+import json
+import os
+
+from normstudy.errors import UserError
+from normstudy.errors import WorkdirBusy
+
+CONFIG = "config.json"
+RUN = "run.json"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+DAMAGED_CHECKPOINTS = "checkpoints_damaged"
+STUDY = "study.json"
+SWEEP = "sweep.json"
+LOCK = ".normstudy.lock"
+
+STATUSES = ("finished", "halted", "diverged", "preempted", "running")
+
+# Fields a continued run may change: they do not alter the trajectory already recorded (the mesh
+# included: a checkpoint restores onto any layout, and results do not depend on it). num_steps
+# may grow; the learning-rate schedule stays the one the run started with (README, "Continuing").
+CHANGEABLE_FIELDS = (
+    "label", "data.data_dir", "mesh.runs", "mesh.data", "mesh.fsdp", "mesh.tensor",
+    "train.num_steps", "train.log_every", "train.eval_every",
+    "train.checkpoint_every", "train.max_to_keep", "train.on_nonfinite",
+    "train.max_consecutive_skips", "train.telemetry_every",
+)
+
+
+def read_json(path: str) -> dict:
+  """The object in a JSON file; {} when there is none. A damaged file is a UserError."""
+  if not os.path.exists(path):
+    return {}
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise UserError(f"{path} is damaged ({e.__class__.__name__}: {e}); move it away") from None
+
+
+def write_json(path: str, obj) -> None:
+  """Replaces `path` atomically (tmp + rename), so a reader never sees half a file."""
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=2, sort_keys=True, default=str)
+  os.replace(tmp, path)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def config_differences(old: dict, new: dict, changeable=CHANGEABLE_FIELDS) -> list[str]:
+  """'field: old -> new' for every field that differs and may not change between sessions."""
+  old_flat, new_flat = flatten(old), flatten(new)
+  return [f"{k}: {old_flat.get(k, '<absent>')!r} -> {new_flat.get(k, '<absent>')!r}"
+          for k in sorted(set(old_flat) | set(new_flat))
+          if old_flat.get(k) != new_flat.get(k) and k not in changeable]
+
+
+class RunDir:
+  """The files of one run directory."""
+
+  def __init__(self, path: str):
+    self.path = path
+
+  def file(self, name: str) -> str:
+    return os.path.join(self.path, name)
+
+  @property
+  def metrics_path(self) -> str:
+    return self.file(METRICS)
+
+  @property
+  def checkpoints(self) -> str:
+    return self.file(CHECKPOINTS)
+
+  def saved_config(self) -> dict:
+    return read_json(self.file(CONFIG))
+
+  def info(self) -> dict:
+    return read_json(self.file(RUN))
+
+  def write_config(self, config_json: dict) -> None:
+    write_json(self.file(CONFIG), config_json)
+
+  def update_info(self, **fields) -> dict:
+    info = {**self.info(), **fields}
+    write_json(self.file(RUN), info)
+    return info
+
+  def status(self):
+    """The run's recorded status (normstudy.rundir.STATUSES), or None if it never started."""
+    return self.info().get("status")
+
+  def finished_step(self):
+    """The last step of a run that finished or halted (it needs no more training), else None."""
+    info = self.info()
+    return info.get("last_step") if info.get("status") in ("finished", "halted") else None
+
+
+def ensure_directory(path: str, what: str = "--workdir") -> None:
+  """Creates `path` (and its parents); one line if that is impossible (a file in the way, a
+  read-only mount, no permission)."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UserError(f"{what}={path!r} exists and is not a directory")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"{what}={path!r} cannot be created: {e.strerror}") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise UserError(f"{what}={path!r} is not writable")
+
+
+class Lock:
+  """An exclusive lock on a directory for a process's life: `fcntl.flock` on `<dir>/LOCK`,
+  which the kernel releases when the process dies (a SIGKILLed run leaves no stale lock)."""
+
+  def __init__(self, directory: str):
+    self.path = os.path.join(directory, LOCK)
+    self._file = None
+
+  def acquire(self) -> "Lock":
+    f = open(self.path, "a+", encoding="utf-8")
+    try:
+      fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      f.seek(0)
+      holder = f.read().strip()
+      f.close()
+      holder = f"process {holder}" if holder else "another process"
+      raise WorkdirBusy(f"{os.path.dirname(self.path)} is in use by {holder}; wait for it to "
+                        "finish or stop it, or choose another --workdir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    self._file = f
+    return self
+
+  def release(self) -> None:
+    if self._file is not None:
+      self._file.close()  # closing the descriptor releases the flock
+      self._file = None
+
+  def __enter__(self):
+    return self.acquire()
+
+  def __exit__(self, *exc):
+    self.release()
+    return False
