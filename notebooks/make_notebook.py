@@ -7,17 +7,26 @@ import nbformat
 CELLS = [
     ("markdown", """# normstudy: compare runs
 
-The comparison figure, the summary table, the generated observations, the per-layer telemetry
-heatmaps, and an overlay of any metrics you pick. Point `WORKDIR` at a study directory (local or
+The comparison figure, the summary table, the generated observations, the per-layer telemetry,
+and an overlay of any metrics you pick. Point `WORKDIR` at a study or sweep directory (local or
 `gs://`)."""),
-    ("code", """# Install normstudy in Colab (elsewhere, install it with `pip install -e .` from a checkout).
+    ("code", """# In Colab: install normstudy's analysis without touching Colab's own jax and TensorFlow
+# (`--no-deps`: the analysis needs only numpy, pandas and matplotlib, which Colab has).
+# Elsewhere, install it with `pip install -e .` from a checkout.
 import os
 import sys
 
-NORMSTUDY_REPO = os.environ.get("NORMSTUDY_REPO", "git+https://github.com/normstudy/normstudy.git")
-if "google.colab" in sys.modules:
-  get_ipython().run_line_magic("pip", f"install -q {NORMSTUDY_REPO}")"""),
-    ("code", """# Parameters: a study directory written by `python -m normstudy.study` (local or gs://).
+NORMSTUDY_REPO = os.environ.get("NORMSTUDY_REPO", "")  # e.g. git+https://github.com/<you>/normstudy.git
+IN_COLAB = "google.colab" in sys.modules
+if IN_COLAB:
+  if not NORMSTUDY_REPO:
+    raise SystemExit("Set NORMSTUDY_REPO to the pip URL of your normstudy repository first.")
+  get_ipython().run_line_magic("pip", f"install -q --no-deps {NORMSTUDY_REPO}")"""),
+    ("code", """# Reading gs:// from Colab needs your Google credentials (skipped outside Colab).
+if IN_COLAB:
+  from google.colab import auth
+  auth.authenticate_user()"""),
+    ("code", """# Parameters: a directory written by `normstudy.study` or `normstudy.sweep` (local or gs://).
 WORKDIR = os.environ.get("NORMSTUDY_WORKDIR", "runs/seed_figure")
 SMOOTHING = 0.8  # EMA weight of the loss curves; 0 draws raw losses"""),
     ("code", """import tempfile
@@ -28,8 +37,12 @@ from IPython.display import Image, Markdown, display
 from normstudy import analysis
 
 local = analysis.localize(WORKDIR)  # gs:// is copied (run files only, no checkpoints)
-out = tempfile.mkdtemp(prefix="normstudy_nb_")
+if not os.path.isdir(local):
+  raise SystemExit(f"{WORKDIR} does not exist: run `make study` first, or set WORKDIR.")
 df = analysis.load_runs(local)
+if df.empty:
+  raise SystemExit(f"{WORKDIR} holds no run with a metrics.jsonl yet.")
+out = tempfile.mkdtemp(prefix="normstudy_nb_")
 print(f"{df.run.nunique()} runs, {len(df)} values from {WORKDIR}")"""),
     ("markdown", "## Training Loss Comparison"),
     ("code", """display(Image(analysis.plot_comparison(df, os.path.join(out, "loss_comparison.png"),
@@ -41,10 +54,10 @@ summary"""),
     ("code", """path = analysis.write_observations(df, summary, os.path.join(out, "observations.md"))
 display(Markdown(open(path, encoding="utf-8").read()))"""),
     ("markdown", "## Per-layer telemetry"),
-    ("code", """heatmaps = analysis.plot_layer_heatmaps(df, out)
-if not heatmaps:
+    ("code", """figures = analysis.plot_layers(df, out)
+if not figures:
   print("no telemetry in these runs (set config.train.telemetry_every)")
-for name, path in heatmaps.items():
+for name, path in figures.items():
   display(Image(path))"""),
     ("markdown", "## Overlay runs and metrics"),
     ("code", """RUNS = list(df.run.unique())         # pick a subset, e.g. RUNS = ["pre_norm_clip1"]

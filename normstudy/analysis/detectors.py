@@ -1,0 +1,116 @@
+"""Instability detectors on recorded trajectories: loss and gradient-norm spikes, divergence,
+fp16 loss-scale collapse, and the observations of one run as numbers.
+
+Definitions (README, "Stability telemetry and observations"):
+- A step spikes when its value exceeds the rolling median of the previous SPIKE_WINDOW logged
+  steps by more than max(SPIKE_MIN_MARGIN, SPIKE_NOISE_FACTOR * sigma), sigma the step-to-step
+  noise (the rolling median of |successive differences| / (0.6745 sqrt 2), which a falling trend
+  does not inflate). It uses what history there is, from SPIKE_MIN_HISTORY earlier points on, so
+  a spike in the first logged steps is seen too; consecutive spiking steps form one spike.
+  Gradient norms are compared on a log scale with a margin of at least log(5).
+- Divergence: the first non-finite loss, or the first step after warm-up from which the loss
+  stays above the first logged loss to the end (a spike that recovers is a spike, not this).
+- Loss-scale collapse: halvings of the fp16 scale, their rate per 1K steps, the lowest scale.
+"""
+
+import numpy as np
+import pandas as pd
+
+from normstudy.analysis import runs as runs_lib
+
+SPIKE_WINDOW = 50
+SPIKE_MIN_HISTORY = 3
+SPIKE_MIN_MARGIN = 0.25
+SPIKE_NOISE_FACTOR = 6.0
+GRAD_SPIKE_LOG_MARGIN = float(np.log(5.0))
+
+
+def spikes(values: pd.Series, min_margin: float = SPIKE_MIN_MARGIN,
+           window: int = SPIKE_WINDOW) -> list[dict]:
+  """Spike events of a series indexed by step: [{"step", "end_step", "excursion"}] where
+  excursion is the largest excess over the trend (the rolling median) during the event."""
+  finite = values[np.isfinite(values.to_numpy(dtype=float))]
+  trend = finite.shift(1).rolling(window, min_periods=SPIKE_MIN_HISTORY).median()
+  # For Gaussian noise, median |x_t - x_{t-1}| = 0.6745 * sqrt(2) * sigma. With fewer than two
+  # differences the noise is unknown and the fixed margin decides alone.
+  sigma = finite.diff().abs().shift(1).rolling(window, min_periods=2).median() / (
+      0.6745 * np.sqrt(2))
+  excess = finite - trend
+  margin = np.maximum(min_margin, SPIKE_NOISE_FACTOR * sigma.fillna(0.0))
+  flagged = (excess > margin).to_numpy()
+  events, current = [], None
+  for step, is_spike, value in zip(finite.index, flagged, excess.to_numpy()):
+    if is_spike:
+      if current is None:
+        current = {"step": int(step), "end_step": int(step), "excursion": float(value)}
+      else:
+        current["end_step"] = int(step)
+        current["excursion"] = max(current["excursion"], float(value))
+    elif current is not None:
+      events.append(current)
+      current = None
+  if current is not None:
+    events.append(current)
+  return events
+
+
+def divergence_step(loss: pd.Series, warmup_steps: int):
+  """The first step with a non-finite loss, or the first step after warm-up from which every
+  logged loss is above the first logged loss; None if the run never diverged."""
+  values = loss.to_numpy(dtype=float)
+  if not len(values):
+    return None
+  nonfinite = np.flatnonzero(~np.isfinite(values))
+  if len(nonfinite):
+    return int(loss.index[nonfinite[0]])
+  above = (loss.index.to_numpy() > warmup_steps) & (values > values[0])
+  stays = np.logical_and.accumulate(above[::-1])[::-1]  # above from here to the end
+  return int(loss.index[np.argmax(stays)]) if stays.any() else None
+
+
+def scale_collapses(scale: pd.Series) -> dict:
+  """Halvings of the fp16 loss scale: count, rate per 1K steps, and the lowest scale a halving
+  reached with its step (None when the scale never fell)."""
+  values = scale.to_numpy(dtype=float)
+  fell = np.flatnonzero(values[1:] < values[:-1]) + 1 if len(values) > 1 else np.array([], int)
+  span = max(int(scale.index.max()), 1) if len(values) else 1
+  lowest = None
+  if len(fell):
+    at = fell[np.argmin(values[fell])]
+    lowest = (float(values[at]), int(scale.index[at]))
+  return {"scale_halvings": len(fell), "halvings_per_1k": 1000.0 * len(fell) / span,
+          "lowest_scale": lowest[0] if lowest else np.nan,
+          "lowest_scale_step": lowest[1] if lowest else None}
+
+
+def status(info: dict, diverged_at) -> str:
+  """finished | halted | diverged | preempted | running: the run's recorded status, with a
+  finished run that the divergence detector flags reported as diverged."""
+  recorded = info.get("status", "running")
+  if recorded == "finished" and diverged_at is not None:
+    return "diverged"
+  return recorded
+
+
+def observe(df: pd.DataFrame, run: str) -> dict:
+  """The stability observations of one run, as numbers."""
+  info = df.attrs.get("runs", {}).get(run, {})
+  loss = runs_lib.series(df, run, "loss")
+  grad_norm = runs_lib.series(df, run, "grad_norm")
+  loss_spikes = spikes(loss)
+  positive = grad_norm[grad_norm > 0]
+  grad_spikes = spikes(np.log(positive), min_margin=GRAD_SPIKE_LOG_MARGIN)
+  clipped = runs_lib.series(df, run, "clipped")
+  diverged_at = divergence_step(loss, info.get("warmup_steps", 0))
+  return {
+      "status": status(info, diverged_at),
+      "loss_spikes": len(loss_spikes),
+      "first_spike_step": loss_spikes[0]["step"] if loss_spikes else None,
+      "largest_spike": max((e["excursion"] for e in loss_spikes), default=0.0),
+      "spike_events": loss_spikes,
+      "diverged_at": diverged_at,
+      "grad_norm_spikes": len(grad_spikes),
+      "first_grad_spike_step": grad_spikes[0]["step"] if grad_spikes else None,
+      "clipped_fraction": float(clipped.mean()) if len(clipped) else 0.0,
+      **scale_collapses(runs_lib.series(df, run, "loss_scale")),
+  }

@@ -1,0 +1,179 @@
+"""Figures: the study's comparison figure and the per-layer telemetry figures.
+
+Drawn on bare matplotlib Figures (no pyplot), so a notebook's inline backend is left alone. Each
+figure is saved as PNG and, beside it, SVG.
+"""
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from normstudy.analysis import runs as runs_lib
+
+# The seed figure's colours, in its legend order; line styles tell overlapping curves apart.
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:pink", "tab:purple", "tab:brown",
+          "tab:gray", "tab:olive", "tab:cyan", "tab:red")
+LINESTYLES = ("-", "--", "-.", ":")
+DEFAULT_SMOOTHING = 0.8
+
+# Per-layer telemetry drawn by plot_layers: metric -> (title, axis label, log scale).
+LAYER_PLOTS = {
+    "attn_logit_max": ("Largest attention logit per layer", "max pre-softmax score", False),
+    "act_rms": ("Residual-stream RMS after each layer", "RMS", True),
+    "resid_absmax": ("Largest |residual stream| after each layer", "max |x|", True),
+    "mlp_preact_absmax": ("Largest |MLP pre-activation| per layer", "max |h|", True),
+    "attn_entropy": ("Mean attention entropy per layer", "entropy (nats)", False),
+    "grad_norm": ("Gradient norm per layer", "L2 norm", True),
+}
+LINE_PLOT_MAX_LAYERS = 8
+
+
+def style(i: int) -> dict:
+  return {"color": COLORS[i % len(COLORS)],
+          "linestyle": LINESTYLES[(i // len(COLORS) + i) % len(LINESTYLES)]}
+
+
+def _k_formatter(value, _):
+  return f"{value / 1000:g}K"
+
+
+def save(fig, path: str) -> str:
+  """Saves `fig` as `path` (PNG) and the same name with .svg; returns `path`."""
+  fig.savefig(path, dpi=120)
+  fig.savefig(os.path.splitext(path)[0] + ".svg")
+  return path
+
+
+def _mark_end(ax, values: pd.Series, color, stopped: bool):
+  """A marker on the last finite point of a curve that ended early (halted or diverged)."""
+  finite = values[np.isfinite(values.to_numpy(dtype=float))]
+  if stopped and len(finite):
+    ax.plot(finite.index[-1], finite.iloc[-1], marker="X", markersize=9, color=color,
+            markeredgecolor="black", linestyle="none", zorder=5)
+
+
+def plot_comparison(df: pd.DataFrame, path: str, smoothing: float = DEFAULT_SMOOTHING) -> str:
+  """Saves `comparison_figure` as `path` (and .svg); returns `path`."""
+  return save(comparison_figure(df, smoothing), path)
+
+
+def comparison_figure(df: pd.DataFrame, smoothing: float = DEFAULT_SMOOTHING):
+  """The study's figure: training loss (with eval loss and the entropy floor), and, when any run
+  trained in float16, the dynamic loss scale (log2). A run that halted or diverged ends with an
+  X at its last finite point."""
+  from matplotlib.figure import Figure
+  from matplotlib.lines import Line2D
+  from matplotlib.ticker import FuncFormatter
+
+  infos = df.attrs.get("runs", {})
+  scaled = runs_lib.has_metric(df, "loss_scale") and bool(
+      (df[df.metric == "loss_scale"].value > 1).any())
+  fig = Figure(figsize=(9, 7 if scaled else 5), layout="constrained")
+  if scaled:
+    loss_ax, scale_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+  else:
+    loss_ax, scale_ax = fig.subplots(1, 1), None
+  floors = set()
+  any_stopped = False
+  for i, run in enumerate(df.run.unique()):
+    info = infos.get(run, {})
+    look = style(i)
+    label = info.get("label", run)
+    raw = runs_lib.series(df, run, "loss")
+    stopped = info.get("status") == "halted" or not np.isfinite(raw.to_numpy(dtype=float)).all()
+    any_stopped |= stopped
+    if smoothing > 0:  # the raw curve stays visible behind its average
+      loss_ax.plot(raw.index, raw.values, color=look["color"], linewidth=0.5, alpha=0.2)
+    loss = runs_lib.smooth(raw, smoothing)
+    loss_ax.plot(loss.index, loss.values, label=label, linewidth=1.3, **look)
+    _mark_end(loss_ax, loss, look["color"], stopped)
+    eval_loss = runs_lib.series(df, run, "eval_loss")
+    if len(eval_loss):
+      loss_ax.plot(eval_loss.index, eval_loss.values, color=look["color"], linestyle="none",
+                   marker="o", markersize=4, markerfacecolor="white")
+    if scale_ax is not None:
+      scale = runs_lib.series(df, run, "loss_scale")
+      scale_ax.plot(scale.index, scale.values, linewidth=1.0, **look)
+      _mark_end(scale_ax, scale, look["color"], stopped)
+    if info.get("entropy_floor") is not None:
+      floors.add(round(info["entropy_floor"], 6))
+  for floor in sorted(floors):
+    loss_ax.axhline(floor, color="black", linestyle="--", linewidth=1.0,
+                    label=f"entropy floor ({floor:.3f} nats/token)")
+  handles, _ = loss_ax.get_legend_handles_labels()
+  handles.append(Line2D([], [], color="gray", linestyle="none", marker="o",
+                        markerfacecolor="white", label="eval loss"))
+  if any_stopped:
+    handles.append(Line2D([], [], color="gray", linestyle="none", marker="X",
+                          markeredgecolor="black", label="halted / diverged here"))
+  loss_ax.legend(handles=handles, fontsize=8)
+  loss_ax.set_ylabel("Loss (nats/token)" + (f", EMA {smoothing:g}" if smoothing > 0 else ""))
+  loss_ax.set_title("Training Loss Comparison")
+  loss_ax.grid(alpha=0.3)
+  bottom = scale_ax if scale_ax is not None else loss_ax
+  if scale_ax is not None:
+    scale_ax.set_yscale("log", base=2)
+    scale_ax.set_ylabel("Loss Scale (fp16)")
+    scale_ax.grid(alpha=0.3)
+  bottom.set_xlabel("Training Step")
+  bottom.xaxis.set_major_formatter(FuncFormatter(_k_formatter))
+  return fig
+
+
+def plot_layers(df: pd.DataFrame, workdir: str) -> dict:
+  """layers_<metric>.png for each per-layer telemetry metric recorded: one panel per run, a line
+  per layer for stacks of up to 8 layers, a layer x step heatmap for deeper ones."""
+  from matplotlib.colors import LogNorm
+  from matplotlib.colors import Normalize
+  from matplotlib.figure import Figure
+  from matplotlib.ticker import FuncFormatter
+
+  infos = df.attrs.get("runs", {})
+  written = {}
+  for metric, (title, unit, log) in LAYER_PLOTS.items():
+    tables = {run: runs_lib.layer_values(df, run, metric) for run in df.run.unique()}
+    tables = {run: t for run, t in tables.items() if not t.empty}
+    if not tables:
+      continue
+    values = np.concatenate([t.to_numpy().ravel() for t in tables.values()])
+    values = values[np.isfinite(values)]
+    deep = max(len(t) for t in tables.values()) > LINE_PLOT_MAX_LAYERS
+    columns = min(len(tables), 4)
+    rows = -(-len(tables) // columns)
+    fig = Figure(figsize=(3.8 * columns + (1.2 if deep else 0), 3.0 * rows + 0.6),
+                 layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False, sharey=True).ravel()
+    image = None
+    for ax, (run, table) in zip(axes, tables.items()):
+      steps = table.columns.to_numpy()
+      if deep:
+        positive = len(values) and values.min() > 0
+        norm = (LogNorm(values.min(), values.max()) if log and positive
+                else Normalize(values.min(), values.max()) if len(values) else None)
+        image = ax.imshow(table.to_numpy(), aspect="auto", origin="lower", norm=norm,
+                          cmap="viridis", interpolation="nearest",
+                          extent=(steps.min(), steps.max(), -0.5, len(table) - 0.5))
+        ax.set_ylabel("layer")
+      else:
+        cmap = __import__("matplotlib").colormaps["viridis"]
+        for layer, row in table.iterrows():
+          ax.plot(steps, row.to_numpy(), linewidth=1.0, label=f"layer {layer}",
+                  color=cmap(layer / max(len(table) - 1, 1)))
+        if log and len(values) and values.min() > 0:
+          ax.set_yscale("log")
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3)
+      ax.set_title(infos.get(run, {}).get("label", run), fontsize=8)
+      ax.set_xlabel("Training Step")
+      ax.xaxis.set_major_formatter(FuncFormatter(_k_formatter))
+    for ax in axes[len(tables):]:
+      ax.set_visible(False)
+    if deep and image is not None:
+      fig.colorbar(image, ax=axes[:len(tables)].tolist(), label=unit)
+    elif not deep:
+      axes[0].legend(fontsize=7)
+    fig.suptitle(title)
+    path = os.path.join(workdir, f"layers_{metric}.png")
+    written[f"layers_{metric}"] = save(fig, path)
+  return written

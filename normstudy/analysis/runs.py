@@ -1,0 +1,151 @@
+"""Loading run directories into one long table (run, label, step, metric, value).
+
+Needs only numpy and pandas: a notebook can read runs without the training stack.
+"""
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from normstudy import metrics as metrics_lib
+from normstudy import rundir
+from normstudy import telemetry
+
+COLUMNS = ["run", "label", "step", "metric", "value"]
+RUN_FILES = (rundir.METRICS, rundir.CONFIG, rundir.RUN, rundir.STUDY, rundir.SWEEP)
+
+
+class NoRunsError(ValueError):
+  """A directory holds no run to analyse."""
+
+
+def localize(workdir: str, cache_dir: str | None = None, force_copy: bool = False) -> str:
+  """A local directory with the run files of `workdir` (records, configs; no checkpoints).
+
+  Local paths are returned as they are; `gs://...` (any path TensorFlow's gfile reads) is copied
+  to `cache_dir` (default: a fresh temporary directory) first, so pandas and matplotlib can read it.
+  """
+  if "://" not in workdir and not force_copy:
+    return workdir
+  import tempfile
+  import tensorflow as tf  # gfile reads gs://; imported only for remote paths
+  local_root = cache_dir or tempfile.mkdtemp(prefix="normstudy_")
+  for root, dirs, files in tf.io.gfile.walk(workdir):
+    dirs[:] = [d for d in dirs if d.rstrip("/") not in (rundir.CHECKPOINTS,
+                                                        rundir.DAMAGED_CHECKPOINTS)]
+    relative = os.path.relpath(root, workdir) if root != workdir else ""
+    for name in files:
+      if name in RUN_FILES:
+        os.makedirs(os.path.join(local_root, relative), exist_ok=True)
+        tf.io.gfile.copy(os.path.join(root, name), os.path.join(local_root, relative, name),
+                         overwrite=True)
+  return local_root
+
+
+def find_runs(workdir: str) -> list[str]:
+  """Run directories (those holding metrics.jsonl) below `workdir`: a study's variants in its
+  config file's order (the legend order), then any others sorted by path."""
+  runs = []
+  for root, dirs, files in os.walk(workdir):
+    dirs[:] = sorted(d for d in dirs if d not in (rundir.CHECKPOINTS, rundir.DAMAGED_CHECKPOINTS))
+    if rundir.METRICS in files:
+      runs.append(root)
+  order = rundir.read_json(os.path.join(workdir, rundir.STUDY)).get("variants", [])
+  rank = {os.path.normpath(os.path.join(workdir, v)): i for i, v in enumerate(order)}
+  return sorted(runs, key=lambda r: (rank.get(os.path.normpath(r), len(rank)), r))
+
+
+def _unique_labels(labels: dict) -> dict:
+  """Labels made unique: a label shared by several runs gets each run's name appended, so no
+  two runs are ever drawn under one legend entry."""
+  counts = {}
+  for label in labels.values():
+    counts[label] = counts.get(label, 0) + 1
+  return {run: label if counts[label] == 1 else f"{label} ({run})"
+          for run, label in labels.items()}
+
+
+def load_runs(workdir: str) -> pd.DataFrame:
+  """Every run below `workdir` as a long table: run, label, step, metric, value.
+
+  `run` is the run's path relative to `workdir`; `label` its legend label (from run.json, else
+  config.json, else the run's name), unique per run. A non-finite value (a diverged loss) stays
+  in the table as NaN or inf; a metric a record does not have is absent. Run-level facts are in
+  `df.attrs["runs"][run]`: label, entropy floor, warm-up and planned steps, dtype, status
+  (finished | halted | preempted | running), halt step and reason, where a halted run first went
+  non-finite, the sweep's overrides.
+  """
+  frames, infos = [], {}
+  for run_dir in find_runs(workdir):
+    run = os.path.relpath(run_dir, workdir)
+    records = list(metrics_lib.read_records(os.path.join(run_dir, rundir.METRICS),
+                                            skip_damaged=True))
+    if not records:
+      continue
+    info = rundir.read_json(os.path.join(run_dir, rundir.RUN))
+    config = rundir.read_json(os.path.join(run_dir, rundir.CONFIG))
+    infos[run] = {
+        "label": info.get("label") or config.get("label") or run,
+        "arm": info.get("arm"),
+        "overrides": info.get("overrides", {}),
+        "entropy_floor": info.get("entropy_floor"),
+        "warmup_steps": config.get("optimizer", {}).get("warmup_steps", 0),
+        "num_steps": config.get("train", {}).get("num_steps"),
+        "dtype": config.get("model", {}).get("dtype"),
+        "status": info.get("status", "running"),
+        "halt_step": info.get("halt_step"),
+        "halt_reason": info.get("halt_reason"),
+        "nonfinite_at": info.get("nonfinite_at"),
+    }
+    rows = [(record["step"], key, value) for record in records for key, value in record.items()
+            if key != "step" and isinstance(value, (int, float, bool))]
+    long = pd.DataFrame(rows, columns=["step", "metric", "value"])
+    long["value"] = long["value"].astype(float)
+    long.insert(0, "run", run)
+    frames.append(long)
+  labels = _unique_labels({run: info["label"] for run, info in infos.items()})
+  for run, label in labels.items():
+    infos[run]["label"] = label
+  df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+      columns=["run", "step", "metric", "value"])
+  df.insert(1, "label", df.run.map(labels) if len(df) else [])
+  df = df[COLUMNS]
+  df.attrs["runs"] = infos
+  return df
+
+
+def series(df: pd.DataFrame, run: str, metric: str) -> pd.Series:
+  """One run's metric as a Series indexed by step (non-finite values kept)."""
+  rows = df[(df.run == run) & (df.metric == metric)]
+  return pd.Series(rows.value.to_numpy(), index=rows.step.to_numpy(), name=metric)
+
+
+def has_metric(df: pd.DataFrame, metric: str) -> bool:
+  return bool((df.metric == metric).any())
+
+
+def layer_values(df: pd.DataFrame, run: str, metric: str) -> pd.DataFrame:
+  """Telemetry `metric/layer_<i>` of a run as a table: rows = layers, columns = steps."""
+  rows = df[(df.run == run) & df.metric.str.startswith(f"{metric}/layer_")]
+  if rows.empty:
+    return pd.DataFrame()
+  layers = [telemetry.parse_layer_key(m)[1] for m in rows.metric]
+  table = rows.assign(layer=layers).pivot(index="layer", columns="step", values="value")
+  return table.sort_index()
+
+
+def smooth(values: pd.Series, weight: float) -> pd.Series:
+  """TensorBoard-style exponential moving average (weight 0 = raw), debiased at the start;
+  non-finite values are skipped by the average and kept as NaN."""
+  if weight <= 0:
+    return values
+  out, last, norm = [], 0.0, 0.0
+  for v in values.to_numpy(dtype=float):
+    if np.isfinite(v):
+      last = weight * last + (1 - weight) * v
+      norm = weight * norm + (1 - weight)
+      out.append(last / norm)
+    else:
+      out.append(np.nan)
+  return pd.Series(out, index=values.index, name=values.name)
