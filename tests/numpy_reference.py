@@ -1,4 +1,11 @@
-"""An independent numpy implementation of one transformer block, for checking the Flax one."""
+"""An independent numpy transcription of the published formulas, for checking the Flax model.
+
+One reference block per registered placement (`BLOCKS`), written from the papers' equations:
+adding a placement means adding its entry here (tests/test_model.py checks the table covers the
+registry).
+"""
+
+import math
 
 import numpy as np
 
@@ -9,14 +16,30 @@ def layernorm(x, scale, bias, eps):
   return (x - mean) / np.sqrt(var + eps) * scale + bias
 
 
-def gelu(x):  # tanh approximation, as flax.linen.gelu
+def rmsnorm(x, scale, eps):
+  return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * scale
+
+
+def gelu_tanh(x):
   return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
+def gelu_exact(x):  # x * Phi(x), Phi the standard normal CDF
+  erf = np.vectorize(math.erf)
+  return 0.5 * x * (1 + erf(np.asarray(x, np.float64) / math.sqrt(2)))
+
+
+ACTIVATIONS = {"gelu": gelu_exact, "gelu_tanh": gelu_tanh, "relu": lambda x: np.maximum(x, 0)}
+
+
+def _bias(p, name, shape_like):
+  return p[name] if name in p else np.zeros(shape_like)
+
+
 def attention(x, p, causal):
-  q = np.einsum("bld,dhk->blhk", x, p["query"])
-  k = np.einsum("bld,dhk->blhk", x, p["key"])
-  v = np.einsum("bld,dhk->blhk", x, p["value"])
+  q = np.einsum("bld,dhk->blhk", x, p["query"]) + _bias(p, "query_bias", 1)
+  k = np.einsum("bld,dhk->blhk", x, p["key"]) + _bias(p, "key_bias", 1)
+  v = np.einsum("bld,dhk->blhk", x, p["value"]) + _bias(p, "value_bias", 1)
   scores = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1])
   if causal:
     length = x.shape[1]
@@ -25,8 +48,44 @@ def attention(x, p, causal):
   probs = np.exp(scores)
   probs /= probs.sum(-1, keepdims=True)
   context = np.einsum("bhqs,bshk->bqhk", probs, v)
-  return np.einsum("blhk,hkd->bld", context, p["out"])
+  return np.einsum("blhk,hkd->bld", context, p["out"]) + _bias(p, "out_bias", 1)
 
 
-def mlp(x, p):
-  return gelu(x @ p["fc1"]) @ p["fc2"]
+def mlp(x, p, activation="gelu_tanh"):
+  h = ACTIVATIONS[activation](x @ p["fc1"] + _bias(p, "fc1_bias", 1))
+  return h @ p["fc2"] + _bias(p, "fc2_bias", 1)
+
+
+def _norm(params, key, x, eps):
+  return layernorm(x, params[key]["scale"], params[key]["bias"], eps)
+
+
+def pre_ln(x, params, n, causal, eps, activation):
+  del n
+  h = x + attention(_norm(params, "attention_norm", x, eps), params["attention"], causal)
+  return h + mlp(_norm(params, "mlp_norm", h, eps), params["mlp"], activation)
+
+
+def _post(alpha):
+  def block(x, params, n, causal, eps, activation):
+    a = alpha(n)
+    h = _norm(params, "attention_norm", a * x + attention(x, params["attention"], causal), eps)
+    return _norm(params, "mlp_norm", a * h + mlp(h, params["mlp"], activation), eps)
+  return block
+
+
+def sandwich_ln(x, params, n, causal, eps, activation):
+  del n
+  h = x + _norm(params, "attention_out_norm", attention(
+      _norm(params, "attention_norm", x, eps), params["attention"], causal), eps)
+  return h + _norm(params, "mlp_out_norm", mlp(
+      _norm(params, "mlp_norm", h, eps), params["mlp"], activation), eps)
+
+
+# placement -> (block(x, params, num_layers, causal, eps, activation), has a final norm)
+BLOCKS = {
+    "pre_ln": (pre_ln, True),
+    "post_ln": (_post(lambda n: 1.0), False),
+    "deepnorm": (_post(lambda n: (2 * n) ** 0.25), False),  # DeepNet: alpha = (2N)^(1/4)
+    "sandwich_ln": (sandwich_ln, True),
+}

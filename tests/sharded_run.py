@@ -14,8 +14,9 @@ import orbax.checkpoint as ocp  # noqa: E402
 from conftest import tiny_config  # noqa: E402
 from normstudy import checkpoints, data, sharding  # noqa: E402
 
-MESHES = {"single": (1, 1, 1), "8x1x1": (8, 1, 1), "2x2x2": (2, 2, 2), "2x1x4": (2, 1, 4),
-          "1x8x1": (1, 8, 1)}
+# (runs, data, fsdp, tensor)
+MESHES = {"single": (1, 1, 1, 1), "8x1x1": (1, 8, 1, 1), "2x2x2": (1, 2, 2, 2),
+          "2x1x4": (1, 2, 1, 4), "1x8x1": (1, 1, 8, 1)}
 
 
 def main(tmp):
@@ -24,18 +25,19 @@ def main(tmp):
                      validation_tokens=2**12, mask_prob=0.3, mask_length=2)
   config.train.batch_size = 8
   splits = data.load_splits(config)
+  batches = data.train_batches(config, splits)
   losses, states = {}, {}
   for name, shape in MESHES.items():
     config.mesh.update(dict(zip(sharding.AXES, shape)))
     devices = jax.devices()[: int(np.prod(shape))]
     mesh = sharding.make_mesh(config.mesh, devices)
-    state, shardings = sharding.create_state(config, mesh)
+    state, shardings = sharding.create_states([config], mesh)
     step = sharding.jit_train_step(config, mesh, shardings)
-    batches = data.train_iterator(config, splits)
     losses[name] = []
-    for _ in range(6):
-      state, metrics = step(state, sharding.global_batch(mesh, next(batches)))
-      losses[name].append(float(metrics["loss"]))
+    for i in range(6):
+      batch = jax.tree.map(lambda x: x[None], batches[i])
+      state, metrics = step(state, sharding.global_batch(mesh, batch))
+      losses[name].append(float(metrics["loss"][0]))
     states[name] = (state, shardings, mesh)
   # Save on one mesh, restore onto another.
   saved, _, _ = states["8x1x1"]

@@ -1,47 +1,68 @@
 """The transformer and its norm-placement factory, checked against independent computations."""
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from normstudy import errors
 from normstudy import model as model_lib
 from normstudy import placements
 from normstudy import steps as steps_lib
 import numpy_reference as ref
 
-# One row per registered placement: (name, stack ends with a final norm, residual alpha for N).
-PLACEMENT_TABLE = [
-    ("pre_ln", True, lambda n: 1.0),
-    ("post_ln", False, lambda n: 1.0),
-    ("deepnorm", False, lambda n: (2 * n) ** 0.25),
-    ("sandwich_ln", True, lambda n: 1.0),
-]
+PLACEMENTS = placements.names()
 
 
-def test_table_covers_every_registered_placement():
-  assert sorted(row[0] for row in PLACEMENT_TABLE) == sorted(placements.names())
+def test_reference_table_covers_every_registered_placement():
+  assert sorted(ref.BLOCKS) == sorted(PLACEMENTS)
 
 
-@pytest.mark.parametrize("name,final_norm,alpha", PLACEMENT_TABLE)
-def test_placement_definition(name, final_norm, alpha):
-  placement = placements.get(name)
-  assert placement.final_norm == final_norm
-  assert placement.residual_alpha(6, False) == pytest.approx(alpha(6))
+@pytest.mark.parametrize("name", PLACEMENTS)
+def test_final_norm_and_residual_weight_follow_the_placement(make_config, name):
+  params = model_lib.init_params(make_config(placement=name).model, 0)
+  assert ("final_norm" in params) == ref.BLOCKS[name][1]
+  alpha = placements.get(name).residual_alpha(6)
+  assert alpha == pytest.approx((12 ** 0.25) if name == "deepnorm" else 1.0)
 
 
-@pytest.mark.parametrize("name", [row[0] for row in PLACEMENT_TABLE])
+def _randomized(params, seed):
+  """Parameters with every entry random, so norm gains and biases matter too."""
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  return jax.tree.unflatten(treedef, [
+      leaf + 0.3 * jax.random.normal(k, leaf.shape) for leaf, k in zip(leaves, keys)])
+
+
+def _block_params(cfg, x, seed=0):
+  params = model_lib.Block(cfg).init(jax.random.PRNGKey(seed), jnp.asarray(x))["params"]
+  return jax.tree.map(np.asarray, _randomized(nn.unbox(params), seed + 1))
+
+
+@pytest.mark.parametrize("name", PLACEMENTS)
+@pytest.mark.parametrize("activation,use_bias", [("gelu_tanh", False), ("gelu", True)])
+def test_every_block_matches_its_numpy_reference(make_config, name, activation, use_bias):
+  num_layers = 6
+  config = make_config(placement=name, num_layers=num_layers, causal=True,
+                       activation=activation, use_bias=use_bias)
+  cfg = model_lib.ModelConfig.create(config.model)
+  x = np.random.default_rng(0).normal(size=(2, 16, 32)).astype(np.float32)
+  params = _block_params(cfg, x)
+  got = np.asarray(model_lib.Block(cfg).apply({"params": params}, jnp.asarray(x)))
+  block, _ = ref.BLOCKS[name]
+  expected = block(x.astype(np.float64), params, num_layers, True, cfg.norm_eps, activation)
+  np.testing.assert_allclose(got, expected, atol=3e-4, rtol=3e-4)
+
+
+@pytest.mark.parametrize("name", ["pre_ln", "deepnorm"])
 def test_every_placement_trains(make_config, name):
   config = make_config(placement=name)
-  config.train.num_steps = 25
   state = steps_lib.create_train_state(config)
   step = jax.jit(steps_lib.make_train_step(config))
-  tokens = jax.random.randint(jax.random.PRNGKey(1), (4, 16), 0, 32)
-  batch = {"tokens": tokens}
-  logits = model_lib.forward(config.model, state.params, tokens)
-  assert logits.shape == (4, 16, 32) and logits.dtype == jnp.float32
-  assert np.isfinite(np.asarray(logits)).all()
+  batch = {"tokens": jax.random.randint(jax.random.PRNGKey(1), (4, 16), 0, 32)}
   losses = []
   for _ in range(25):
     state, metrics = step(state, batch)
@@ -50,19 +71,12 @@ def test_every_placement_trains(make_config, name):
   assert losses[-1] < losses[0] - 0.5, losses
 
 
-def test_final_norm_params_follow_placement(make_config):
-  for name, final_norm, _ in PLACEMENT_TABLE:
-    params = model_lib.init_params(make_config(placement=name).model, 0)
-    assert ("final_norm" in params) == final_norm, name
-
-
-def test_unknown_placement_names_value_and_choices(make_config):
-  with pytest.raises(ValueError) as e:
-    model_lib.init_params(make_config(placement="peri_norm").model, 0)
-  message = str(e.value)
-  assert "'peri_norm'" in message
-  for name in placements.names():
-    assert name in message
+def test_unknown_names_are_one_line_listing_the_registry(make_config):
+  with pytest.raises(errors.ConfigError) as e:
+    model_lib.init_params(make_config(placement="no_such_block").model, 0)
+  assert str(e.value) == ("config.model.placement='no_such_block' is not allowed; allowed: "
+                          + ", ".join(PLACEMENTS))
+  assert isinstance(e.value, ValueError)  # notebook callers catch ValueError
 
 
 def _change_position_9(config):
@@ -95,6 +109,17 @@ def test_encoder_is_bidirectional_and_masks_inputs(make_config):
   np.testing.assert_array_equal(np.asarray(masked_a), np.asarray(masked_b))
 
 
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "conv"])
+def test_masked_positions_keep_their_position(make_config, kind):
+  config = make_config(causal=False, position_embedding=kind)
+  params = model_lib.init_params(config.model, 0)
+  tokens = np.random.default_rng(0).integers(0, 32, (1, 16)).astype(np.int32)
+  mask = np.zeros((1, 16), bool)
+  mask[0, [3, 11]] = True
+  logits = np.asarray(model_lib.forward(config.model, params, tokens, mask))
+  assert np.abs(logits[0, 3] - logits[0, 11]).max() > 1e-4
+
+
 def test_scan_and_loop_stacks_agree(make_config):
   scanned = make_config(scan_layers=True)
   looped = make_config(scan_layers=False)
@@ -108,100 +133,129 @@ def test_scan_and_loop_stacks_agree(make_config):
       np.asarray(model_lib.forward(looped.model, unstacked, tokens)), atol=1e-5)
 
 
-def _randomized(params, seed):
-  """Parameters with every entry random, so norm gains and biases matter too."""
-  leaves, treedef = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-  return jax.tree.unflatten(treedef, [
-      leaf + 0.3 * jax.random.normal(k, leaf.shape) for leaf, k in zip(leaves, keys)])
-
-
-def _block(config, params, x):
-  cfg = model_lib.ModelConfig.create(config.model)
-  return np.asarray(model_lib.Block(cfg).apply({"params": params}, jnp.asarray(x)))
-
-
-def _block_params(config, x, seed=0):
-  cfg = model_lib.ModelConfig.create(config.model)
-  params = model_lib.Block(cfg).init(jax.random.PRNGKey(seed), jnp.asarray(x))["params"]
-  return _randomized(jax.tree.map(np.asarray, nn.unbox(params)), seed + 1)
-
-
-def test_deepnorm_block_matches_hand_computation(make_config):
-  num_layers = 6
-  config = make_config(placement="deepnorm", num_layers=num_layers, causal=True)
-  x = np.random.default_rng(0).normal(size=(2, 16, 32)).astype(np.float32)
-  params = jax.tree.map(np.asarray, _block_params(config, x))
-  alpha = (2 * num_layers) ** 0.25
-  eps = config.model.norm_eps
-  an, mn = params["attention_norm"], params["mlp_norm"]
-  h = ref.layernorm(alpha * x + ref.attention(x, params["attention"], causal=True),
-                    an["scale"], an["bias"], eps)
-  expected = ref.layernorm(alpha * h + ref.mlp(h, params["mlp"]), mn["scale"], mn["bias"], eps)
-  np.testing.assert_allclose(_block(config, params, x), expected, atol=2e-4, rtol=2e-4)
-
-
-@pytest.mark.parametrize("name", ["pre_ln", "sandwich_ln"])
-def test_residual_placements_match_hand_computation(make_config, name):
-  config = make_config(placement=name, causal=True)
-  x = np.random.default_rng(1).normal(size=(2, 16, 32)).astype(np.float32)
-  params = jax.tree.map(np.asarray, _block_params(config, x, seed=3))
-  eps = config.model.norm_eps
-
-  def norm(key, h):
-    return ref.layernorm(h, params[key]["scale"], params[key]["bias"], eps)
-
-  if name == "pre_ln":
-    h = x + ref.attention(norm("attention_norm", x), params["attention"], True)
-    expected = h + ref.mlp(norm("mlp_norm", h), params["mlp"])
-  else:
-    h = x + norm("attention_out_norm",
-                 ref.attention(norm("attention_norm", x), params["attention"], True))
-    expected = h + norm("mlp_out_norm", ref.mlp(norm("mlp_norm", h), params["mlp"]))
-  np.testing.assert_allclose(_block(config, params, x), expected, atol=2e-4, rtol=2e-4)
-
-
-def test_deepnorm_beta_scales_branch_init():
+@pytest.mark.parametrize("init", ["xavier", "bert"])
+@pytest.mark.parametrize("name", ["pre_ln", "deepnorm"])
+def test_initial_std_of_every_projection(init, name):
   num_layers, d, ff, heads = 3, 256, 1024, 4
   cfg = model_lib.ModelConfig(num_layers=num_layers, d_model=d, num_heads=heads, d_ff=ff,
-                              vocab_size=64, max_len=8, placement="deepnorm")
-  params = model_lib.init_params(cfg, 0)["layers"]
-  beta = (8 * num_layers) ** -0.25
-  xavier = lambda fan_in, fan_out: np.sqrt(2.0 / (fan_in + fan_out))
+                              vocab_size=64, max_len=8, placement=name, init=init,
+                              use_bias=True, tie_embeddings=False)
+  params = model_lib.init_params(cfg, 0)
+  layers = params["layers"]
+  beta = (8 * num_layers) ** -0.25 if name == "deepnorm" else 1.0  # DeepNet's beta
+  if init == "bert":  # fairseq's init_bert_params: normal(0.02), DeepNorm's beta on top
+    std = lambda fan_in, fan_out, gain: 0.02 * gain
+  else:  # Xavier-normal: gain * sqrt(2 / (fan_in + fan_out))
+    std = lambda fan_in, fan_out, gain: gain * math.sqrt(2.0 / (fan_in + fan_out))
   expected = {
-      ("attention", "query"): xavier(d, d),
-      ("attention", "key"): xavier(d, d),
-      ("attention", "value"): beta * xavier(d, d),
-      ("attention", "out"): beta * xavier(d, d),
-      ("mlp", "fc1"): beta * xavier(d, ff),
-      ("mlp", "fc2"): beta * xavier(ff, d),
+      ("attention", "query"): std(d, d, 1.0),
+      ("attention", "key"): std(d, d, 1.0),
+      ("attention", "value"): std(d, d, beta),
+      ("attention", "out"): std(d, d, beta),
+      ("mlp", "fc1"): std(d, ff, beta),
+      ("mlp", "fc2"): std(ff, d, beta),
   }
-  for (module, name), std in expected.items():
-    weights = np.asarray(params[module][name])
-    assert weights.std() == pytest.approx(std, rel=0.03), (module, name)
-    assert abs(weights.mean()) < 0.05 * std
+  for (module, weight), want in expected.items():
+    values = np.asarray(layers[module][weight])
+    assert values.std() == pytest.approx(want, rel=0.03), (module, weight)
+    assert abs(values.mean()) < 0.05 * want
+  assert np.asarray(params["embedding"]).std() == pytest.approx(0.02, rel=0.03)
+  head_std = 0.02 if init == "bert" else math.sqrt(2.0 / (d + 64))
+  assert np.asarray(params["head"]).std() == pytest.approx(head_std, rel=0.05)
+  for module, bias in [("attention", "query_bias"), ("attention", "key_bias"),
+                       ("attention", "value_bias"), ("attention", "out_bias"),
+                       ("mlp", "fc1_bias"), ("mlp", "fc2_bias")]:
+    assert not np.asarray(layers[module][bias]).any()
 
 
-@pytest.mark.parametrize("name", ["post_ln", "deepnorm"])
-def test_post_ln_block_outputs_are_normalised(make_config, name):
-  config = make_config(placement=name)
-  x = 5.0 * np.random.default_rng(2).normal(size=(2, 16, 32)).astype(np.float32) + 3.0
+def test_biases_are_optional(make_config):
+  without = model_lib.init_params(make_config(use_bias=False, causal=False,
+                                              position_embedding="conv").model, 0)
+  with_bias = model_lib.init_params(make_config(use_bias=True, causal=False,
+                                                position_embedding="conv").model, 0)
+  names = lambda p: {"/".join(str(k.key) for k in path)
+                     for path, _ in jax.tree_util.tree_leaves_with_path(p)}
+  added = names(with_bias) - names(without)
+  assert added == {f"layers/attention/{w}_bias" for w in ("query", "key", "value", "out")} | {
+      "layers/mlp/fc1_bias", "layers/mlp/fc2_bias", "pos_conv/bias"}
+
+
+def test_input_norm_normalises_the_embedding_output(make_config):
+  config = make_config(placement="post_ln", input_norm=True, causal=True, num_layers=1,
+                       dropout=0.0)
   cfg = model_lib.ModelConfig.create(config.model)
-  block = model_lib.Block(cfg)
-  params = block.init(jax.random.PRNGKey(0), jnp.asarray(x))["params"]
-  y = np.asarray(block.apply({"params": params}, jnp.asarray(x)))
-  np.testing.assert_allclose(y.mean(-1), 0.0, atol=1e-4)
-  np.testing.assert_allclose(y.var(-1), 1.0, rtol=1e-3)
+  params = _randomized(model_lib.init_params(cfg, 0), 4)
+  params = jax.tree.map(np.asarray, params)
+  tokens = np.random.default_rng(2).integers(0, 32, (2, 16)).astype(np.int32)
+  positions = np.asarray(model_lib.sinusoidal_positions(16, 32))
+  x = params["embedding"][tokens] + positions
+  en = params["embedding_norm"]
+  x = ref.layernorm(x, en["scale"], en["bias"], cfg.norm_eps)
+  layer = jax.tree.map(lambda a: a[0], params["layers"])
+  x = ref.BLOCKS["post_ln"][0](x, layer, 1, True, cfg.norm_eps, cfg.activation)
+  expected = x @ params["embedding"].T
+  got = np.asarray(model_lib.forward(cfg, params, tokens))
+  np.testing.assert_allclose(got, expected, atol=5e-4, rtol=5e-4)
 
 
-def test_attention_relax_equals_plain_attention_in_float32(make_config):
-  plain = make_config(attention_relax=0.0, causal=True)
-  relaxed = make_config(attention_relax=32.0, causal=True)
-  params = model_lib.init_params(plain.model, 0)
-  tokens = np.random.default_rng(3).integers(0, 32, (2, 16)).astype(np.int32)
-  np.testing.assert_allclose(
-      np.asarray(model_lib.forward(relaxed.model, params, tokens)),
-      np.asarray(model_lib.forward(plain.model, params, tokens)), atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh"])
+def test_gelu_runs_in_float32_with_a_finite_gradient_in_float16(name):
+  act = model_lib.ACTIVATIONS.get(name)
+  x16 = jnp.asarray([-3.0, -0.5, 0.0, 0.7, 2.5, 148.0, 1e4], jnp.float16)
+  y = act(x16)
+  assert y.dtype == jnp.float16
+  expected = ref.ACTIVATIONS[name](np.asarray(x16, np.float64))
+  np.testing.assert_allclose(np.asarray(y, np.float64), expected, rtol=2e-3, atol=1e-3)
+  grad = jax.grad(lambda v: act(v).astype(jnp.float32).sum())(x16)
+  assert np.isfinite(np.asarray(grad, np.float32)).all()
+  # d/dx x Phi(x) -> 1 for large x, in either form.
+  assert float(grad[-1]) == pytest.approx(1.0)
+  assert float(grad[-2]) == pytest.approx(1.0)
+
+
+def test_the_tanh_gelu_in_float16_would_not_be_finite():
+  # Why the activation runs in float32: the tanh form's 0.044715 x^3 overflows float16 at 1e4.
+  grad = jax.grad(lambda v: jax.nn.gelu(v, approximate=True).astype(jnp.float32).sum())(
+      jnp.asarray([1e4], jnp.float16))
+  assert not np.isfinite(np.asarray(grad, np.float32)).all()
+
+
+def _scores_inputs(value):
+  """q, k [1, 1, 2, 8] whose first plain score q.k / sqrt(8) is `value`."""
+  q = np.zeros((1, 1, 2, 8), np.float32)
+  k = np.zeros((1, 1, 2, 8), np.float32)
+  q[0, 0, 0] = math.sqrt(value * math.sqrt(8) / 8)
+  k[0, 0, 0] = q[0, 0, 0]
+  q[0, 0, 1, 0], k[0, 0, 1, 1] = 1.0, 2.0
+  return q, k
+
+
+def _softmax(scores):
+  e = np.exp(scores - scores.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("form", ["pb_relax", "after_product"])
+def test_relax_forms_equal_plain_attention_in_float32(form):
+  rng = np.random.default_rng(0)
+  q = rng.normal(size=(2, 4, 16, 8)).astype(np.float32) * 3
+  k = rng.normal(size=(2, 4, 16, 8)).astype(np.float32) * 3
+  plain = np.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(8)
+  logits, shift = model_lib.attention_scores(jnp.asarray(q), jnp.asarray(k), 32.0, form)
+  np.testing.assert_allclose(np.asarray(logits + shift), plain, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(_softmax(np.asarray(logits)), _softmax(plain), atol=1e-6)
+
+
+def test_pb_relax_survives_a_float16_score_that_overflows_after_the_product():
+  q, k = _scores_inputs(8.7e4)
+  plain = np.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(8)
+  assert plain.max() == pytest.approx(8.7e4, rel=1e-3) and plain.max() > 65504
+  q16, k16 = jnp.asarray(q, jnp.float16), jnp.asarray(k, jnp.float16)
+  relaxed, _ = model_lib.attention_scores(q16, k16, 32.0, "pb_relax")
+  after, _ = model_lib.attention_scores(q16, k16, 32.0, "after_product")
+  assert np.isfinite(np.asarray(relaxed)).all()
+  assert not np.isfinite(np.asarray(after)).all()
+  np.testing.assert_allclose(_softmax(np.asarray(relaxed)), _softmax(plain), atol=2e-3)
 
 
 def test_attention_relax_stays_finite_where_float16_attention_overflows(make_config):
@@ -220,10 +274,22 @@ def test_attention_relax_stays_finite_where_float16_attention_overflows(make_con
     pytest.fail("plain float16 attention never overflowed")
   relaxed_logits = np.asarray(model_lib.forward(relaxed.model, grown, tokens))
   assert np.isfinite(relaxed_logits).all(), f"relaxed attention overflowed at factor {factor}"
-  # And relax computes the same function: against float32 plain attention on the same weights.
   reference = make_config(attention_relax=0.0, dtype="float32", causal=False)
   expected = np.asarray(model_lib.forward(reference.model, grown, tokens))
   assert np.abs(relaxed_logits - expected).max() < 0.05 * np.abs(expected).max() + 0.05
+
+
+def test_decay_mask_is_declared_by_role(make_config):
+  for name in PLACEMENTS:
+    config = make_config(placement=name, use_bias=True, causal=False, input_norm=True,
+                         position_embedding="conv")
+    mask = model_lib.decay_mask(config.model)
+    flat = {"/".join(str(k.key) for k in path): decays
+            for path, decays in jax.tree_util.tree_leaves_with_path(mask)}
+    for path, decays in flat.items():
+      leaf = path.split("/")[-1]
+      is_gain_or_bias = leaf in ("scale", "bias") or leaf.endswith("_bias")
+      assert decays == (not is_gain_or_bias), (name, path)
 
 
 def test_notebook_api_accepts_plain_dict():

@@ -1,6 +1,8 @@
-"""End to end: the study runner, the single-run command line, resume, the figure and summary."""
+"""End to end: the study runner (with an arm that halts), the single-run command line, resume,
+the figure, the summary and the notebook."""
 
 import os
+import textwrap
 
 import pandas as pd
 import pytest
@@ -20,69 +22,108 @@ RECORD_KEYS = {"step", "loss", "grad_norm", "clipped", "lr", "loss_scale", "skip
                "tokens_per_sec"}
 
 
-def test_study_runs_every_variant_then_resumes_and_skips(tmp_path):
+def _halting_study(tmp_path):
+  """The seed figure with its attention-relax arm at a learning rate of 1e3 (and a loss-scale
+  floor of 32, so its overflow storm reaches the floor within a few steps)."""
+  path = tmp_path / "halting_study.py"
+  path.write_text(textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {os.path.join(runs.REPO, "configs")!r})
+      import seed_figure
+      from normstudy import config as config_lib
+
+      VARIANTS = dict(seed_figure.VARIANTS)
+      label, settings = VARIANTS["pre_norm_attn_relax_clip1"]
+      VARIANTS["pre_norm_attn_relax_clip1"] = (label, {{
+          **settings, "optimizer.learning_rate": 1e3,
+          "optimizer.loss_scale.min_scale": 32.0}})
+
+      def get_config(variant="pre_norm_clip1"):
+        label, settings = VARIANTS[variant]
+        config = seed_figure.base_config()
+        config.label = label
+        config_lib.apply_overrides(config, settings)
+        return config
+      """))
+  return str(path)
+
+
+def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
   study = tmp_path / "study"
   data_dir = tmp_path / "tfds"
-  result = runs.run_module("normstudy.study", f"--config={SEED_FIGURE}", f"--workdir={study}",
-                           *runs.tiny_args(data_dir, num_steps=6),
-                           "--config.train.telemetry_every=2")
+  config = _halting_study(tmp_path)
+  args = (f"--config={config}", f"--workdir={study}", *runs.tiny_args(data_dir, num_steps=6),
+          "--config.train.telemetry_every=2")
+  result = runs.run_module("normstudy.study", *args)  # exit 0: a halted arm is a result
   assert f"figure: {study}/loss_comparison.png" in result.stdout
-  for variant, label in zip(VARIANTS, LABELS):
+  for variant, label in zip(VARIANTS[:3], LABELS):
     run_dir = study / variant
     recs = runs.records(run_dir)
     assert [r["step"] for r in recs] == list(range(1, 7))
     assert all(RECORD_KEYS <= set(r) for r in recs)
     assert [r["step"] for r in recs if "eval_loss" in r] == [3, 6]
-    assert sorted(os.listdir(run_dir / "checkpoints")) == ["3", "6"]
-    config = runs.read_json(run_dir / "config.json")
-    assert config["label"] == label and config["train"]["num_steps"] == 6
-    assert config["model"]["d_model"] == 16  # the override reached every run
+    config_json = runs.read_json(run_dir / "config.json")
+    assert config_json["train"]["num_steps"] == 6
+    assert config_json["model"]["d_model"] == 16  # the override reached every run
     info = runs.read_json(run_dir / "run.json")
+    assert info["label"] == label and info["status"] == "finished"
     assert info["entropy_floor"] > 0 and info["dataset"].startswith("synthetic_markov/")
     assert recs[0]["loss_scale"] == 128.0  # float16 runs start at fairseq's initial scale
-  clip10 = runs.read_json(study / "pre_norm_clip10" / "config.json")
-  assert clip10["optimizer"]["clip_norm"] == 10.0
-  assert runs.read_json(study / "post_norm_deepnorm_clip1" / "config.json")["model"][
-      "placement"] == "deepnorm"
+  assert runs.read_json(study / "pre_norm_clip10" / "config.json")["optimizer"][
+      "clip_norm"] == 10.0
+  # Clip 10 and clip 1 differ only in data: one program, one stacked checkpoint directory.
+  programs = sorted(os.listdir(study / "checkpoints"))
+  assert len(programs) == 3 and programs[2].startswith("pre_norm_clip10+1_")
+
+  halted = runs.read_json(study / "pre_norm_attn_relax_clip1" / "run.json")
+  assert halted["status"] == "halted"
+  assert halted["halt_reason"] == "loss scale at its minimum (32)"
+  assert halted["nonfinite_at"]
+  recs = runs.records(study / "pre_norm_attn_relax_clip1")
+  assert recs[-1]["step"] == halted["halt_step"] < 6
+  assert recs[-1]["nonfinite_at"] == halted["nonfinite_at"]
 
   png = (study / "loss_comparison.png").read_bytes()
   assert png.startswith(b"\x89PNG") and len(png) > 20_000
-  summary = pd.read_csv(study / "summary.csv")
+  assert (study / "loss_comparison.svg").exists()
+  summary = pd.read_csv(study / "summary.csv").set_index("run")
   assert sorted(summary.label) == sorted(LABELS)
-  for variant in VARIANTS:
-    row = summary[summary.run == variant].iloc[0]
+  assert list(summary.status[list(VARIANTS)]) == ["finished"] * 3 + ["halted"]
+  assert summary.loc["pre_norm_attn_relax_clip1", "halt_reason"] == halted["halt_reason"]
+  for variant in VARIANTS[:3]:
+    row = summary.loc[variant]
     recs = runs.records(study / variant)
     assert row.steps == 6
     assert row.final_loss == pytest.approx(recs[-1]["loss"])
-    assert row.min_loss == pytest.approx(min(r["loss"] for r in recs))
     assert row.final_eval_loss == pytest.approx(recs[-1]["eval_loss"])
     assert row.min_loss_scale == min(r["loss_scale"] for r in recs)
-
   observations = (study / "observations.md").read_text()
   for label in LABELS:
     assert f"## {label}" in observations
-  assert "## Comparison" in observations
-  for metric in ("attn_logit_max", "act_rms", "grad_norm"):
+  assert (f"Halted: {LABELS[3]} at step {halted['halt_step']} (loss scale at its minimum (32), "
+          f"first non-finite: {halted['nonfinite_at']})") in observations
+  for metric in ("attn_logit_max", "act_rms", "grad_norm", "resid_absmax"):
     assert (study / f"layers_{metric}.png").read_bytes().startswith(b"\x89PNG")
   recs = runs.records(study / "pre_norm_clip1")
   assert [r["step"] for r in recs if "act_rms/layer_1" in r] == [2, 4, 6]
   assert all("fp16_overflows" in r for r in recs if "act_rms/layer_1" in r)
   _execute_notebook(study, tmp_path)
 
-  # Extending the study resumes every run from its last checkpoint: no step is logged twice.
+  # Extending the study resumes every run from its last checkpoint: no step is logged twice,
+  # and the halted arm stays a result.
   first = {v: runs.records(study / v) for v in VARIANTS}
-  runs.run_module("normstudy.study", f"--config={SEED_FIGURE}", f"--workdir={study}",
-                  *runs.tiny_args(data_dir, num_steps=9), "--config.train.telemetry_every=2")
-  for variant in VARIANTS:
+  extended = (f"--config={config}", f"--workdir={study}", *runs.tiny_args(data_dir, num_steps=9),
+              "--config.train.telemetry_every=2")
+  result = runs.run_module("normstudy.study", *extended)
+  for variant in VARIANTS[:3]:
     recs = runs.records(study / variant)
     assert [r["step"] for r in recs] == list(range(1, 10))
     assert recs[:6] == first[variant]
-    assert "9" in os.listdir(study / variant / "checkpoints")
-  # A finished study is skipped run by run.
-  again = runs.run_module("normstudy.study", f"--config={SEED_FIGURE}", f"--workdir={study}",
-                          *runs.tiny_args(data_dir, num_steps=9),
-                          "--config.train.telemetry_every=2")
-  assert again.stderr.count("finished earlier, skipped") == 4
+  assert runs.records(study / VARIANTS[3]) == first[VARIANTS[3]]
+  assert "keeps the horizon of 6 steps" in result.stderr
+  # A finished study is skipped program by program.
+  again = runs.run_module("normstudy.study", *extended)
+  assert again.stderr.count("finished earlier, skipped") == 3
 
 
 def _execute_notebook(study, tmp_path):
@@ -100,7 +141,7 @@ def _execute_notebook(study, tmp_path):
   assert "4 runs" in text
   images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
             if "image/png" in o.get("data", {})]
-  assert len(images) >= 5  # comparison, 3 heatmaps, overlay
+  assert len(images) >= 5  # comparison, per-layer figures, overlay
 
 
 def test_localize_copies_run_files_but_not_checkpoints(tmp_path):
@@ -130,7 +171,8 @@ def test_single_run_command_line_and_overrides(tmp_path):
   assert all(r["clipped"] == (r["grad_norm"] > 0.25) for r in recs)
   df = analysis.load_runs(str(workdir))
   assert set(df.columns) == {"run", "label", "step", "metric", "value"}
-  assert set(df.label) == {"Pre-Norm | Attention Relax | Gradient Clip=1"}
+  # The label says what the run is, overrides included.
+  assert set(df.label) == {"Pre-Norm | Attention Relax | Gradient Clip=0.25"}
   losses = analysis.series(df, ".", "loss")
   assert list(losses.index) == [1, 2, 3, 4]
   assert list(losses.values) == [r["loss"] for r in recs]

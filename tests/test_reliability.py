@@ -8,9 +8,14 @@ import time
 
 import pytest
 
-from normstudy import analysis
 from normstudy import config as config_lib
+from normstudy import errors
 from normstudy import metrics as metrics_lib
+from normstudy import model as model_lib
+from normstudy import optimizer as optimizer_lib
+from normstudy import placements
+from normstudy import rundir
+from normstudy import validation
 import runs
 
 SEED = "configs/seed_figure.py:pre_norm_clip1"
@@ -76,6 +81,7 @@ def test_nonfinite_halt_skip_and_fp16_scale_floor(tmp_path):
   lines = [l for l in halted.stderr.splitlines() if l.startswith("halted:")]
   assert len(lines) == 1 and "non-finite gradient at step 2" in lines[0]
   assert "on_nonfinite=halt" in lines[0] and "Traceback" not in halted.stderr
+  assert "; first non-finite: " in lines[0]
   assert "newest checkpoint (step 1)" in lines[0]
   assert sorted(os.listdir(tmp_path / "halt" / "checkpoints")) == ["1"]
 
@@ -125,7 +131,9 @@ def test_damaged_newest_checkpoint_falls_back_then_all_damaged_stops(tmp_path):
   _corrupt(workdir / "checkpoints" / "6")
   resumed = runs.run_module("normstudy.main", *common,
                             *runs.tiny_args(tmp_path / "tfds", 6, every=2))
-  assert "checkpoint at step 6 cannot be restored" in resumed.stderr
+  warning = [l for l in resumed.stderr.splitlines() if "cannot be restored" in l]
+  assert len(warning) == 1 and "the checkpoint of step 6 in" in warning[0]
+  assert len(warning[0]) < 500 and "bound method" not in warning[0]
   assert "resumed" in resumed.stderr and "at step 4" in resumed.stderr
   assert runs.trajectory(workdir) == reference  # steps 5 and 6 recomputed identically
   assert (workdir / "checkpoints_damaged" / "6").is_dir()
@@ -142,13 +150,20 @@ def test_damaged_newest_checkpoint_falls_back_then_all_damaged_stops(tmp_path):
   assert _tree_listing(workdir) == before
 
 
+def _allowed(names):
+  return "allowed: " + ", ".join(names)
+
+
 BAD_VALUES = [
-    ("model.placement", "peri_ln", "allowed: deepnorm, post_ln, pre_ln, sandwich_ln"),
-    ("model.norm", "batchnorm", "allowed: layernorm, rmsnorm"),
+    ("model.placement", "not_a_placement", _allowed(placements.names())),
+    ("model.norm", "batchnorm", _allowed(model_lib.NORMS.names())),
+    ("model.activation", "swish", _allowed(model_lib.ACTIVATIONS.names())),
+    ("optimizer.name", "sgd", _allowed(optimizer_lib.OPTIMIZERS.names())),
     ("model.dtype", "float64", "allowed: float32, bfloat16, float16"),
+    ("model.init", "he", "allowed: xavier, bert"),
+    ("model.attention_relax_form", "late", "allowed: pb_relax, after_product"),
     ("data.name", "no_such_dataset", "allowed: synthetic, text_files or a TFDS catalog"),
     ("optimizer.schedule", "step", "allowed: constant, linear, cosine, polynomial"),
-    ("optimizer.name", "sgd", "allowed: adam, adamw"),
     ("model.num_heads", 5, "does not divide config.model.d_model=128"),
     ("optimizer.clip_norm", -1.0, "None or 0 (off), or a number > 0"),
     ("optimizer.learning_rate", 0.0, "a number > 0"),
@@ -164,24 +179,17 @@ def test_validate_names_field_value_and_allowed(field, value, allowed):
   config = config_lib.default_config()
   section, name = field.split(".")
   config[section][name] = value
-  with pytest.raises(config_lib.ConfigError) as e:
-    config_lib.validate(config)
-  assert f"config.{field}={value!r}" in str(e.value) or f"={value}" in str(e.value)
+  with pytest.raises(errors.ConfigError) as e:
+    validation.validate(config)
+  assert str(e.value).startswith(f"config.{field}={value!r} ")
   assert allowed in str(e.value)
-
-
-def test_validate_batch_divisible_by_data_parallel_devices():
-  config = config_lib.default_config()
-  config.train.batch_size = 6
-  config_lib.validate(config, data_parallel=3)
-  with pytest.raises(config_lib.ConfigError, match="not divisible by the 4 data-parallel"):
-    config_lib.validate(config, data_parallel=4)
+  assert "\n" not in str(e.value)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
-    ((f"--config={SEED}", "--config.model.placement=peri_ln"),
-     "config.model.placement='peri_ln' is not allowed; allowed: deepnorm, post_ln"),
+    ((f"--config={SEED}", "--config.model.placement=not_a_placement"),
+     "config.model.placement='not_a_placement' is not allowed; " + _allowed(placements.names())),
     (("--config=configs/seed_figure.py:nope",), "unknown variant 'nope'"),
     (("--config=configs/missing.py",), "config file 'configs/missing.py' does not exist"),
     ((f"--config={SEED}", "--config.model.colour=3"), "unknown config field 'colour'"),
@@ -219,33 +227,28 @@ def test_workdir_holding_another_config_is_refused(tmp_path):
   assert [r["step"] for r in runs.records(workdir)][-1] == 8
 
 
-def test_torn_last_line_is_skipped_with_a_warning(tmp_path, caplog):
+def test_resume_drops_records_after_the_checkpoint_and_a_torn_line(tmp_path):
   run = tmp_path / "run"
   run.mkdir()
-  good = [{"step": 1, "loss": 2.0, "loss_scale": 1.0}, {"step": 2, "loss": 1.5, "loss_scale": 1.0}]
-  text = "".join(json.dumps(r) + "\n" for r in good) + '{"step": 3, "loss": 1.'
-  (run / "metrics.jsonl").write_text(text)
-  df = analysis.load_runs(str(tmp_path))
-  assert list(analysis.series(df, "run", "loss")) == [2.0, 1.5]
-  assert any("torn last line" in r.getMessage() for r in caplog.records)
-  (run / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
-  with pytest.raises(ValueError, match="metrics.jsonl:2"):
-    list(metrics_lib.read_records(str(run / "metrics.jsonl")))
-  # A resumed run rewrites the file without the torn line.
+  good = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}, {"step": 3, "loss": 1.4}]
+  text = "".join(json.dumps(r) + "\n" for r in good) + '{"step": 4, "loss": 1.'
   (run / "metrics.jsonl").write_text(text)
   log = metrics_lib.MetricsLog(str(run), resume_step=2)
   log.close()
   assert [r["step"] for r in metrics_lib.read_records(str(run / "metrics.jsonl"))] == [1, 2]
+  (run / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+  with pytest.raises(metrics_lib.DamagedRecords, match="metrics.jsonl:2"):
+    list(metrics_lib.read_records(str(run / "metrics.jsonl")))
 
 
 def test_config_differences_ignore_what_may_change():
-  from normstudy import train
   old = json.loads(config_lib.default_config().to_json_best_effort())
   new = json.loads(config_lib.default_config().to_json_best_effort())
   new["train"].update(num_steps=5000, log_every=7, checkpoint_every=11, telemetry_every=10)
   new["mesh"].update(data=2, fsdp=2, tensor=2)
   new["label"] = "renamed"
-  assert train.config_differences(old, new) == []
+  assert rundir.config_differences(old, new) == []
   new["model"]["d_model"] = 64
   new["train"]["seed"] = 3
-  assert train.config_differences(old, new) == ["model.d_model: 128 -> 64", "train.seed: 0 -> 3"]
+  assert rundir.config_differences(old, new) == ["model.d_model: 128 -> 64",
+                                                 "train.seed: 0 -> 3"]

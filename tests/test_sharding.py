@@ -14,13 +14,14 @@ from normstudy.errors import UserError
 import runs
 
 
-def _mesh(data=-1, fsdp=1, tensor=1):
-  return {"data": data, "fsdp": fsdp, "tensor": tensor}
+def _mesh(data=-1, fsdp=1, tensor=1, runs=1):
+  return {"runs": runs, "data": data, "fsdp": fsdp, "tensor": tensor}
 
 
 def test_mesh_shape_resolves_minus_one_and_rejects_misfits():
-  assert sharding.mesh_shape(_mesh(), 8) == (8, 1, 1)
-  assert sharding.mesh_shape(_mesh(2, -1, 2), 8) == (2, 2, 2)
+  assert sharding.mesh_shape(_mesh(), 8) == {"runs": 1, "data": 8, "fsdp": 1, "tensor": 1}
+  assert list(sharding.mesh_shape(_mesh(2, -1, 2), 8).values()) == [1, 2, 2, 2]
+  assert list(sharding.mesh_shape(_mesh(1, 1, 1, runs=-1), 8).values()) == [8, 1, 1, 1]
   with pytest.raises(UserError, match="the mesh has 6 devices, but there are 8"):
     sharding.mesh_shape(_mesh(3, 2, 1), 8)
   with pytest.raises(UserError, match=r"the other axes \(3\) do not divide the 8 devices"):
@@ -32,13 +33,15 @@ def test_mesh_shape_resolves_minus_one_and_rejects_misfits():
 def test_sizes_that_do_not_divide_are_named(make_config):
   config = make_config(num_heads=4, d_ff=64)
   config.train.batch_size = 4
-  sharding.check_divisible(config, {"data": 2, "fsdp": 2, "tensor": 4})
+  sharding.check_divisible(config, {"runs": 1, "data": 2, "fsdp": 2, "tensor": 4})
   with pytest.raises(UserError, match="config.model.num_heads=4 is not divisible by the mesh's "
                                       "tensor size 8"):
-    sharding.check_divisible(config, {"data": 1, "fsdp": 1, "tensor": 8})
+    sharding.check_divisible(config, {"runs": 1, "data": 1, "fsdp": 1, "tensor": 8})
   with pytest.raises(UserError, match="config.train.batch_size=4 is not divisible by the "
                                       "mesh's data x fsdp size 8"):
-    sharding.check_divisible(config, {"data": 4, "fsdp": 2, "tensor": 1})
+    sharding.check_divisible(config, {"runs": 1, "data": 4, "fsdp": 2, "tensor": 1})
+  with pytest.raises(UserError, match="6 runs is not divisible by the mesh's runs size 4"):
+    sharding.check_divisible(config, {"runs": 4, "data": 1, "fsdp": 1, "tensor": 1}, 6)
 
 
 @pytest.mark.slow
@@ -55,7 +58,8 @@ def test_meshes_give_the_single_device_trajectory_and_checkpoints_move_between_t
       assert abs(got - want) <= 2e-4 * abs(want), (name, out["losses"][name], reference)
   assert reference[-1] < reference[0]  # it trained
   assert out["restored_equal"]
-  assert out["restored_sharding"] == "P(None, 'fsdp', 'tensor')"  # the target mesh's layout
+  # The target mesh's layout: [runs, layers, embed, mlp].
+  assert out["restored_sharding"] == "P('runs', None, 'fsdp', 'tensor')"
 
 
 def _free_port():
@@ -85,4 +89,4 @@ def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
   assert sorted(os.listdir(tmp_path / "two" / "checkpoints")) == ["3", "6"]
-  assert "mesh {'data': 4" in outputs[0][1]  # 2 processes x 2 devices on the data axis
+  assert "'data': 4" in outputs[0][1]  # 2 processes x 2 devices on the data axis

@@ -1,4 +1,4 @@
-"""The train step: clipping, fp16 dynamic loss scaling, skipped updates, schedules."""
+"""The train step: loss, clipping, fp16 dynamic loss scaling, skipped updates, a run's life."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,6 @@ import optax
 import pytest
 
 from normstudy import model as model_lib
-from normstudy import optimizer as optimizer_lib
 from normstudy import precision
 from normstudy import steps as steps_lib
 
@@ -21,7 +20,7 @@ def _batch(seed=0, causal=True):
 
 
 def _independent_loss(config, params, batch):
-  """Cross-entropy written out with log-softmax, not through steps.cross_entropy."""
+  """Cross-entropy written out with log-softmax, not through normstudy.loss."""
   logits = model_lib.forward(config.model, params, batch["tokens"], batch.get("mask"))
   logp = jax.nn.log_softmax(logits, axis=-1)
   if config.model.causal:
@@ -39,6 +38,10 @@ def _adam_state(opt_state):
   return found[0]
 
 
+def _step(config, telemetry_on=False):
+  return jax.jit(steps_lib.make_train_step(config, telemetry_on))
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_loss_and_grad_norm_match_independent_computation(make_config, causal):
   config = make_config(causal=causal)
@@ -49,32 +52,28 @@ def test_loss_and_grad_norm_match_independent_computation(make_config, causal):
   grads = jax.grad(lambda p: _independent_loss(config, p, batch))(state.params)
   expected_norm = np.sqrt(sum(np.sum(np.square(np.asarray(g, np.float64)))
                               for g in jax.tree.leaves(grads)))
-  _, metrics = jax.jit(steps_lib.make_train_step(config))(state, batch)
+  _, metrics = _step(config)(state, batch)
   assert float(metrics["loss"]) == pytest.approx(float(expected_loss), rel=1e-5)
   assert float(metrics["grad_norm"]) == pytest.approx(expected_norm, rel=1e-4)
   assert not bool(metrics["clipped"])
 
 
+def _seen_norm(state, b2):
+  # After one step Adam's second moment is (1 - b2) g^2 of the gradient it was given.
+  nu = _adam_state(state.opt_state).nu
+  return np.sqrt(sum(np.sum(np.asarray(v, np.float64)) for v in jax.tree.leaves(nu)) / (1 - b2))
+
+
 def test_clipping_bounds_the_gradient_adam_sees(make_config):
   config = make_config()
   config.optimizer.update(clip_norm=0.05, b2=0.98)
-  state = steps_lib.create_train_state(config)
-  new_state, metrics = jax.jit(steps_lib.make_train_step(config))(state, _batch())
+  new_state, metrics = _step(config)(steps_lib.create_train_state(config), _batch())
   assert float(metrics["grad_norm"]) > 0.05 and bool(metrics["clipped"])
-  # After one step Adam's second moment is (1 - b2) g^2 of the gradient it was given.
-  nu = _adam_state(new_state.opt_state).nu
-  seen_norm = np.sqrt(sum(np.sum(np.asarray(v, np.float64)) for v in jax.tree.leaves(nu))
-                      / (1 - 0.98))
-  assert seen_norm == pytest.approx(0.05, rel=1e-4)
-
+  assert _seen_norm(new_state, 0.98) == pytest.approx(0.05, rel=1e-4)
   config.optimizer.clip_norm = 1000.0
-  state = steps_lib.create_train_state(config)
-  new_state, metrics = jax.jit(steps_lib.make_train_step(config))(state, _batch())
+  new_state, metrics = _step(config)(steps_lib.create_train_state(config), _batch())
   assert not bool(metrics["clipped"])
-  nu = _adam_state(new_state.opt_state).nu
-  seen_norm = np.sqrt(sum(np.sum(np.asarray(v, np.float64)) for v in jax.tree.leaves(nu))
-                      / (1 - 0.98))
-  assert seen_norm == pytest.approx(float(metrics["grad_norm"]), rel=1e-4)
+  assert _seen_norm(new_state, 0.98) == pytest.approx(float(metrics["grad_norm"]), rel=1e-4)
 
 
 def test_float16_overflow_skips_update_and_halves_scale(make_config):
@@ -82,30 +81,31 @@ def test_float16_overflow_skips_update_and_halves_scale(make_config):
   config.optimizer.loss_scale.initial_scale = 2.0**40  # the scaled fp16 backward overflows
   state = steps_lib.create_train_state(config)
   before = jax.tree.map(np.asarray, (state.params, state.opt_state))
-  new_state, metrics = jax.jit(steps_lib.make_train_step(config))(state, _batch())
+  new_state, metrics = _step(config)(state, _batch())
   assert bool(metrics["skipped"]) and int(new_state.skipped_total) == 1
   assert float(metrics["loss_scale"]) == 2.0**40
   assert float(new_state.loss_scale.scale) == 2.0**39
   assert int(new_state.opt_step) == 0 and int(new_state.step) == 1
+  assert int(new_state.status) == steps_lib.RUNNING
   after = jax.tree.map(np.asarray, (new_state.params, new_state.opt_state))
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
     np.testing.assert_array_equal(a, b)
 
 
-def test_float16_scale_grows_after_growth_interval(make_config):
+def test_float16_scale_grows_after_growth_interval_and_the_run_learns(make_config):
   config = make_config(dtype="float16")
   config.optimizer.loss_scale.update(initial_scale=128.0, growth_interval=3)
   state = steps_lib.create_train_state(config)
-  step = jax.jit(steps_lib.make_train_step(config))
-  scales = []
-  for i in range(7):
-    state, metrics = step(state, _batch(i))
+  step = _step(config)
+  scales, losses = [], []
+  for _ in range(12):
+    state, metrics = step(state, _batch(0))
     assert not bool(metrics["skipped"])
     scales.append(float(metrics["loss_scale"]))
-  assert scales == [128, 128, 128, 256, 256, 256, 512]
-  # And the fp16 step still learns: gradients were unscaled correctly.
-  params32 = state.params
-  assert np.isfinite(np.asarray(jax.tree.leaves(params32)[0])).all()
+    losses.append(float(metrics["loss"]))
+  assert scales[:7] == [128, 128, 128, 256, 256, 256, 512]
+  # Gradients were unscaled correctly: the same batch's loss falls as it would in float32.
+  assert losses[-1] < losses[0] - 0.5, losses
 
 
 def test_float16_gradients_match_float32_after_unscaling(make_config):
@@ -113,10 +113,8 @@ def test_float16_gradients_match_float32_after_unscaling(make_config):
   config16.optimizer.clip_norm = 0.0
   config32 = make_config(dtype="float32")
   config32.optimizer.clip_norm = 0.0
-  state16 = steps_lib.create_train_state(config16)
-  state32 = steps_lib.create_train_state(config32)
-  _, m16 = jax.jit(steps_lib.make_train_step(config16))(state16, _batch())
-  _, m32 = jax.jit(steps_lib.make_train_step(config32))(state32, _batch())
+  _, m16 = _step(config16)(steps_lib.create_train_state(config16), _batch())
+  _, m32 = _step(config32)(steps_lib.create_train_state(config32), _batch())
   assert float(m16["loss_scale"]) == 128.0 and float(m32["loss_scale"]) == 1.0
   assert float(m16["grad_norm"]) == pytest.approx(float(m32["grad_norm"]), rel=0.02)
 
@@ -133,28 +131,65 @@ def test_loss_scale_update_rules():
   assert float(same.scale) == 1.0
 
 
-@pytest.mark.parametrize("schedule", optimizer_lib.SCHEDULES)
-def test_schedules_warm_up_then_decay(make_config, schedule):
-  opt = make_config().optimizer
-  opt.update(learning_rate=1e-3, end_learning_rate=1e-4, warmup_steps=10, schedule=schedule)
-  lr = optimizer_lib.learning_rate_schedule(opt, num_steps=110)
-  assert float(lr(0)) == 0.0
-  assert float(lr(5)) == pytest.approx(5e-4)
-  assert float(lr(10)) == pytest.approx(1e-3)
-  expected_end = 1e-3 if schedule == "constant" else 1e-4
-  assert float(lr(110)) == pytest.approx(expected_end, rel=1e-4)
-  if schedule in ("linear", "polynomial"):
-    assert float(lr(60)) == pytest.approx(5.5e-4, rel=1e-4)
+def _poisoned(state):
+  """The state with one embedding entry NaN: every gradient is non-finite from then on."""
+  params = dict(state.params)
+  params["embedding"] = params["embedding"].at[0, 0].set(jnp.nan)
+  return state.replace(params=params)
 
 
-def test_adamw_decays_weights_but_not_norms(make_config):
+@pytest.mark.parametrize("policy,limit,halts_at,status", [
+    ("halt", 10, 1, steps_lib.HALTED_NONFINITE),
+    ("skip", 2, 3, steps_lib.HALTED_SKIPS),
+])
+def test_a_halted_run_is_frozen(make_config, policy, limit, halts_at, status):
   config = make_config()
-  config.optimizer.update(name="adamw", weight_decay=0.5, learning_rate=0.1, clip_norm=0.0)
-  params = model_lib.init_params(config.model, 0)
-  tx = optimizer_lib.make_optimizer(config.optimizer, 10)
-  zero_grads = jax.tree.map(jnp.zeros_like, params)
-  updates, _ = tx.update(zero_grads, tx.init(params), params)
-  # With zero gradients the whole update is the decay: -lr * wd * param.
-  np.testing.assert_allclose(np.asarray(updates["embedding"]),
-                             -0.1 * 0.5 * np.asarray(params["embedding"]), rtol=1e-6)
-  np.testing.assert_array_equal(np.asarray(updates["layers"]["mlp_norm"]["scale"]), 0.0)
+  config.train.update(on_nonfinite=policy, max_consecutive_skips=limit)
+  state = _poisoned(steps_lib.create_train_state(config))
+  step = _step(config)
+  frozen = jax.tree.map(np.asarray, state.params)
+  seen = []
+  for _ in range(5):
+    state, metrics = step(state, {"tokens": jnp.zeros((4, 16), jnp.int32)})
+    seen.append((bool(metrics["active"]), int(metrics["status"])))
+  assert seen[halts_at - 1] == (True, status)
+  assert all(active for active, _ in seen[:halts_at])
+  assert not any(active for active, _ in seen[halts_at:])  # frozen: later steps are no-ops
+  assert int(state.halt_step) == halts_at and int(state.step) == halts_at
+  for a, b in zip(jax.tree.leaves(frozen), jax.tree.leaves(jax.tree.map(np.asarray,
+                                                                         state.params))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_float16_halts_at_the_loss_scale_floor(make_config):
+  config = make_config(dtype="float16")
+  config.optimizer.loss_scale.update(initial_scale=4.0, min_scale=1.0)
+  state = _poisoned(steps_lib.create_train_state(config))
+  step = _step(config)
+  statuses, scales = [], []
+  for _ in range(4):
+    state, metrics = step(state, {"tokens": jnp.zeros((4, 16), jnp.int32)})
+    statuses.append(int(metrics["status"]))
+    scales.append(float(metrics["loss_scale"]))
+  # 4 -> 2 -> 1; the next overflow would go below the floor: fairseq stops there.
+  assert scales[:3] == [4.0, 2.0, 1.0]
+  assert statuses[:3] == [steps_lib.RUNNING, steps_lib.RUNNING, steps_lib.HALTED_SCALE]
+
+
+@pytest.mark.parametrize("count_skipped", [True, False])
+def test_num_steps_counts_train_steps_or_applied_updates(make_config, count_skipped):
+  config = make_config(dtype="float16")
+  config.optimizer.loss_scale.initial_scale = 2.0**40  # overflows until the scale falls
+  config.train.update(num_steps=3, count_skipped_steps=count_skipped)
+  state = steps_lib.create_train_state(config)
+  step = _step(config)
+  for _ in range(40):
+    state, _ = step(state, _batch())
+    if int(state.status) != steps_lib.RUNNING:
+      break
+  assert int(state.status) == steps_lib.FINISHED
+  assert int(state.skipped_total) > 0
+  if count_skipped:
+    assert int(state.step) == 3 and int(state.opt_step) < 3
+  else:  # fairseq's max_update: applied updates
+    assert int(state.opt_step) == 3 and int(state.step) == 3 + int(state.skipped_total)

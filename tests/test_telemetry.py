@@ -1,16 +1,14 @@
-"""Telemetry against independent computations; spike detection and observations on synthetic
-trajectories with known events."""
-
-import json
+"""Telemetry and the non-finite locator, against independent computations."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 import pytest
 
-from normstudy import analysis
+from normstudy import loss as loss_lib
+from normstudy import model as model_lib
 from normstudy import steps as steps_lib
+from normstudy import telemetry
 import numpy_reference as ref
 
 
@@ -35,17 +33,17 @@ def _norm(tree):
 
 @pytest.mark.parametrize("scan", [True, False])
 def test_telemetry_matches_independent_computations(make_config, scan):
-  config = make_config(scan_layers=scan, causal=True, placement="pre_ln")
+  config = make_config(scan_layers=scan, causal=True, placement="pre_ln", activation="gelu_tanh")
   config.optimizer.weight_decay = 0.1
   state = steps_lib.create_train_state(config)
   tokens = np.random.default_rng(0).integers(0, 32, (4, 16)).astype(np.int32)
   params = jax.tree.map(np.asarray, state.params)
-  new_state, metrics = jax.jit(steps_lib.make_train_step(config, telemetry=True))(
+  new_state, metrics = jax.jit(steps_lib.make_train_step(config, telemetry_on=True))(
       state, {"tokens": jnp.asarray(tokens)})
   tel = jax.tree.map(np.asarray, metrics["telemetry"])
   new_params = jax.tree.map(np.asarray, new_state.params)
 
-  # Forward pass in numpy: residual stream and attention logits layer by layer.
+  # Forward pass in numpy: residual stream, attention and MLP layer by layer.
   eps = config.model.norm_eps
   x = params["embedding"][tokens].astype(np.float64) + _positions(16, 32)
   causal = np.tril(np.ones((16, 16), bool))
@@ -56,9 +54,18 @@ def test_telemetry_matches_independent_computations(make_config, scan):
     k = np.einsum("bld,dhk->blhk", h, p["attention"]["key"])
     scores = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(8)
     assert tel["attn_logit_max"][i] == pytest.approx(scores[..., causal].max(), rel=1e-4)
+    masked = np.where(causal, scores, -np.inf)
+    probs = np.exp(masked - masked.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    entropy = -np.where(probs > 0, probs * np.log(np.where(probs > 0, probs, 1)), 0).sum(-1)
+    assert tel["attn_entropy"][i] == pytest.approx(entropy.mean(), rel=1e-4)
     x = x + ref.attention(h, p["attention"], causal=True)
-    x = x + ref.mlp(ref.layernorm(x, p["mlp_norm"]["scale"], p["mlp_norm"]["bias"], eps), p["mlp"])
+    h = ref.layernorm(x, p["mlp_norm"]["scale"], p["mlp_norm"]["bias"], eps)
+    assert tel["mlp_preact_absmax"][i] == pytest.approx(np.abs(h @ p["mlp"]["fc1"]).max(),
+                                                       rel=1e-4)
+    x = x + ref.mlp(h, p["mlp"])
     assert tel["act_rms"][i] == pytest.approx(np.sqrt(np.mean(x**2)), rel=1e-4)
+    assert tel["resid_absmax"][i] == pytest.approx(np.abs(x).max(), rel=1e-4)
     assert tel["param_norm"][i] == pytest.approx(_norm(p), rel=1e-5)
     step = jax.tree.map(lambda a, b: a - b, _layer(new_params, scan, i), p)
     assert tel["update_norm"][i] == pytest.approx(_norm(step), rel=1e-3)
@@ -70,96 +77,64 @@ def test_telemetry_matches_independent_computations(make_config, scan):
 
   # Per-layer gradient norms: a part of the global norm, and each a direct norm of the gradient.
   assert np.sum(tel["grad_norm"] ** 2) <= float(metrics["grad_norm"]) ** 2 * (1 + 1e-5)
-  plain_state = steps_lib.create_train_state(config)
-  grads = jax.grad(lambda prm: steps_lib.cross_entropy(
-      steps_lib.model_lib.ModelConfig.create(config.model),
-      steps_lib.model_lib.forward(config.model, prm, tokens), {"tokens": tokens})[0])(
-          plain_state.params)
+  cfg = model_lib.ModelConfig.create(config.model)
+  grads = jax.grad(lambda prm: loss_lib.cross_entropy(
+      cfg, model_lib.forward(cfg, prm, tokens), {"tokens": tokens})[0])(
+          steps_lib.create_train_state(config).params)
   for i in range(2):
     assert tel["grad_norm"][i] == pytest.approx(_norm(_layer(grads, scan, i)), rel=1e-4)
+  flat = telemetry.flatten(tel)
+  assert flat["resid_absmax/layer_1"] == tel["resid_absmax"][1]
+  assert telemetry.parse_layer_key("attn_entropy/layer_12") == ("attn_entropy", 12)
+  assert telemetry.parse_layer_key("loss") is None
 
 
 def test_telemetry_step_updates_state_like_the_plain_step(make_config):
   config = make_config(dtype="float16")
   batch = {"tokens": jnp.asarray(np.random.default_rng(1).integers(0, 32, (4, 16)), jnp.int32)}
   a, _ = jax.jit(steps_lib.make_train_step(config))(steps_lib.create_train_state(config), batch)
-  b, _ = jax.jit(steps_lib.make_train_step(config, telemetry=True))(
+  b, _ = jax.jit(steps_lib.make_train_step(config, telemetry_on=True))(
       steps_lib.create_train_state(config), batch)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def _trajectory(steps=600, seed=0, spikes=(), diverge_at=None):
-  rng = np.random.default_rng(seed)
-  t = np.arange(1, steps + 1)
-  loss = 4.0 * np.exp(-t / 150) + 2.0 + rng.normal(0, 0.03, steps)
-  for step, height in spikes:
-    loss[step - 1:step + 2] += height  # a 3-step spike
-  if diverge_at:
-    loss[diverge_at - 1:] = np.nan
-  return pd.Series(loss, index=t)
+def _located(config, state, batch):
+  """Steps once, then asks the locator where that step first went non-finite."""
+  new_state, metrics = jax.jit(steps_lib.make_train_step(config))(state, batch)
+  assert bool(metrics["skipped"])
+  flags = jax.jit(steps_lib.make_locate_step(config))(new_state, batch)
+  return telemetry.first_nonfinite(jax.device_get(flags))
 
 
-def test_spike_detector_finds_exactly_the_injected_spikes():
-  injected = [(150, 1.0), (320, 0.6), (480, 2.0)]
-  events = analysis.spikes(_trajectory(spikes=injected))
-  assert [e["step"] for e in events] == [150, 320, 480]
-  clean = lambda t: 4.0 * np.exp(-np.asarray(t) / 150) + 2.0
-  for event, (step, height) in zip(events, injected):
-    # "Above trend" is above the median of the previous 50 steps, which lags a falling loss.
-    lag = np.median(clean(np.arange(step - 50, step))) - clean(step)
-    assert event["excursion"] == pytest.approx(height - lag, abs=0.1)
-  assert analysis.spikes(_trajectory(seed=3)) == []
+@pytest.mark.parametrize("scan", [True, False])
+def test_locator_names_the_first_non_finite_site(make_config, scan):
+  config = make_config(dtype="float16", scan_layers=scan, num_layers=3)
+  config.train.on_nonfinite = "skip"
+  batch = {"tokens": jnp.asarray(np.random.default_rng(2).integers(0, 32, (4, 16)), jnp.int32)}
+  state = steps_lib.create_train_state(config)
 
+  def scaled(path_predicate, factor):
+    return state.replace(params=jax.tree_util.tree_map_with_path(
+        lambda path, a: a * factor if path_predicate(path) else a, state.params))
 
-def test_divergence_and_scale_collapse():
-  loss = _trajectory(diverge_at=400)
-  assert analysis.divergence_step(loss, warmup_steps=10) == 400
-  assert analysis.divergence_step(_trajectory(), warmup_steps=10) is None
-  rising = pd.Series([3.0, 2.0, 2.5, 3.5], index=[1, 2, 3, 4])
-  assert analysis.divergence_step(rising, warmup_steps=2) == 4
-  scale = pd.Series([128, 256, 128, 64, 64, 128, 32, 64], index=range(1, 9), dtype=float)
-  seen = analysis.scale_collapses(scale)
-  assert seen["scale_halvings"] == 3 and seen["lowest_scale"] == 32
-  assert seen["lowest_scale_step"] == 7
-  assert seen["halvings_per_1k"] == pytest.approx(3 / 8 * 1000)
+  def in_layer(path, layer, name):
+    keys = [str(getattr(k, "key", k)) for k in path]
+    return keys[-1] == name and (keys[0] == f"layer_{layer}" if not scan else keys[0] == "layers")
 
-
-def _write_run(path, label, loss, scale, telemetry_layers=0):
-  path.mkdir(parents=True)
-  with open(path / "metrics.jsonl", "w") as f:
-    for step, (l, s) in enumerate(zip(loss, scale), start=1):
-      record = {"step": step, "loss": l, "grad_norm": 1.0, "clipped": False, "lr": 1e-3,
-                "loss_scale": s, "skipped": False, "skipped_total": 0}
-      if telemetry_layers and step % 10 == 0:
-        for i in range(telemetry_layers):
-          record[f"attn_logit_max/layer_{i}"] = float(i + step / 100)
-          record[f"act_rms/layer_{i}"] = 1.0 + i
-          record[f"grad_norm/layer_{i}"] = 0.1 * (i + 1)
-      f.write(json.dumps(record) + "\n")
-  (path / "config.json").write_text(json.dumps({"label": label, "optimizer": {
-      "warmup_steps": 10}}))
-
-
-def test_observations_and_heatmaps_from_the_data(tmp_path):
-  spiky = _trajectory(spikes=[(200, 1.0), (350, 0.8), (500, 1.5)]).to_list()
-  calm = _trajectory(seed=5).to_list()
-  scale = [2.0**15] * 300 + [2.0**14] * 100 + [2.0**3] * 200
-  _write_run(tmp_path / "a", "Spiky", spiky, scale, telemetry_layers=3)
-  _write_run(tmp_path / "b", "Calm", calm, [1.0] * 600)
-  outputs = analysis.analyze(str(tmp_path))
-  summary = pd.read_csv(tmp_path / "summary.csv").set_index("label")
-  assert summary.loc["Spiky", "loss_spikes"] == 3 and summary.loc["Calm", "loss_spikes"] == 0
-  assert summary.loc["Spiky", "first_spike_step"] == 200
-  assert summary.loc["Spiky", "scale_halvings"] == 2
-  text = (tmp_path / "observations.md").read_text()
-  assert "Loss spiked 3 times, first at step 200" in text
-  assert "fell as low as 2^3 at step 401" in text
-  assert "No loss spikes." in text
-  assert "Most loss spikes: Spiky (3); fewest: Calm (0)." in text
-  assert "The largest attention logit was 8.0 (layer 2, step 600)" in text
-  for metric in ("attn_logit_max", "act_rms", "grad_norm"):
-    png = (tmp_path / f"layers_{metric}.png").read_bytes()
-    assert png.startswith(b"\x89PNG") and outputs[f"layers_{metric}"].endswith(".png")
-  table = analysis.layer_values(analysis.load_runs(str(tmp_path)), "a", "act_rms")
-  assert table.shape == (3, 60) and list(table.iloc[:, 0]) == [1.0, 2.0, 3.0]
+  # Layer 1's fc1 scaled by 1e6: its MLP pre-activation overflows float16 (65504) first.
+  if scan:
+    def grow(path, a):
+      return a.at[1].multiply(1e6) if in_layer(path, 1, "fc1") else a
+    blown = state.replace(params=jax.tree_util.tree_map_with_path(grow, state.params))
+  else:
+    blown = scaled(lambda path: in_layer(path, 1, "fc1"), 1e6)
+  assert _located(config, blown, batch) == "layer 1 MLP pre-activation"
+  # A NaN in the embedding table poisons the first site.
+  nan_embedding = state.replace(params={**state.params, "embedding": jnp.full_like(
+      state.params["embedding"], jnp.nan)})
+  assert _located(config, nan_embedding, batch) == "embedding"
+  # A forward that is finite with a loss scale that overflows the backward: backward only.
+  config.optimizer.loss_scale.initial_scale = 2.0**40
+  overflowing = steps_lib.create_train_state(config)
+  assert _located(config, overflowing, batch) == telemetry.BACKWARD_ONLY

@@ -1,0 +1,169 @@
+"""The analysis on synthetic trajectories with known events: detectors, the summary, the prose,
+and the figures of halted runs."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from normstudy import analysis
+from normstudy.analysis import plots
+
+
+def _trajectory(steps=600, seed=0, spikes=(), diverge_at=None):
+  rng = np.random.default_rng(seed)
+  t = np.arange(1, steps + 1)
+  loss = 4.0 * np.exp(-t / 150) + 2.0 + rng.normal(0, 0.03, steps)
+  for step, height in spikes:
+    loss[step - 1:step + 2] += height  # a 3-step spike
+  if diverge_at:
+    loss[diverge_at - 1:] = np.nan
+  return pd.Series(loss, index=t)
+
+
+def test_spike_detector_finds_exactly_the_injected_spikes():
+  injected = [(150, 1.0), (320, 0.6), (480, 2.0)]
+  events = analysis.spikes(_trajectory(spikes=injected))
+  assert [e["step"] for e in events] == [150, 320, 480]
+  clean = lambda t: 4.0 * np.exp(-np.asarray(t) / 150) + 2.0
+  for event, (step, height) in zip(events, injected):
+    # "Above trend" is above the median of the previous 50 steps, which lags a falling loss.
+    lag = np.median(clean(np.arange(step - 50, step))) - clean(step)
+    assert event["excursion"] == pytest.approx(height - lag, abs=0.1)
+  assert analysis.spikes(_trajectory(seed=3)) == []
+
+
+def test_spike_detector_sees_a_spike_in_the_first_logged_steps():
+  loss = pd.Series([5.5, 5.4, 5.35, 5.3, 5.28, 5.25, 5.2, 20.8, 5.1, 5.0], index=range(1, 11))
+  events = analysis.spikes(loss)
+  assert [e["step"] for e in events] == [8]
+  # Trend = median of the 7 earlier points (5.3); the excursion is 20.8 - 5.3.
+  assert events[0]["excursion"] == pytest.approx(15.5)
+  assert analysis.spikes(loss.iloc[:3]) == []  # fewer than 3 earlier points: no trend yet
+
+
+def test_divergence_and_scale_collapse():
+  loss = _trajectory(diverge_at=400)
+  assert analysis.divergence_step(loss, warmup_steps=10) == 400
+  assert analysis.divergence_step(_trajectory(), warmup_steps=10) is None
+  rising = pd.Series([3.0, 2.0, 2.5, 3.5, 3.2, 4.0], index=range(1, 7))
+  assert analysis.divergence_step(rising, warmup_steps=2) == 4  # above 3.0 from step 4 on
+  recovered = pd.Series([3.0, 2.0, 6.5, 2.1, 2.0], index=range(1, 6))
+  assert analysis.divergence_step(recovered, warmup_steps=1) is None  # a spike, not divergence
+  scale = pd.Series([128, 256, 128, 64, 64, 128, 32, 64], index=range(1, 9), dtype=float)
+  seen = analysis.scale_collapses(scale)
+  assert seen["scale_halvings"] == 3 and seen["lowest_scale"] == 32
+  assert seen["lowest_scale_step"] == 7
+  assert seen["halvings_per_1k"] == pytest.approx(3 / 8 * 1000)
+
+
+def _write_run(path, label, loss, scale, telemetry_layers=0, info=None):
+  path.mkdir(parents=True)
+  with open(path / "metrics.jsonl", "w") as f:
+    for step, (l, s) in enumerate(zip(loss, scale), start=1):
+      record = {"step": step, "loss": l, "grad_norm": 1.0, "clipped": False, "lr": 1e-3,
+                "loss_scale": s, "skipped": False, "skipped_total": 0}
+      if telemetry_layers and step % 10 == 0:
+        for i in range(telemetry_layers):
+          record[f"attn_logit_max/layer_{i}"] = float(i + step / 100)
+          record[f"act_rms/layer_{i}"] = 1.0 + i
+          record[f"grad_norm/layer_{i}"] = 0.1 * (i + 1)
+      f.write(json.dumps(record) + "\n")
+  (path / "config.json").write_text(json.dumps({"label": label, "optimizer": {
+      "warmup_steps": 10}}))
+  (path / "run.json").write_text(json.dumps({"label": label, "status": "finished",
+                                             **(info or {})}))
+
+
+def test_observations_and_layer_figures_from_the_data(tmp_path):
+  spiky = _trajectory(spikes=[(200, 1.0), (350, 0.8), (500, 1.5)]).to_list()
+  calm = _trajectory(seed=5).to_list()
+  scale = [2.0**15] * 300 + [2.0**14] * 100 + [2.0**3] * 200
+  _write_run(tmp_path / "a", "Spiky", spiky, scale, telemetry_layers=3)
+  _write_run(tmp_path / "b", "Calm", calm, [1.0] * 600)
+  outputs = analysis.analyze(str(tmp_path))
+  summary = pd.read_csv(tmp_path / "summary.csv").set_index("label")
+  assert summary.loc["Spiky", "loss_spikes"] == 3 and summary.loc["Calm", "loss_spikes"] == 0
+  assert summary.loc["Spiky", "first_spike_step"] == 200
+  assert summary.loc["Spiky", "scale_halvings"] == 2
+  assert list(summary.status) == ["finished", "finished"]
+  text = (tmp_path / "observations.md").read_text()
+  assert "Loss spiked 3 times, first at step 200" in text
+  assert "fell as low as 2^3 at step 401" in text
+  assert "No loss spikes." in text
+  assert "Most loss spikes: Spiky (3); fewest: Calm (0)." in text
+  assert "The largest attention logit was 8.0 (layer 2, step 600)" in text
+  for metric in ("attn_logit_max", "act_rms", "grad_norm"):
+    assert (tmp_path / f"layers_{metric}.png").read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / f"layers_{metric}.svg").read_text().lstrip().startswith("<?xml")
+    assert outputs[f"layers_{metric}"].endswith(".png")
+  assert (tmp_path / "loss_comparison.svg").exists()
+  table = analysis.layer_values(analysis.load_runs(str(tmp_path)), "a", "act_rms")
+  assert table.shape == (3, 60) and list(table.iloc[:, 0]) == [1.0, 2.0, 3.0]
+
+
+def test_halted_and_diverged_runs_are_kept_and_shown(tmp_path):
+  finished = _trajectory(steps=100, seed=1).to_list()
+  halted = _trajectory(steps=65, seed=2).to_list()
+  halted[-1] = float("nan")  # the halting step's loss
+  diverged = _trajectory(steps=100, seed=3).to_list()
+  diverged[70:] = [float("inf")] * 30
+  _write_run(tmp_path / "ok", "Fine", finished, [2.0**10] * 100)
+  _write_run(tmp_path / "dead", "Dies", halted, [2.0**10] * 65, info={
+      "status": "halted", "halt_step": 65, "halt_reason": "non-finite gradient",
+      "nonfinite_at": "layer 3 residual stream"})
+  _write_run(tmp_path / "nan", "Blows up", diverged, [2.0**10] * 100)
+  df = analysis.load_runs(str(tmp_path))
+  assert np.isnan(analysis.series(df, "dead", "loss").loc[65])  # NaN kept, not dropped
+  summary = analysis.summarize(df).set_index("run")
+  assert summary.loc["dead", "status"] == "halted"
+  assert summary.loc["dead", "halt_step"] == 65
+  assert summary.loc["dead", "halt_reason"] == "non-finite gradient"
+  assert summary.loc["dead", "steps"] == 64  # the halting step's update was never applied
+  assert summary.loc["nan", "status"] == "diverged" and summary.loc["nan", "diverged_at"] == 71
+  assert summary.loc["ok", "status"] == "finished"
+  text = analysis.write_observations(df, analysis.summarize(df), str(tmp_path / "obs.md"))
+  text = open(text).read()
+  assert ("Trained 64 steps, then halted at step 65: non-finite gradient (first non-finite: "
+          "layer 3 residual stream)") in text
+  assert "Halted: Dies at step 65 (non-finite gradient, first non-finite: layer 3 residual " \
+         "stream)." in text
+  assert "Diverged: Blows up." in text
+
+  fig = plots.comparison_figure(df, smoothing=0.0)
+  loss_ax = fig.axes[0]
+  ends = [(line.get_xdata()[0], line.get_ydata()[0]) for line in loss_ax.get_lines()
+          if line.get_marker() == "X"]
+  assert sorted(ends) == sorted([(64, halted[63]), (70, diverged[69])])
+  assert len(fig.axes) == 2  # float16 runs: a loss-scale panel
+
+
+def test_no_loss_scale_panel_without_float16(tmp_path):
+  _write_run(tmp_path / "a", "A", _trajectory(steps=50).to_list(), [1.0] * 50)
+  fig = plots.comparison_figure(analysis.load_runs(str(tmp_path)))
+  assert len(fig.axes) == 1
+
+
+def test_runs_sharing_a_label_get_distinct_legend_entries(tmp_path):
+  _write_run(tmp_path / "x", "Same", _trajectory(steps=20).to_list(), [1.0] * 20)
+  _write_run(tmp_path / "y", "Same", _trajectory(steps=20, seed=1).to_list(), [1.0] * 20)
+  df = analysis.load_runs(str(tmp_path))
+  assert sorted(df.label.unique()) == ["Same (x)", "Same (y)"]
+  legend = [t.get_text() for t in plots.comparison_figure(df).axes[0].get_legend().get_texts()]
+  assert "Same (x)" in legend and "Same (y)" in legend
+
+
+def test_torn_and_damaged_lines(tmp_path, caplog):
+  run = tmp_path / "run"
+  run.mkdir()
+  good = [{"step": 1, "loss": 2.0, "loss_scale": 1.0}, {"step": 2, "loss": 1.5, "loss_scale": 1.0}]
+  text = "".join(json.dumps(r) + "\n" for r in good) + '{"step": 3, "loss": 1.'
+  (run / "metrics.jsonl").write_text(text)
+  df = analysis.load_runs(str(tmp_path))
+  assert list(analysis.series(df, "run", "loss")) == [2.0, 1.5]
+  assert any("torn last line" in r.getMessage() for r in caplog.records)
+  (run / "metrics.jsonl").write_text('{"step": 1, "loss": 3.0}\nnot json\n{"step": 3, "loss": 1.0}\n')
+  df = analysis.load_runs(str(tmp_path))  # the analysis skips a damaged line, naming it
+  assert list(analysis.series(df, "run", "loss").index) == [1, 3]
+  assert any("metrics.jsonl:2: skipping a damaged line" in r.getMessage() for r in caplog.records)

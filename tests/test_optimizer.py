@@ -1,0 +1,146 @@
+"""The optimizer against transcriptions of the published code and formulas."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from normstudy import optimizer as optimizer_lib
+from normstudy import config as config_lib
+
+
+def _fairseq_polynomial_lr(num_updates, peak, end, warmup, total, power):
+  """fairseq/optim/lr_scheduler/polynomial_decay_schedule.py, PolynomialDecayLRSchedule."""
+  if warmup > 0 and num_updates <= warmup:
+    return num_updates / float(warmup) * peak
+  if num_updates >= total:
+    return end
+  pct_remaining = 1 - (num_updates - warmup) / (total - warmup)
+  return (peak - end) * pct_remaining**power + end
+
+
+class _FairseqAdam:
+  """fairseq/optim/adam.py, Adam.step (one parameter group), in float64: the formula's exact
+  arithmetic. (A float32 transcription differs from optax's float32 by rounding alone: fairseq
+  applies the decay and the step as two additions, optax as one, ~14 ulp of a gain after 100
+  steps.)"""
+
+  def __init__(self, params, betas, eps, weight_decay):
+    self.params, self.betas, self.eps, self.wd = params, betas, eps, weight_decay
+    self.exp_avg = [np.zeros_like(p) for p in params]
+    self.exp_avg_sq = [np.zeros_like(p) for p in params]
+    self.step_count = 0
+    self.lr = 0.0
+
+  def step(self, grads):
+    beta1, beta2 = self.betas
+    self.step_count += 1
+    for i, (p, g) in enumerate(zip(self.params, grads)):
+      self.exp_avg[i] = self.exp_avg[i] * beta1 + g * (1 - beta1)
+      self.exp_avg_sq[i] = (self.exp_avg_sq[i] * beta2
+                            + g * g * (1 - beta2))
+      denom = np.sqrt(self.exp_avg_sq[i]) + self.eps
+      bias_correction1 = 1 - beta1**self.step_count
+      bias_correction2 = 1 - beta2**self.step_count
+      step_size = self.lr * math.sqrt(bias_correction2) / bias_correction1
+      p = p - self.wd * self.lr * p  # decay first, on every parameter
+      self.params[i] = p - step_size * self.exp_avg[i] / denom
+
+
+def test_adam_fairseq_matches_fairseqs_adam_and_schedule_over_100_steps():
+  opt = config_lib.default_config().optimizer
+  opt.update(name="adam_fairseq", learning_rate=3e-3, end_learning_rate=1e-4, b1=0.9, b2=0.98,
+             eps=1e-6, weight_decay=0.01, warmup_steps=10, schedule="polynomial", power=1.5,
+             clip_norm=0.0)
+  config = config_lib.default_config()
+  config.optimizer = opt
+  config.train.num_steps = 80  # the decay ends at step 80; steps 81-100 run at the end rate
+  rng = np.random.default_rng(0)
+  params = {"w": rng.normal(size=(7, 5)).astype(np.float32),
+            "scale": np.ones(5, np.float32)}  # a norm gain: fairseq decays it too
+  hp = optimizer_lib.hyperparameters(config)
+  mask = {"w": True, "scale": False}  # ignored by adam_fairseq
+  tx = optimizer_lib.make_optimizer(opt, hp, mask)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+
+  # fairseq's trainer calls lr_step_update(0) after building the scheduler, so update k uses the
+  # rate set after update k - 1.
+  reference = _FairseqAdam([params["w"].astype(np.float64), params["scale"].astype(np.float64)],
+                           (0.9, 0.98), 1e-6, 0.01)
+  reference.lr = _fairseq_polynomial_lr(0, 3e-3, 1e-4, 10, 80, 1.5)
+  ours = jax.tree.map(jnp.asarray, params)
+  worst = 0.0
+  for k in range(100):
+    grads = {"w": rng.normal(size=(7, 5)).astype(np.float32) * (1 + k % 3),
+             "scale": rng.normal(size=5).astype(np.float32)}
+    updates, state = update(grads, state, ours)
+    ours = optax.apply_updates(ours, updates)
+    reference.step([grads["w"], grads["scale"]])
+    reference.lr = _fairseq_polynomial_lr(k + 1, 3e-3, 1e-4, 10, 80, 1.5)
+    worst = max(worst, np.abs(np.asarray(ours["w"]) - reference.params[0]).max(),
+                np.abs(np.asarray(ours["scale"]) - reference.params[1]).max())
+  assert worst < 1e-6
+  assert np.abs(np.asarray(ours["w"]) - params["w"]).max() > 0.02  # it really moved (100 steps near lr 3e-3)
+
+
+@pytest.mark.parametrize("schedule", optimizer_lib.SCHEDULES)
+def test_schedules_equal_optax_schedules_joined_after_warmup(schedule):
+  config = config_lib.default_config()
+  config.optimizer.update(learning_rate=1e-3, end_learning_rate=1e-4, warmup_steps=10,
+                          schedule=schedule, power=2.0)
+  config.train.num_steps = 110
+  hp = optimizer_lib.hyperparameters(config)
+  decay = {
+      "constant": optax.constant_schedule(1e-3),
+      "linear": optax.linear_schedule(1e-3, 1e-4, 100),
+      "cosine": optax.cosine_decay_schedule(1e-3, 100, alpha=0.1),
+      "polynomial": optax.polynomial_schedule(1e-3, 1e-4, 2.0, 100),
+  }[schedule]
+  expected = optax.join_schedules([optax.linear_schedule(0.0, 1e-3, 10), decay], [10])
+  for count in (0, 1, 5, 9, 10, 11, 50, 60, 109, 110, 150):
+    got = float(optimizer_lib.learning_rate(schedule, hp, count))
+    assert got == pytest.approx(float(expected(count)), rel=1e-5, abs=1e-12), count
+
+
+def test_schedule_is_traced_data():
+  config = config_lib.default_config()
+  config.optimizer.update(schedule="linear", warmup_steps=4)
+  config.train.num_steps = 20
+  hp = optimizer_lib.hyperparameters(config)
+  stacked = {k: jnp.stack([v, v * 2]) for k, v in hp.items()}
+  rates = jax.jit(jax.vmap(lambda h: optimizer_lib.learning_rate("linear", h, 2)))(stacked)
+  # Two runs: peak 1e-3 and 2e-3, warm-ups 4 and 8 steps: step 2 is half and a quarter of peak.
+  np.testing.assert_allclose(np.asarray(rates), [0.5e-3, 0.5e-3], rtol=1e-6)
+
+
+def test_clip_norm_zero_is_exactly_no_clipping():
+  config = config_lib.default_config()
+  config.optimizer.update(name="adamw", clip_norm=None, weight_decay=0.0)
+  hp = optimizer_lib.hyperparameters(config)
+  params = {"w": jnp.ones((3, 3))}
+  grads = {"w": jnp.full((3, 3), 100.0)}
+  tx = optimizer_lib.make_optimizer(config.optimizer, hp, {"w": True})
+  plain = optax.chain(optax.scale_by_adam(0.9, 0.98, 1e-6),
+                      optax.scale_by_schedule(lambda c: -optimizer_lib.learning_rate(
+                          "polynomial", hp, c)))
+  got, _ = tx.update(grads, tx.init(params), params)
+  want, _ = plain.update(grads, plain.init(params), params)
+  np.testing.assert_array_equal(np.asarray(got["w"]), np.asarray(want["w"]))
+
+
+def test_adamw_decays_by_role_mask():
+  config = config_lib.default_config()
+  config.optimizer.update(name="adamw", weight_decay=0.5, learning_rate=0.1, clip_norm=0.0,
+                          warmup_steps=0, schedule="constant")
+  hp = optimizer_lib.hyperparameters(config)
+  params = {"w": jnp.full((2,), 3.0), "gain": jnp.full((2,), 5.0)}
+  tx = optimizer_lib.make_optimizer(config.optimizer, hp, {"w": True, "gain": False})
+  zero = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zero, tx.init(params), params)
+  # With zero gradients the whole update is the decay: -lr * wd * param, where the mask says.
+  np.testing.assert_allclose(np.asarray(updates["w"]), -0.1 * 0.5 * 3.0, rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(updates["gain"]), 0.0)
