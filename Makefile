@@ -4,7 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STUDY_DIR ?= runs/seed_figure
-PYTEST_ARGS ?=
+# Almost all of the suite's time is XLA compilation, which runs on one core per process: one
+# test worker per core (pytest-xdist).
+PYTEST_ARGS ?= -n auto
 
 .PHONY: install study test test-fast benchmark clean
 

@@ -25,7 +25,8 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-    "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],
+    "test": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.10",
+             "ipykernel>=6.29"],
     "gpu": ["jax[cuda12]>=0.10.2,<0.13"],
     "tpu": ["jax[tpu]>=0.10.2,<0.13"],
 }

@@ -2,5 +2,8 @@
 
 import os
 
-# TensorFlow (pulled in by tensorflow-datasets and clu) prints C++ INFO lines at import otherwise.
+# TensorFlow is only used to write TensorBoard event files (clu) and, for gs:// paths, gfile.
+# Without these it prints two lines at import (an absl pre-init warning and a oneDNN notice):
+# noise a researcher would have to learn to ignore. Set before any TensorFlow import.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")

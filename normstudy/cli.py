@@ -80,7 +80,13 @@ def _missing_config_file(argv):
   return None
 
 
+_HELP = ("--help", "-h", "-?", "--helpshort", "--helpfull")
+
+
 def _parse_flags(argv):
+  asked = [arg for arg in argv[1:] if arg in _HELP]
+  if asked:  # absl exits 1 after printing help; asking for help is not an error
+    app.usage(shorthelp=asked[0] != "--helpfull", writeto_stdout=True, exitcode=0)
   missing = _missing_config_file(argv)
   if missing:
     print(f"error: {missing}", file=sys.stderr)

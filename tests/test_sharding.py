@@ -72,11 +72,12 @@ def _free_port():
 def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
   args = ("--config=configs/lm.py:tiny", *runs.tiny_args(tmp_path / "tfds", 6, every=3),
           "--config.train.batch_size=8")
-  env4 = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  flags = os.environ.get("XLA_FLAGS", "")
+  env4 = {"XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count=4"}
   runs.run_module("normstudy.main", *args, f"--workdir={tmp_path / 'one'}",
                   env=dict(os.environ, **env4))
   port = _free_port()
-  env2 = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env2 = dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=2")
   procs = [runs.start_module("normstudy.main", *args, f"--workdir={tmp_path / 'two'}",
                              f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                              f"--process_id={i}", env=env2) for i in range(2)]

@@ -48,8 +48,8 @@ def test_loss_and_grad_norm_match_independent_computation(make_config, causal):
   config.optimizer.clip_norm = 0.0
   state = steps_lib.create_train_state(config)
   batch = _batch(causal=causal)
-  expected_loss = _independent_loss(config, state.params, batch)
-  grads = jax.grad(lambda p: _independent_loss(config, p, batch))(state.params)
+  expected_loss, grads = jax.jit(jax.value_and_grad(
+      lambda p: _independent_loss(config, p, batch)))(state.params)
   expected_norm = np.sqrt(sum(np.sum(np.square(np.asarray(g, np.float64)))
                               for g in jax.tree.leaves(grads)))
   _, metrics = _step(config)(state, batch)
@@ -121,12 +121,13 @@ def test_float16_gradients_match_float32_after_unscaling(make_config):
 
 def test_loss_scale_update_rules():
   ls = precision.LossScale(scale=jnp.float32(1.0), good_steps=jnp.int32(5), dynamic=True,
-                           growth_interval=10, min_scale=0.5)
+                           growth_interval=jnp.int32(10), min_scale=jnp.float32(0.5))
   halved, underflow = precision.update(ls, jnp.asarray(False))
   assert float(halved.scale) == 0.5 and int(halved.good_steps) == 0 and not bool(underflow)
   floor, underflow = precision.update(halved, jnp.asarray(False))
   assert float(floor.scale) == 0.5 and bool(underflow)  # clamped at min_scale, flagged
-  static = precision.LossScale(scale=jnp.float32(1.0), good_steps=jnp.int32(0))
+  static = precision.LossScale(scale=jnp.float32(1.0), good_steps=jnp.int32(0),
+                               growth_interval=jnp.int32(10), min_scale=jnp.float32(0.5))
   same, _ = precision.update(static, jnp.asarray(False))
   assert float(same.scale) == 1.0
 
