@@ -26,11 +26,14 @@ done
 [ -n "$config" ] && [ -n "$workdir" ] || { echo "$usage" >&2; die "--config and --workdir are required"; }
 [[ "$nodes" =~ ^[1-9][0-9]*$ ]] || die "--nodes=$nodes is not a positive integer"
 [[ "$gpus" =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-node=$gpus is not a positive integer"
+[ -f "${config%%:*}" ] || die "config file '${config%%:*}' does not exist"
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 tasks_per_node=1
 [ "$per_gpu" = 1 ] && tasks_per_node="$gpus"
-args=(--config="$config" --workdir="$workdir" "$@")
+# The command's words, shell-quoted once, are positional parameters of each task's shell: no
+# user text sits inside the quoted task script (labels may hold quotes and spaces).
+args=("$venv/bin/python" -m normstudy.main --config="$config" --workdir="$workdir" "$@")
 quoted_args="$(printf '%q ' "${args[@]}")"
 # JAX reads SLURM_* itself (jax.distributed.initialize() with no arguments); per GPU, each task
 # sees only its own device.
@@ -44,8 +47,8 @@ script="#!/bin/bash
 #SBATCH --time=$time_limit
 #SBATCH --signal=TERM@120
 ${partition:+#SBATCH --partition=$partition
-}cd $repo
-srun bash -c '${visible}exec $venv/bin/python -m normstudy.main $quoted_args'
+}cd $(printf "%q" "$repo")
+srun bash -c '${visible}exec \"\$@\"' normstudy $quoted_args
 "
 if [ "$DRY_RUN" = 1 ]; then
   echo "sbatch <<'SCRIPT'"

@@ -45,6 +45,18 @@ def _reason(error: Exception) -> str:
   return f"{type(error).__name__}: {text[:160]}" + ("..." if len(text) > 160 else "")
 
 
+def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
+  """The state saved at `step`."""
+  return mngr.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(abstract_state)))["state"]
+
+
+def discard_after(mngr: ocp.CheckpointManager, step: int) -> None:
+  """Deletes the checkpoints after `step` (a replay recomputes them)."""
+  for later in [s for s in mngr.all_steps() if s > step]:
+    mngr.delete(later)
+
+
 def restore_latest(mngr: ocp.CheckpointManager, abstract_state):
   """Restores the newest checkpoint that can be read, newest first.
 
@@ -60,8 +72,7 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state):
   failures = []
   for step in steps:
     try:
-      restored = mngr.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state)))
+      state = restore(mngr, step, abstract_state)
     except Exception as e:  # orbax raises many types for damaged files
       reason = _reason(e)
       logging.warning("the checkpoint of step %d in %s cannot be restored (%s); trying an older "
@@ -70,7 +81,7 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state):
       continue
     if failures:
       _move_aside(mngr, [s for s in steps if s > step])
-    return step, restored["state"]
+    return step, state
   raise CheckpointError(
       f"no checkpoint under {mngr.directory} can be restored: {'; '.join(failures)}. "
       "The files were left untouched; move them away to start the run afresh.")

@@ -14,6 +14,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from normstudy import errors
 from normstudy.errors import Preempted
 from normstudy.errors import RunHalted
 from normstudy.errors import UserError
@@ -34,6 +35,10 @@ class _LibraryNoise(std_logging.Filter):
   def filter(self, record):
     path = record.pathname.replace("\\", "/")
     if record.levelno < std_logging.WARNING and any(p in path for p in _QUIET_PACKAGES):
+      return False
+    if "/orbax/" in path and record.exc_info and errors.environment_problem(record.exc_info[1]):
+      # orbax reports a full disk from each of its background threads, with a traceback; the
+      # same error reaches the main thread, which reports it in one line.
       return False
     return not any(m in str(record.msg) for m in _QUIET_MESSAGES)
 
@@ -57,8 +62,13 @@ def quiet_library_logs():
 
 def flag_error_line(error: Exception, argv) -> str:
   """One line for a flag-parsing failure (config_flags reports config-file errors with the
-  file's whole traceback inside the message)."""
+  file's whole traceback inside the message, and an unknown section as a KeyError repr)."""
   text = str(error)
+  suggestion = re.search(r'Did you mean \\?"([^"\\]+)\\?" instead of \\?"([^"\\]+)\\?"', text)
+  if suggestion:
+    overrides = [a for a in argv[1:] if f".{suggestion[2]}." in a or f".{suggestion[2]}=" in a]
+    return (f"unknown config field {suggestion[2]!r}"
+            + (f" ({overrides[0]})" if overrides else "") + f"; did you mean {suggestion[1]!r}?")
   if isinstance(error, AttributeError) or "AttributeError" in text:
     name = re.findall(r"'([^']+)'", text)
     overrides = [a for a in argv[1:] if name and f".{name[-1]}=" in a]
@@ -83,7 +93,20 @@ def _missing_config_file(argv):
 _HELP = ("--help", "-h", "-?", "--helpshort", "--helpfull")
 
 
+def _none_to_off(arg: str) -> str:
+  name, _, value = arg.partition("=")
+  if name in _NONE_MEANS and value.lower() in ("none", "off"):
+    return f"{name}={_NONE_MEANS[name]}"
+  return arg
+
+
+# Fields the command line may switch off with None (config_flags cannot parse None for a float):
+# the value that means "off".
+_NONE_MEANS = {"--config.optimizer.clip_norm": "0"}
+
+
 def _parse_flags(argv):
+  argv = [_none_to_off(arg) for arg in argv]
   asked = [arg for arg in argv[1:] if arg in _HELP]
   if asked:  # absl exits 1 after printing help; asking for help is not an error
     app.usage(shorthelp=asked[0] != "--helpfull", writeto_stdout=True, exitcode=0)
@@ -117,5 +140,11 @@ def run(main, define_flags):
     except Preempted as e:
       print(f"preempted: {e}", file=sys.stderr)
       sys.exit(0)
+    except Exception as e:  # the machine's failures are one line; anything else is a bug
+      line = errors.environment_problem(e)
+      if line is None:
+        raise
+      print(f"error: {line}", file=sys.stderr)
+      sys.exit(2)
 
   app.run(wrapped, flags_parser=_parse_flags)

@@ -8,6 +8,7 @@ exactly the batches it would have seen, and the runs of a sweep each read their 
 
 import dataclasses
 import glob
+import os
 from typing import Optional
 
 import grain
@@ -49,13 +50,32 @@ def _synthetic(data_cfg, max_len: int, vocab_size: int) -> TokenSplits:
                      f"synthetic_markov/{builder.builder_config.name}")
 
 
+def _read_utf8(path: str) -> bytes:
+  """A text file's bytes; ValueError naming the file and the first byte that is not UTF-8."""
+  with open(path, "rb") as f:
+    content = f.read()
+  try:
+    content.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path} is not UTF-8 text (byte {e.start} is {content[e.start]:#04x}); "
+                     "config.data.files must match UTF-8 text files") from None
+  return content
+
+
 def _text_files(data_cfg, max_len: int) -> TokenSplits:
-  paths = sorted(glob.glob(data_cfg.files, recursive=True))
+  paths = sorted(p for p in glob.glob(data_cfg.files, recursive=True) if os.path.isfile(p))
   if not paths:
     raise ValueError(f"config.data.files={data_cfg.files!r} matches no file")
   stream = np.concatenate(
-      [np.frombuffer(open(p, "rb").read(), np.uint8) for p in paths]).astype(np.int32)
+      [np.frombuffer(_read_utf8(p), np.uint8) for p in paths]).astype(np.int32)
   cut = int(len(stream) * (1 - data_cfg.validation_fraction))
+  need = 2 * max_len / min(data_cfg.validation_fraction, 1 - data_cfg.validation_fraction)
+  if cut < max_len or len(stream) - cut < max_len:
+    raise ValueError(
+        f"config.data.files={data_cfg.files!r} holds {len(stream)} bytes in {len(paths)} "
+        f"file(s): too little for one training and one validation row of config.model.max_len="
+        f"{max_len} bytes with config.data.validation_fraction={data_cfg.validation_fraction} "
+        f"(needs about {int(need)} bytes)")
   return TokenSplits(pack([stream[:cut]], max_len), pack([stream[cut:]], max_len), None,
                      f"text_files:{data_cfg.files}")
 
@@ -92,7 +112,6 @@ def _validation_split(data_cfg) -> str:
 
 def sentencepiece_path(data_cfg, vocab_size: int) -> str:
   """Where a trained SentencePiece model is saved: beside the data, named by dataset and size."""
-  import os
   import tensorflow_datasets as tfds
   root = data_cfg.data_dir or tfds.core.constants.DATA_DIR
   return os.path.join(os.path.expanduser(root),
@@ -103,7 +122,6 @@ def _tokenizer(data_cfg, vocab_size: int):
   """(encode: str -> list[int], separator ids) for config.data.tokenizer."""
   if data_cfg.tokenizer == "bytes":
     return (lambda text: list(text.encode("utf-8"))), [10]
-  import os
   import sentencepiece as spm
   path = data_cfg.tokenizer
   if path == "train":
@@ -138,6 +156,13 @@ def _catalog(config) -> TokenSplits:
     splits[split] = rows[: max(1, -(-tokens // max_len))]
   train, validation = splits.values()
   return TokenSplits(train, validation, None, f"tfds:{data_cfg.name}:{data_cfg.tokenizer}")
+
+
+def default_dir() -> str:
+  """Where TFDS keeps datasets when config.data.data_dir is None (~/tensorflow_datasets, or
+  $TFDS_DATA_DIR)."""
+  import tensorflow_datasets as tfds
+  return os.path.expanduser(tfds.core.constants.DATA_DIR)
 
 
 def check_name(name: str) -> None:

@@ -31,3 +31,41 @@ def not_allowed(field: str, value, allowed) -> ConfigError:
   if not isinstance(allowed, str):
     allowed = ", ".join(str(a) for a in allowed)
   return ConfigError(f"config.{field}={value!r} is not allowed; allowed: {allowed}")
+
+
+_DISK_FULL = ("No space left on device", "os_error_code='28'", "[Errno 28]", "Disk quota exceeded")
+_OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
+
+
+def _chain(exc):
+  seen = set()
+  while exc is not None and id(exc) not in seen:
+    seen.add(id(exc))
+    yield exc
+    exc = exc.__cause__ or exc.__context__
+
+
+def environment_problem(exc: BaseException):
+  """One line for a failure of the machine rather than of normstudy (a full disk, memory the
+  model does not fit in, a read-only or forbidden path), or None for anything else (a bug, which
+  keeps its traceback). Looks through the exception's chain."""
+  import errno
+  import re
+  for error in _chain(exc):
+    text = " ".join(str(error).split())
+    quoted = re.findall(r'"([^"]+)"', text)
+    where = f" while writing {quoted[0]}" if quoted else (
+        f" while writing {error.filename}" if getattr(error, "filename", None) else "")
+    if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or any(
+        marker in text for marker in _DISK_FULL):
+      return (f"disk full{where}; free space on that filesystem, then run the same command: "
+              "it continues from the newest complete checkpoint")
+    if getattr(error, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM):
+      return f"cannot write {error.filename or 'a file'}: {error.strerror}"
+  for error in _chain(exc):
+    text = " ".join(str(error).split())
+    if any(marker in text for marker in _OUT_OF_MEMORY):
+      return (f"out of memory ({text[:160]}); the model, batch or sequence does not fit: reduce "
+              "config.train.batch_size, config.model.max_len or the model's size, or use more "
+              "devices")
+  return None

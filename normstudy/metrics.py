@@ -46,15 +46,45 @@ def read_records(path: str, skip_damaged: bool = False) -> Iterator[dict]:
     yield record
 
 
+def first_lost_step(path: str, run_step: int):
+  """The first step whose record a run that reached `run_step` has lost, or None if its records
+  are intact: a damaged line (other than a torn last line) loses the steps after the record
+  before it, a missing file all of them, and records that end before `run_step` (the loop always
+  records a checkpointed or stopping step) the steps after their end."""
+  if run_step <= 0:
+    return None
+  if not os.path.exists(path):
+    return 1
+  with open(path, encoding="utf-8", errors="replace") as f:
+    lines = f.read().split("\n")
+  if lines and lines[-1] == "":
+    lines.pop()
+  last_good = 0
+  for i, line in enumerate(lines):
+    try:
+      record = json.loads(line)
+      step = record["step"] if isinstance(record, dict) else None
+    except ValueError:
+      step = None
+    if not isinstance(step, int):
+      if i < len(lines) - 1:
+        return last_good + 1
+      break  # a torn last line: the check below decides whether it held a needed record
+    last_good = step
+  return last_good + 1 if last_good < run_step else None
+
+
 class MetricsLog:
-  """Appends records; on resume, drops every record after the restored step first."""
+  """Appends records; on resume, drops every record after the restored step first (and any
+  damaged line, which the resume has already regenerated)."""
 
   def __init__(self, workdir: str, resume_step: int | None):
     self.path = os.path.join(workdir, rundir.METRICS)
     if os.path.exists(self.path):
       keep = []
       if resume_step is not None:
-        keep = [r for r in read_records(self.path) if r["step"] <= resume_step]
+        keep = [r for r in read_records(self.path, skip_damaged=True)
+                if r["step"] <= resume_step]
       tmp = self.path + ".tmp"
       with open(tmp, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in keep)

@@ -191,6 +191,25 @@ def attention_scores(q, k, alpha: float = 0.0, form: str = "pb_relax"):
   return shifted, row_max.astype(jnp.float32) * alpha
 
 
+def grouped_conv1d(x, kernel, groups: int):
+  """The grouped 1-D convolution over the sequence with "SAME" padding that
+  `lax.conv_general_dilated(..., feature_group_count=groups)` computes, written as one einsum
+  over the kernel's taps: y[b, t, g, j] = sum_w sum_c x[b, t + w - left, g, c] K[w, c, g, j].
+  XLA partitions an einsum on any mesh; its grouped convolution aborts when the batch and the
+  channels are both split over the fsdp axis (XLA:CPU, jax 0.10).
+
+  x: [batch, length, channels]; kernel: [width, channels // groups, channels]."""
+  batch, length, channels = x.shape
+  width, group_in, _ = kernel.shape
+  left = (width - 1) // 2
+  padded = jnp.pad(x, ((0, 0), (left, width - 1 - left), (0, 0)))
+  taps = jnp.stack([padded[:, w:w + length] for w in range(width)], axis=2)
+  taps = taps.reshape(batch, length, width, groups, group_in)
+  y = jnp.einsum("blwgc,wcgj->blgj", taps,
+                 kernel.reshape(width, group_in, groups, channels // groups))
+  return y.reshape(batch, length, channels)
+
+
 class ConvPositions(nn.Module):
   """wav2vec2/HuBERT/MERT's convolutional relative positions: activation(grouped conv(x)) over
   the sequence, added to x by the caller. It sees both sides of a position: encoders only."""
@@ -203,10 +222,7 @@ class ConvPositions(nn.Module):
     group_width = cfg.d_model // cfg.conv_pos_groups
     kernel = _param(self, "kernel", xavier_normal(1.0, in_axis=1, out_axis=2),
                     (cfg.conv_pos_width, group_width, cfg.d_model), (None, None, "embed"))
-    y = jax.lax.conv_general_dilated(
-        x.astype(dtype), kernel.astype(dtype), window_strides=(1,),
-        padding="SAME", dimension_numbers=("NWC", "WIO", "NWC"),
-        feature_group_count=cfg.conv_pos_groups)
+    y = grouped_conv1d(x.astype(dtype), kernel.astype(dtype), cfg.conv_pos_groups)
     y = _plus_bias(self, "bias", y, ("embed",))
     return ACTIVATIONS.get(cfg.activation)(y)
 

@@ -121,6 +121,59 @@ class RunDir:
     return info.get("last_step") if info.get("status") in ("finished", "halted") else None
 
 
+def checkpointed_steps(checkpoint_dir: str) -> list[int]:
+  """The steps with a checkpoint (orbax's step directories) in `checkpoint_dir`."""
+  if not os.path.isdir(checkpoint_dir):
+    return []
+  return sorted(int(name) for name in os.listdir(checkpoint_dir) if name.isdigit())
+
+
+EVENTS_PREFIX = "events.out.tfevents."
+
+
+def purge_events_after(directory: str, step: int) -> int:
+  """Rewrites the TensorBoard event files of `directory` without the values logged after
+  `step`, as TensorBoard's own purge_step would; returns how many events were dropped. Imports
+  TensorFlow: call it where TensorFlow is loaded anyway (the run's writer thread)."""
+  files = [name for name in os.listdir(directory) if name.startswith(EVENTS_PREFIX)]
+  if not files:
+    return 0
+  import tensorflow as tf
+  dropped = 0
+  for name in files:
+    path = os.path.join(directory, name)
+    events, torn = [], False
+    try:
+      for raw in tf.data.TFRecordDataset(path):
+        events.append(tf.compat.v1.Event.FromString(raw.numpy()))
+    except tf.errors.DataLossError:  # a torn tail: the writer was killed mid-record
+      torn = True
+    kept = [e for e in events if not (e.HasField("summary") and e.step > step)]
+    if len(kept) == len(events) and not torn:
+      continue
+    dropped += len(events) - len(kept)
+    with tf.io.TFRecordWriter(path + ".tmp") as writer:
+      for event in kept:
+        writer.write(event.SerializeToString())
+    os.replace(path + ".tmp", path)
+  return dropped
+
+
+def check_writable(path: str, what: str) -> None:
+  """UserError unless `path` is a writable directory or could be created as one: its nearest
+  existing ancestor is a writable directory. Creates nothing."""
+  path = os.path.abspath(path)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise UserError(f"{what}={path!r} exists and is not a directory")
+  probe = path
+  while not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe):
+    raise UserError(f"{what}={path!r} cannot be created: {probe} is a file")
+  if not os.access(probe, os.W_OK | os.X_OK):
+    raise UserError(f"{what}={path!r} is not writable ({probe} is read-only or not ours)")
+
+
 def ensure_directory(path: str, what: str = "--workdir") -> None:
   """Creates `path` (and its parents); one line if that is impossible (a file in the way, a
   read-only mount, no permission)."""

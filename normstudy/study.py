@@ -56,7 +56,7 @@ def run_study(path: str, workdir: str, overrides: dict, allow_config_change: boo
   runs = [train.Run(variant, config, os.path.join(workdir, variant))
           for variant, config in configs.items()]
   for group in train.group_runs(runs):  # every run checked before anything is written
-    train.preflight(group, allow_config_change)
+    train.preflight(group, train.program_checkpoints(workdir, group), allow_config_change)
   rundir.ensure_directory(workdir)
   with train.lock(workdir):
     rundir.write_json(os.path.join(workdir, rundir.STUDY), {
@@ -80,6 +80,11 @@ def main(argv):
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   path = config_flags.get_config_filename(FLAGS["config"])
+  if ":" in path and os.path.isfile(path.split(":", 1)[0]):
+    file, variant = path.split(":", 1)
+    raise errors.UserError(
+        f"normstudy.study runs every variant of a config file; drop ':{variant}' from "
+        f"--config={path} (normstudy.main --config={path} runs that one variant)")
   outputs = run_study(path, FLAGS.workdir, config_flags.get_override_values(FLAGS["config"]),
                       FLAGS.allow_config_change)
   for name, out in outputs.items():

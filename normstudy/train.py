@@ -61,22 +61,36 @@ def config_json(config) -> dict:
   return json.loads(config.to_json_best_effort())
 
 
-def preflight(runs: list, allow_config_change: bool = False) -> None:
-  """Every check that must pass before anything is created or written (raises UserError)."""
+def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False) -> None:
+  """Every check that must pass before anything is created or written (raises UserError).
+
+  A run directory with a checkpointed step holds a run, and a new config must match its
+  config.json (fields that may change excepted); one with no checkpoint is not a run yet, and
+  any config may take it."""
   sizes = sharding.mesh_shape(runs[0].config.mesh, jax.device_count())
+  checkpointed = rundir.checkpointed_steps(checkpoint_dir)
   for run in runs:
     validation.validate(run.config)
     sharding.check_divisible(run.config, sizes, num_runs=len(runs))
     path = run.directory
-    if os.path.exists(path) and not os.path.isdir(path):
-      raise UserError(f"--workdir={path!r} exists and is not a directory")
+    rundir.check_writable(path, "--workdir")
+    data_dir = run.config.data.data_dir
+    if run.config.data.name != "text_files":
+      rundir.check_writable(os.path.expanduser(data_dir) if data_dir else data_lib.default_dir(),
+                            "config.data.data_dir")
+    if not checkpointed or allow_config_change:
+      continue
     saved = rundir.RunDir(path).saved_config()
-    if saved and not allow_config_change:
-      differences = rundir.config_differences(saved, config_json(run.config))
-      if differences:
-        raise UserError(
-            f"{path} holds a run with another config ({'; '.join(differences)}); choose another "
-            "--workdir, or pass --allow_config_change to continue this run with the new config")
+    if not saved:
+      raise UserError(
+          f"{path} has checkpoints (steps {', '.join(map(str, checkpointed[-2:]))}) but no "
+          f"{rundir.CONFIG}, so its config cannot be checked; restore that file, or pass "
+          "--allow_config_change to continue it with this config")
+    differences = rundir.config_differences(saved, config_json(run.config))
+    if differences:
+      raise UserError(
+          f"{path} holds a run with another config ({'; '.join(differences)}); choose another "
+          "--workdir, or pass --allow_config_change to continue this run with the new config")
 
 
 def due_telemetry(train_cfg, step: int) -> bool:
@@ -153,13 +167,18 @@ class Recorder:
       self.dir.write_config(config_json(run.config))
       self.dir.update_info(**info, status=self.status)
       self.log = metrics_lib.MetricsLog(run.directory, resume_step)
+      self._pool.submit(self._open_writer, resume_step or 0)
     else:
       self.log = metrics_lib.NullLog()
 
+  def _open_writer(self, resume_step):
+    # Steps after the resumed one are recomputed: drop them from earlier sessions' event files,
+    # so TensorBoard shows one value per step.
+    rundir.purge_events_after(self.run.directory, resume_step)
+    from clu import metric_writers  # imports TensorFlow
+    self._writer = metric_writers.SummaryWriter(self.run.directory)
+
   def _scalars(self, step, scalars):
-    if self._writer is None:
-      from clu import metric_writers  # imports TensorFlow
-      self._writer = metric_writers.SummaryWriter(self.run.directory)
     self._writer.write_scalars(step, scalars)
 
   def write(self, record: dict) -> None:
@@ -277,6 +296,13 @@ class Program:
       self.mngr.close()  # orbax's background threads must stop before the process exits
       raise
     if restored is not None:
+      replay = self._replay_from(restored)
+      if replay is not None:  # records were lost: recompute them from an earlier state
+        checkpoints.discard_after(self.mngr, replay)
+        start_step = replay or None
+        restored = (checkpoints.restore(self.mngr, replay, checkpoints.abstract(self.state))
+                    if replay else None)
+    if restored is not None:
       self.state = _from_configs(restored, configs, mesh)
       logging.info("resumed %s from the checkpoint at step %d", checkpoint_dir, start_step)
     self.start_step = start_step or 0
@@ -313,6 +339,28 @@ class Program:
     self.progress = _Progress(runs, self.start_step, self.num_steps)
     self.pending = None  # {"step", "metrics" (device), "batch", "eval"}: the newest step
     self.halted_line = None  # set when the single run halts
+
+  def _replay_from(self, restored):
+    """None if every run's records reach the restored state; else the step to replay from: the
+    newest checkpoint before the first lost record, or 0 (the initial state, a pure function
+    of the config). Each run that lost records is reported in one line."""
+    run_steps = np.asarray(jax.device_get(restored.step))
+    lost = {}
+    for k, run in enumerate(self.runs):
+      first = metrics_lib.first_lost_step(rundir.RunDir(run.directory).metrics_path,
+                                          int(run_steps[k]))
+      if first is not None:
+        lost[run.name] = first
+    if not lost:
+      return None
+    first = min(lost.values())
+    replay = max((s for s in self.mngr.all_steps() if s < first), default=0)
+    for name, step in lost.items():
+      logging.warning("%s: %s has lost or damaged records from step %d on (the checkpoint is "
+                      "at step %d); replaying from %s to regenerate them", name, rundir.METRICS,
+                      step, int(run_steps.max()),
+                      f"the checkpoint of step {replay}" if replay else "the start")
+    return replay
 
   def train(self) -> list:
     """The loop; returns the Recorders (status, last record) in the order of the runs."""
@@ -406,8 +454,9 @@ class Program:
     stopping = values["active"] & (values["status"] != steps_lib.RUNNING)
     return len(self.stopped) + int(np.sum(stopping)) == len(self.runs)
 
-  def _write(self, values, sites):
-    """Writes the pending step's records and marks the runs that stopped with it."""
+  def _write(self, values, sites, force: bool = False):
+    """Writes the pending step's records and marks the runs that stopped with it. `force`: a
+    checkpointed step, always recorded (so a resume can tell whether records were lost)."""
     step = self.pending["step"]
     tel = values.get("telemetry")
     losses = {}
@@ -426,8 +475,9 @@ class Program:
           record["fp16_overflows"] = values["skipped_total"][k]
       if k in sites:
         record["nonfinite_at"] = sites[k]
-      if (self._due(self.train_cfg.log_every, step) or step == 1 or "eval_loss" in record
-          or record["skipped"] or tel is not None or status != steps_lib.RUNNING):
+      if (force or self._due(self.train_cfg.log_every, step) or step == 1
+          or "eval_loss" in record or record["skipped"] or tel is not None
+          or status != steps_lib.RUNNING):
         last_step, last_time = recorder.timer
         now = time.perf_counter()
         record["tokens_per_sec"] = (step - last_step) * self.tokens_per_step / max(
@@ -457,7 +507,7 @@ class Program:
 
   def _save(self, step):
     if self.pending is not None:
-      self._write(*self._resolve())
+      self._write(*self._resolve(), force=True)
     if self.halted_line is not None:  # a halted single run keeps its last good checkpoint
       raise RunHalted(self.halted_line)
     for recorder in self.recorders:
@@ -481,7 +531,7 @@ def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) 
   """Trains one run in `workdir` (resuming if it holds a checkpoint); returns its last record.
   Raises RunHalted when the run halts."""
   run = Run(os.path.basename(os.path.normpath(workdir)) or workdir, config, workdir)
-  preflight([run], allow_config_change)
+  preflight([run], rundir.RunDir(workdir).checkpoints, allow_config_change)
   rundir.ensure_directory(workdir)
   with lock(workdir):
     recorder, = train_runs([run], rundir.RunDir(workdir).checkpoints, single=True)
@@ -514,6 +564,11 @@ def group_name(group: list) -> str:
   return f"{first}+{len(group) - 1}_{digest}" if len(group) > 1 else f"{first}_{digest}"
 
 
+def program_checkpoints(root: str, group: list) -> str:
+  """Where a program of a study or sweep in `root` keeps its stacked checkpoints."""
+  return os.path.join(root, rundir.CHECKPOINTS, group_name(group))
+
+
 def needs_training(run: Run) -> bool:
   """False for a run recorded as halted, or finished at its config's num_steps."""
   info = rundir.RunDir(run.directory).info()
@@ -529,7 +584,7 @@ def train_programs(runs: list, root: str, allow_config_change: bool = False) -> 
   is a result: the others go on. Runs recorded as finished or halted are not trained again."""
   groups = group_runs(runs)
   for group in groups:  # every run checked before any starts
-    preflight(group, allow_config_change)
+    preflight(group, program_checkpoints(root, group), allow_config_change)
   for i, group in enumerate(groups, start=1):
     names = ", ".join(run.name for run in group)
     if not any(needs_training(run) for run in group):
@@ -540,5 +595,5 @@ def train_programs(runs: list, root: str, allow_config_change: bool = False) -> 
       for run in group:
         rundir.ensure_directory(run.directory)
         locks.enter_context(lock(run.directory))
-      train_runs(group, os.path.join(root, rundir.CHECKPOINTS, group_name(group)))
+      train_runs(group, program_checkpoints(root, group))
   return {run.name: rundir.RunDir(run.directory).status() for run in runs}

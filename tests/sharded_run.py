@@ -1,5 +1,6 @@
-"""Run as a script with 8 fake CPU devices: the loss trajectory of one config on several meshes,
-and a checkpoint saved on one mesh restored onto another. Prints one JSON object."""
+"""Run as a script with 8 fake CPU devices: the loss trajectories of configs covering every
+placement and position kind on several meshes, and a checkpoint saved on one mesh restored onto
+another. Prints one JSON object."""
 
 import json
 import os
@@ -13,41 +14,56 @@ import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 from conftest import tiny_config  # noqa: E402
-from normstudy import checkpoints, data, sharding  # noqa: E402
+from normstudy import checkpoints, data, placements, sharding  # noqa: E402
 
 # (runs, data, fsdp, tensor)
-MESHES = {"single": (1, 1, 1, 1), "8x1x1": (1, 8, 1, 1), "2x2x2": (1, 2, 2, 2),
-          "2x1x4": (1, 2, 1, 4), "1x8x1": (1, 1, 8, 1)}
+MESHES = {"single": (1, 1, 1, 1), "data8": (1, 8, 1, 1), "fsdp8": (1, 1, 8, 1),
+          "tensor4": (1, 2, 1, 4), "d2f2t2": (1, 2, 2, 2)}
+POSITIONS = ("sinusoidal", "learned", "conv")
+
+
+def configs(tmp):
+  """One config per placement; together they use every position kind (conv: encoders)."""
+  out = {}
+  for i, name in enumerate(placements.names()):
+    position = POSITIONS[i % len(POSITIONS)]
+    config = tiny_config(placement=name, position_embedding=position, causal=position != "conv",
+                         dtype="float32", use_bias=i % 2 == 0)
+    config.data.update(data_dir=os.path.join(tmp, "tfds"), train_tokens=2**14,
+                       validation_tokens=2**12, mask_prob=0.3, mask_length=2)
+    config.train.batch_size = 8
+    out[f"{name}/{position}"] = config
+  return out
+
+
+def trajectory(config, shape, steps=4):
+  config.mesh.update(dict(zip(sharding.AXES, shape)))
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
+  state, shardings = sharding.create_states([config], mesh)
+  step = sharding.jit_train_step(config, mesh, shardings)
+  batches = data.train_batches(config, data.load_splits(config))
+  losses = []
+  for i in range(steps):
+    batch = jax.tree.map(lambda x: x[None], batches[i])
+    state, metrics = step(state, sharding.global_batch(mesh, batch))
+    losses.append(float(metrics["loss"][0]))
+  return losses, state
 
 
 def main(tmp):
-  config = tiny_config(causal=False, dtype="float32", d_ff=64)
-  config.data.update(data_dir=os.path.join(tmp, "tfds"), train_tokens=2**14,
-                     validation_tokens=2**12, mask_prob=0.3, mask_length=2)
-  config.train.batch_size = 8
-  splits = data.load_splits(config)
-  batches = data.train_batches(config, splits)
   losses, states = {}, {}
-  for name, shape in MESHES.items():
-    config.mesh.update(dict(zip(sharding.AXES, shape)))
-    devices = jax.devices()[: int(np.prod(shape))]
-    mesh = sharding.make_mesh(config.mesh, devices)
-    state, shardings = sharding.create_states([config], mesh)
-    step = sharding.jit_train_step(config, mesh, shardings)
-    losses[name] = []
-    for i in range(6):
-      batch = jax.tree.map(lambda x: x[None], batches[i])
-      state, metrics = step(state, sharding.global_batch(mesh, batch))
-      losses[name].append(float(metrics["loss"][0]))
-    states[name] = (state, shardings, mesh)
+  for name, config in configs(tmp).items():
+    for mesh_name, shape in MESHES.items():
+      losses[f"{name}@{mesh_name}"], state = trajectory(config, shape)
+      if name.startswith("pre_ln"):
+        states[mesh_name] = state
   # Save on one mesh, restore onto another.
-  saved, _, _ = states["8x1x1"]
-  target_state, target_shardings, _ = states["2x2x2"]
+  saved, target = states["data8"], states["d2f2t2"]
   path = os.path.join(tmp, "ckpt")
   with ocp.StandardCheckpointer() as ckpt:
     ckpt.save(path, saved)
   with ocp.StandardCheckpointer() as ckpt:
-    restored = ckpt.restore(path, checkpoints.abstract(target_state))
+    restored = ckpt.restore(path, checkpoints.abstract(target))
   same = all(np.array_equal(np.asarray(a), np.asarray(b))
              for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(restored)))
   kernel = restored.params["layers"]["mlp"]["fc1"]

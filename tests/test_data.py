@@ -123,6 +123,20 @@ def test_text_files_are_byte_level(make_config, tmp_path):
     data_lib.load_splits(config)
 
 
+def test_text_files_that_are_empty_or_binary_are_named(make_config, tmp_path):
+  config = make_config(vocab_size=256)
+  (tmp_path / "empty.txt").write_text("")
+  config.data.update(name="text_files", files=str(tmp_path / "empty.txt"))
+  with pytest.raises(ValueError, match=r"config.data.files='.*empty.txt' holds 0 bytes in 1 "
+                                       r"file\(s\): too little for one training and one "
+                                       r"validation row of config.model.max_len=16"):
+    data_lib.load_splits(config)
+  (tmp_path / "binary.txt").write_bytes(b"text, then" + bytes([0xff, 0xfe]) + b"more")
+  config.data.files = str(tmp_path / "binary.txt")
+  with pytest.raises(ValueError, match=r"binary.txt is not UTF-8 text \(byte 10 is 0xff\)"):
+    data_lib.load_splits(config)
+
+
 @pytest.mark.parametrize("name", ["lm1b", "c4/en"])
 def test_catalog_dataset_byte_level_with_mock_data(make_config, tmp_path, name):
   import tensorflow_datasets as tfds

@@ -64,6 +64,8 @@ def test_sweep_starts_one_job_per_variant():
      "--workdir=/local must be a gs:// path every worker can write"),
     ("slurm_gpu.sh", ("--config", "c", "--workdir", "w", "--nodes", "zero"),
      "--nodes=zero is not a positive integer"),
+    ("slurm_gpu.sh", ("--config", "configs/nope.py:v", "--workdir", "w"),
+     "config file 'configs/nope.py' does not exist"),
     ("sweep.sh", ("--config", "configs/nope.py", "--workdir", "w"),
      "config file 'configs/nope.py' does not exist"),
     ("sweep.sh", ("--bogus",), "unknown option '--bogus'"),
@@ -73,3 +75,28 @@ def test_bad_usage_is_one_error_line(script, args, message):
   assert result.returncode == 2
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert errors == [f"error: {message}"]
+
+
+def test_slurm_batch_script_passes_arguments_with_quotes_and_spaces_intact(tmp_path):
+  label = "--config.label=clip 1's \"rerun\" $HOME"
+  venv = tmp_path / "venv"
+  (venv / "bin").mkdir(parents=True)
+  fake_python = venv / "bin" / "python"  # prints the arguments it was given, one per line
+  fake_python.write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done\n")
+  fake_python.chmod(0o755)
+  fake_bin = tmp_path / "bin"
+  fake_bin.mkdir()
+  (fake_bin / "srun").write_text("#!/bin/sh\nexec \"$@\"\n")  # one task, here
+  (fake_bin / "srun").chmod(0o755)
+  result = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
+                   "--venv", str(venv), "--per-gpu", "--dry-run", "--", label)
+  assert result.returncode == 0, result.stderr
+  script = "\n".join(result.stdout.splitlines()[1:-1])  # between the heredoc markers
+  check = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+  assert check.returncode == 0, check.stderr
+  ran = subprocess.run(["bash"], input=script, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}",
+                                SLURM_LOCALID="0"))
+  assert ran.returncode == 0, ran.stderr
+  assert ran.stdout.splitlines() == ["-m", "normstudy.main", "--config=configs/lm.py:small",
+                                     "--workdir=runs/lm", label]

@@ -286,6 +286,25 @@ def test_attention_relax_stays_finite_where_float16_attention_overflows(make_con
   assert np.abs(relaxed_logits - expected).max() < 0.05 * np.abs(expected).max() + 0.05
 
 
+@pytest.mark.parametrize("width,groups", [(5, 4), (4, 2)])
+def test_grouped_conv_matches_a_direct_transcription(width, groups):
+  rng = np.random.default_rng(width)
+  x = rng.normal(size=(2, 9, 8)).astype(np.float32)
+  kernel = rng.normal(size=(width, 8 // groups, 8)).astype(np.float32)
+  left = (width - 1) // 2
+  expected = np.zeros((2, 9, 8))
+  per_group = 8 // groups
+  for t in range(9):
+    for out in range(8):
+      g = out // per_group
+      for w in range(width):
+        source = t + w - left
+        if 0 <= source < 9:
+          expected[:, t, out] += x[:, source, g * per_group:(g + 1) * per_group] @ kernel[w, :, out]
+  got = np.asarray(model_lib.grouped_conv1d(jnp.asarray(x), jnp.asarray(kernel), groups))
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_decay_mask_is_declared_by_role(make_config):
   for name in PLACEMENTS:
     config = make_config(placement=name, use_bias=True, causal=False, input_norm=True,

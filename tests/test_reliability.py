@@ -193,11 +193,26 @@ def test_validate_names_field_value_and_allowed(field, value, allowed):
     (("--config=configs/seed_figure.py:nope",), "unknown variant 'nope'"),
     (("--config=configs/missing.py",), "config file 'configs/missing.py' does not exist"),
     ((f"--config={SEED}", "--config.model.colour=3"), "unknown config field 'colour'"),
+    ((f"--config={SEED}", "--config.modell.x=3"),
+     "unknown config field 'modell' (--config.modell.x=3); did you mean 'model'?"),
     ((f"--config={SEED}", "--config.train.batch_size=0"), "config.train.batch_size=0"),
 ])
 def test_bad_command_line_is_one_line_and_creates_nothing(tmp_path, args, message):
   workdir = tmp_path / "never"
   result = runs.run_module("normstudy.main", *args, f"--workdir={workdir}", check=False)
+  _assert_one_line(result, message, workdir)
+
+
+@pytest.mark.slow
+def test_study_with_a_variant_is_one_line(tmp_path):
+  workdir = tmp_path / "never"
+  result = runs.run_module("normstudy.study", f"--config={SEED}", f"--workdir={workdir}",
+                           check=False)
+  _assert_one_line(result, "normstudy.study runs every variant of a config file; drop "
+                   "':pre_norm_clip1'", workdir)
+
+
+def _assert_one_line(result, message, workdir):
   assert result.returncode == 2
   errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]

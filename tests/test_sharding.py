@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from normstudy import placements
 from normstudy import sharding
 from normstudy.errors import UserError
 import runs
@@ -52,11 +53,16 @@ def test_meshes_give_the_single_device_trajectory_and_checkpoints_move_between_t
   assert result.returncode == 0, result.stderr[-4000:]
   out = json.loads(result.stdout.strip().splitlines()[-1])
   assert out["device_count"] == 8
-  reference = out["losses"]["single"]
-  for name in ("8x1x1", "2x2x2", "2x1x4", "1x8x1"):
-    for got, want in zip(out["losses"][name], reference):
-      assert abs(got - want) <= 2e-4 * abs(want), (name, out["losses"][name], reference)
-  assert reference[-1] < reference[0]  # it trained
+  configs = {key.split("@")[0] for key in out["losses"]}
+  assert {c.split("/")[0] for c in configs} == set(placements.names())
+  assert {c.split("/")[1] for c in configs} == {"sinusoidal", "learned", "conv"}
+  for config in configs:
+    reference = out["losses"][f"{config}@single"]
+    assert reference[-1] < reference[0], config  # it trained
+    for mesh in ("data8", "fsdp8", "tensor4", "d2f2t2"):
+      got = out["losses"][f"{config}@{mesh}"]
+      for a, b in zip(got, reference):
+        assert abs(a - b) <= 2e-4 * abs(b), (config, mesh, got, reference)
   assert out["restored_equal"]
   # The target mesh's layout: [runs, layers, embed, mlp].
   assert out["restored_sharding"] == "P('runs', None, 'fsdp', 'tensor')"
