@@ -4,11 +4,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STUDY_DIR ?= runs/seed_figure
+SENSITIVITY_DIR ?= runs/sensitivity
+# e.g. SENSITIVITY_ARGS=--axis=model.num_layers=4,12 (a depth axis; about 3x the time)
+SENSITIVITY_ARGS ?=
+TECHNIQUES_DIR ?= runs/techniques
 # Almost all of the suite's time is XLA compilation, which runs on one core per process: one
 # test worker per core (pytest-xdist).
 PYTEST_ARGS ?= -n auto
 
-.PHONY: install study test test-fast benchmark clean
+.PHONY: install study sensitivity techniques test test-fast benchmark clean
 
 install: $(STAMP)
 
@@ -20,6 +24,12 @@ $(STAMP): setup.py
 
 study: install
 	$(PY) -m normstudy.study --config=configs/seed_figure.py --workdir=$(STUDY_DIR)
+
+sensitivity: install
+	$(PY) -m normstudy.sweep --config=configs/seed_figure.py --workdir=$(SENSITIVITY_DIR) $(SENSITIVITY_ARGS)
+
+techniques: install
+	$(PY) -m normstudy.sweep --config=configs/techniques.py --workdir=$(TECHNIQUES_DIR)
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

@@ -1,12 +1,17 @@
-"""Training-step throughput and model FLOP utilisation (MFU) at two fixed sizes.
+"""Training-step throughput and model FLOP utilisation (MFU) at two fixed sizes, and every
+placement in float16 and float32 at the seed figure's size.
 
   python benchmarks/throughput.py [--steps 20] [--sizes S,M] [--json out.json]
-                                 [--telemetry_every 10]
+                                 [--telemetry_every 10] [--placements] [--no-sizes]
 
-Three steps are timed per size, all decoder-only, float32, Adam, clip 1.0, same FLOPs:
+Three steps are timed per size, all decoder-only, float32, Adam, clip 1.0, same FLOPs, with the
+model the peer harness (../shared/peer) times: tanh GELU, no biases, learned positions:
   plain      a minimal hand-written JAX transformer step (fused qkv, list of layers): the yardstick
-  unrolled   normstudy's train step with scan_layers=False
-  scanned    normstudy's train step with scan_layers=True (the default; compile time flat in depth)
+  unrolled   normstudy's engine as normstudy.main runs it (one run, K = 1), scan_layers=False
+  scanned    the same with scan_layers=True (the default, scan_layers=None, unrolls both sizes)
+With --placements it also times the seed figure's recipe (configs/seed_figure.py) for every
+registered placement in float16 and float32, scanned and unrolled: the float16 Post-LN slowdown
+of unrolled stacks (README, "Throughput") must not come back unseen.
 
 MFU = model FLOPs per step / step time / the dense float32 matmul rate measured in this same
 process (2048^3, jitted, median), so the figure is relative to what this machine can do now.
@@ -26,6 +31,8 @@ import numpy as np
 import optax
 
 from normstudy import config as config_lib
+from normstudy import placements
+from normstudy import sharding
 from normstudy import steps as steps_lib
 
 SIZES = {
@@ -39,7 +46,8 @@ def size_config(name: str):
   d, heads, layers, ff, length, vocab, batch = SIZES[name]
   config = config_lib.default_config()
   config.model.update(d_model=d, num_heads=heads, num_layers=layers, d_ff=ff, max_len=length,
-                      vocab_size=vocab, causal=True, dtype="float32")
+                      vocab_size=vocab, causal=True, dtype="float32", activation="gelu_tanh",
+                      use_bias=False, position_embedding="learned")
   config.optimizer.update(name="adam", weight_decay=0.0, clip_norm=1.0, warmup_steps=0,
                           schedule="constant")
   config.train.update(batch_size=batch, num_steps=1000)
@@ -86,16 +94,21 @@ def _batch(config):
 
 
 def step_seconds(config, steps: int) -> list[float]:
-  """Seconds per normstudy train step, after compilation."""
-  train_step = jax.jit(steps_lib.make_train_step(config), donate_argnums=0)
-  return _time(train_step, steps_lib.create_train_state(config), _batch(config), steps)
+  """Seconds per train step of normstudy's engine for one run (what normstudy.main runs: the
+  vmapped step over a run axis of size 1, sharded on a one-device mesh), after compilation."""
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  state, shardings = sharding.create_states([config], mesh)
+  train_step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
+  batch = sharding.global_batch(mesh, jax.tree.map(lambda x: np.asarray(x)[None],
+                                                   _batch(config)))
+  return _time(train_step, state, batch, steps)
 
 
 def telemetry_overhead(config, steps: int, every: int) -> tuple[float, float]:
   """(seconds per step without telemetry, with telemetry every `every` steps), each the mean
   over the same number of steps, so the occasional telemetry step is counted at its weight."""
   plain_step = jax.jit(steps_lib.make_train_step(config), donate_argnums=0)
-  telemetry_step = jax.jit(steps_lib.make_train_step(config, telemetry=True), donate_argnums=0)
+  telemetry_step = jax.jit(steps_lib.make_train_step(config, telemetry_on=True), donate_argnums=0)
   batch = _batch(config)
   state = steps_lib.create_train_state(config)
   for fn in (plain_step, telemetry_step):  # compile both
@@ -165,6 +178,8 @@ def main(argv=None):
   parser.add_argument("--json", default="benchmarks/throughput.json", help="output file")
   parser.add_argument("--telemetry_every", type=int, default=10,
                       help="also time telemetry every N steps against none (0 = skip)")
+  parser.add_argument("--placements", action=argparse.BooleanOptionalAction, default=True,
+                      help="time every placement in float16 and float32 at the seed size")
   args = parser.parse_args(argv)
   sizes = args.sizes.split(",")
   unknown = [s for s in sizes if s not in SIZES]
@@ -191,7 +206,7 @@ def main(argv=None):
       print(f"{name:<5}{variant:<10}{median * 1e3:>10.1f}{row['tokens_per_s']:>12.0f}"
             f"{flops / 1e9:>12.2f}{peak / 1e9:>16.1f}{row['mfu']:>8.1%}", flush=True)
   if args.telemetry_every:
-    print(f"\ntelemetry every {args.telemetry_every} steps (scanned, the default stack):")
+    print(f"\ntelemetry every {args.telemetry_every} steps (the default stack, scan_layers=None):")
     print(f"{'size':<5}{'off ms/step':>12}{'on ms/step':>12}{'overhead':>10}")
     results["telemetry"] = []
     for name in sizes:
@@ -201,9 +216,55 @@ def main(argv=None):
       results["telemetry"].append({"size": name, "every": args.telemetry_every,
                                    "off_step_s": off, "on_step_s": on, "overhead": on / off - 1})
       print(f"{name:<5}{off * 1e3:>12.1f}{on * 1e3:>12.1f}{on / off - 1:>10.1%}", flush=True)
+  if args.placements:
+    results["placements"] = placement_table(args.steps)
   with open(args.json, "w", encoding="utf-8") as f:
     json.dump(results, f, indent=2)
   print(f"wrote {args.json}")
+
+
+def seed_config(variant="pre_norm_clip1"):
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                      "seed_figure.py")
+  spec = importlib.util.spec_from_file_location("seed_figure", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant)
+
+
+def _encoder_batch(config):
+  m, rng = config.model, np.random.default_rng(0)
+  return {"tokens": np.asarray(rng.integers(0, m.vocab_size, (1, config.train.batch_size,
+                                                              m.max_len)), np.int32),
+          "mask": rng.random((1, config.train.batch_size, m.max_len)) < config.data.mask_prob}
+
+
+def placement_table(steps: int) -> list:
+  """ms/step of the seed figure's recipe for every placement, float16 and float32, scanned
+  and unrolled (engine, one run)."""
+  print("\nseed-figure recipe (4 layers, width 64, encoder, conv positions, batch 16 x 64), "
+        "ms/step:")
+  print(f"{'placement':<13}{'f16 scanned':>13}{'f16 unrolled':>14}{'f32 scanned':>13}"
+        f"{'f32 unrolled':>14}")
+  rows = []
+  for name in placements.names():
+    row = {"placement": name}
+    for dtype in ("float16", "float32"):
+      for scan in (True, False):
+        config = seed_config()
+        config.model.update(placement=name, dtype=dtype, scan_layers=scan)
+        mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+        state, shardings = sharding.create_states([config], mesh)
+        step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
+        batch = sharding.global_batch(mesh, _encoder_batch(config))
+        row[f"{dtype}_{'scanned' if scan else 'unrolled'}_ms"] = 1e3 * statistics.median(
+            _time(step, state, batch, steps))
+    rows.append(row)
+    print(f"{name:<13}{row['float16_scanned_ms']:>13.1f}{row['float16_unrolled_ms']:>14.1f}"
+          f"{row['float32_scanned_ms']:>13.1f}{row['float32_unrolled_ms']:>14.1f}", flush=True)
+  return rows
 
 
 if __name__ == "__main__":

@@ -7,9 +7,12 @@ This file keeps the recipe as fairseq and MERT run it (fairseq's Adam, betas (0.
 exact GELU in float32, MERT's input LayerNorm for the Post-LN encoder, convolutional positions,
 span masking) on a model small enough that all four runs finish in minutes on two CPU cores.
 
-VARIANTS is the table `normstudy.study` runs: {name: (label, {dotted.field: value})}, applied
-through the same override mechanism as the command line. Labels are templates
-(normstudy.labels): "{auto}" is described from the config, so an override shows in the legend.
+VARIANTS is the table of arms: {name: (label, {dotted.field: value})}, applied through the same
+override mechanism as the command line. Labels are templates (normstudy.labels): "{auto}" is
+described from the config, so an override shows in the legend. `normstudy.study` runs the paper's
+four (STUDY_VARIANTS, `make study`); `normstudy.sweep` runs all five over SWEEP, with
+SWEEP_SETTINGS (`make sensitivity`): the fifth arm, DeepNorm with attention relax, puts the relax
+where attention scores overflow, the only place it can act.
 """
 
 from normstudy import config as config_lib
@@ -20,6 +23,34 @@ VARIANTS = {
     "post_norm_deepnorm_clip1": ("{auto}", {"model.placement": "deepnorm",
                                             "model.input_norm": True}),
     "pre_norm_attn_relax_clip1": ("{auto}", {"model.attention_relax": 32.0}),
+    "post_norm_deepnorm_attn_relax_clip1": ("{auto}", {"model.placement": "deepnorm",
+                                                       "model.input_norm": True,
+                                                       "model.attention_relax": 32.0}),
+}
+# The seed figure's four runs.
+STUDY_VARIANTS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
+                  "pre_norm_attn_relax_clip1")
+
+# The learning-rate sensitivity study (Wortsman et al. 2023): every arm over these axes. The
+# recipe's own learning rate is 3e-3; the grid spans where every arm trains to where the probe
+# saw fp16 loss-scale collapse in every arm (3e-1). A depth axis is one flag away:
+# --axis=model.num_layers=4,12 (README, "The seed figure's sensitivity study").
+SWEEP = {
+    "optimizer.learning_rate": [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1],
+    "train.seed": [0, 1, 2],
+}
+# What a sweep of this file changes in every run, so its 90 runs fit in `make sensitivity`'s 25
+# minutes on 2 CPU cores (a run-step costs about 55 ms there, vmapped or not): 200-step runs
+# (warm-up and decay scaled with them), records every 5 steps, telemetry (attention logits)
+# every 25. `--config.train.num_steps=1000 --config.optimizer.warmup_steps=80` restores the
+# recipe's length (about 2 hours).
+SWEEP_SETTINGS = {
+    "train.num_steps": 200,
+    "optimizer.warmup_steps": 20,
+    "train.log_every": 5,
+    "train.eval_every": 100,
+    "train.telemetry_every": 25,
+    "train.checkpoint_every": 100,
 }
 
 
@@ -43,9 +74,8 @@ def base_config():
   # MERT (like wav2vec2/HuBERT) adds convolutional relative positions; with them a tiny encoder
   # learns masked prediction within a few hundred steps (absolute positions need thousands).
   model.position_embedding = "conv"
-  # Four layers compile quickly unrolled, and XLA:CPU runs an unrolled stack faster than a
-  # scanned one (benchmarks/throughput.py).
-  model.scan_layers = False
+  # scan_layers stays None: the DeepNorm arm's float16 stack is scanned (unrolled it ran at
+  # half the speed), the Pre-LN arms' unrolled (README, "Throughput").
 
   opt = config.optimizer
   opt.name = "adam_fairseq"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One job per variant of a config file (its VARIANTS), locally, on SLURM, or on TPU pods.
+# One job per variant of a config file's study (its STUDY_VARIANTS, else VARIANTS), locally, on
+# SLURM, or on TPU pods: normstudy.study's runs as separate jobs.
 usage="usage: launch/sweep.sh --config FILE --workdir DIR [--launcher local|slurm|tpu]
        [--dry-run] [-- LAUNCHER OPTIONS ... -- --config.a.b=value ...]"
 set -euo pipefail
@@ -34,7 +35,7 @@ variants=$("$python" -c "
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location('sweep_config', sys.argv[1])
 module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
-print(' '.join(getattr(module, 'VARIANTS', ())))" "$config")
+print(' '.join(getattr(module, 'STUDY_VARIANTS', None) or getattr(module, 'VARIANTS', ())))" "$config")
 [ -n "$variants" ] || die "$config lists no VARIANTS"
 
 flag=()

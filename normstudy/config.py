@@ -42,7 +42,10 @@ def default_config() -> ml_collections.ConfigDict:
   model.attention_relax = 0.0  # 0 = off, else the PB-Relax alpha (MERT uses 32).
   model.attention_relax_form = "pb_relax"  # pb_relax (CogView) | after_product (MERT's code)
   model.dtype = "float32"  # Compute dtype: float32 | bfloat16 | float16. Parameters stay float32.
-  model.scan_layers = True
+  # Run the layers with nn.scan (True), unrolled (False), or None: by the rule measured on
+  # XLA:CPU (normstudy.model.scans): scan stacks deeper than 6 layers and 16-bit stacks whose
+  # residual path goes through norms (Post-LN family); unroll the rest.
+  model.scan_layers = ml_collections.config_dict.placeholder(bool)
   model.dropout = 0.0
   model.tie_embeddings = True
   model.position_embedding = "sinusoidal"  # sinusoidal (fixed) | learned | conv (encoders)

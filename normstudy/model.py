@@ -54,11 +54,30 @@ def _model_config_class():
       "create": create,
       "head_dim": property(lambda self: self.d_model // self.num_heads),
       "compute_dtype": property(lambda self: DTYPES[self.dtype]),
+      "scanned": property(lambda self: scans(self)),
   }
   return dataclasses.make_dataclass("ModelConfig", fields, frozen=True, namespace=namespace)
 
 
 ModelConfig = _model_config_class()
+
+# Stacks deeper than this are scanned by default.
+UNROLL_MAX_LAYERS = 6
+
+
+def scans(cfg) -> bool:
+  """Whether the stack runs under nn.scan: `scan_layers` when set, else the rule measured on
+  XLA:CPU (benchmarks/throughput.py, README "Throughput"). Unrolled, XLA fuses elementwise
+  backward chains across layers and recomputes them in every consumer: where the residual
+  stream passes through norms (Post-LN family) in float16/bfloat16 the cost grows with depth
+  (DeepNorm, 12 layers: 710 ms/step unrolled, 188 scanned), and deep stacks suffer in float32
+  too; a loop cannot be fused across, so scanning bounds the chains to one layer. Shallow
+  identity-residual stacks run faster unrolled (S: 23%, M: 42%)."""
+  if cfg.scan_layers is not None:
+    return bool(cfg.scan_layers)
+  placement = placements.get(cfg.placement)
+  sixteen_bit = cfg.dtype in ("float16", "bfloat16")
+  return cfg.num_layers > UNROLL_MAX_LAYERS or (sixteen_bit and not placement.identity_residual)
 
 
 class RoleBox(spmd.LogicallyPartitioned):
@@ -381,7 +400,7 @@ class Transformer(nn.Module):
     telemetry.sow_site(self, self.probe, "embedding", x)
     x = nn.Dropout(cfg.dropout)(x, deterministic=self.deterministic)
 
-    if cfg.scan_layers:
+    if cfg.scanned:
       collections = {"params": 0, telemetry.STATS: 0, telemetry.LOCATE: 0}
       stack = nn.scan(
           _ScanBlock, variable_axes=collections,

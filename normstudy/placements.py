@@ -45,6 +45,9 @@ class Placement:
   final_norm: bool
   label: str  # how legends name it ("Pre-Norm", "Post-Norm | DeepNorm")
   embedding_norm: bool = False  # a norm on the embedding output before layer 0
+  # Whether the residual stream passes from layer to layer untouched (x + F(...)); False when it
+  # goes through a norm (Post-LN family), which decides how the stack compiles best.
+  identity_residual: bool = True
   inner_norm: bool = False  # a norm before attention's output projection and before fc2
   # num_layers -> residual weight alpha; 1 for plain residuals.
   residual_alpha: Callable[[int], float] = lambda num_layers: 1.0
@@ -100,10 +103,11 @@ register(Placement(
     name="pre_ln", wrap=_pre_ln, final_norm=True, label="Pre-Norm",
     description="x + F(LN(x)); one final LN before the head (Xiong et al. 2020)."))
 register(Placement(
-    name="post_ln", wrap=_post_ln, final_norm=False, label="Post-Norm",
+    name="post_ln", wrap=_post_ln, final_norm=False, label="Post-Norm", identity_residual=False,
     description="LN(x + F(x)), the original Transformer; needs LR warm-up."))
 register(Placement(
     name="deepnorm", wrap=_post_ln, final_norm=False, label="Post-Norm | DeepNorm",
+    identity_residual=False,
     residual_alpha=deepnorm_alpha, branch_gain=deepnorm_beta,
     description="LN(alpha x + F(x)) with beta-scaled branch init (DeepNet, Wang et al. 2022)."))
 register(Placement(

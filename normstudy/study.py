@@ -9,7 +9,6 @@ Variants that differ only in data fields (learning rate, clip, seed, ...) train 
 stopped, and the command exits 0. Finished and halted runs are skipped, unfinished ones resumed.
 """
 
-import importlib.util
 import os
 
 from absl import flags
@@ -17,54 +16,49 @@ from absl import logging
 from ml_collections import config_flags
 
 from normstudy import cli
-from normstudy import config as config_lib
 from normstudy import errors
+from normstudy import grid
 from normstudy import rundir
 from normstudy import train
 
 FLAGS = flags.FLAGS
 
 
-def load_config_module(path: str):
-  if not os.path.isfile(path):
-    raise errors.UserError(f"config file {path!r} does not exist")
-  spec = importlib.util.spec_from_file_location("normstudy_config_file", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def variant_configs(path: str, overrides: dict, module=None) -> dict:
-  """{variant: config} for every variant of the file, each with the command-line overrides."""
-  module = module or load_config_module(path)
-  if not getattr(module, "VARIANTS", None):
-    raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
-  configs = {}
-  for variant in module.VARIANTS:
-    config = module.get_config(variant)
-    config_lib.apply_overrides(config, overrides)
-    config.lock()
-    configs[variant] = config
-  return configs
-
-
-def run_study(path: str, workdir: str, overrides: dict, allow_config_change: bool = False):
-  """Trains every variant into workdir/<variant>, then analyses the study; returns the
-  analysis outputs {name: path}."""
+def run_grid(path: str, variant, axes: dict, workdir: str, overrides: dict,
+             allow_config_change: bool = False, module=None,
+             max_runs: int = train.MAX_RUNS_PER_PROGRAM):
+  """Trains every point of a grid into `workdir` (checked before anything is written), then
+  analyses it. Returns (points, statuses by point name, analysis outputs)."""
   from normstudy import analysis  # the analysis package needs no training stack
-  configs = variant_configs(path, overrides)
-  runs = [train.Run(variant, config, os.path.join(workdir, variant))
-          for variant, config in configs.items()]
-  for group in train.group_runs(runs):  # every run checked before anything is written
+  points = grid.points(path, variant, axes, overrides, module, sweep=bool(axes))
+  runs = [train.Run(p.name, p.config, os.path.join(workdir, p.name), p.arm, p.overrides)
+          for p in points]
+  for group in train.group_runs(runs, max_runs):
     train.preflight(group, train.program_checkpoints(workdir, group), allow_config_change)
   rundir.ensure_directory(workdir)
   with train.lock(workdir):
-    rundir.write_json(os.path.join(workdir, rundir.STUDY), {
-        "config": path, "variants": list(configs), "overrides": dict(overrides)})
-    statuses = train.train_programs(runs, workdir, allow_config_change)
-    for name, status in statuses.items():
-      logging.info("%s: %s", name, status)
-    return analysis.analyze(workdir)
+    if axes:
+      grid.write_sweep(workdir, axes, points, {})
+    else:
+      rundir.write_json(os.path.join(workdir, rundir.STUDY), {
+          "config": path, "variants": [p.name for p in points], "overrides": dict(overrides)})
+    train.train_programs(runs, workdir, allow_config_change, max_runs)
+    outputs = analysis.analyze(workdir)
+    statuses = analysis.statuses(workdir)
+    if axes:
+      outputs["sweep"] = grid.write_sweep(workdir, axes, points, statuses)
+  for point in points:
+    logging.info("%s: %s", point.name, statuses.get(point.name, "missing"))
+  return points, statuses, outputs
+
+
+def run_study(path: str, workdir: str, overrides: dict, allow_config_change: bool = False):
+  """Trains every variant of a config file into workdir/<variant>, then analyses the study;
+  returns the analysis outputs {name: path}."""
+  module = grid.load_config_module(path)
+  if not getattr(module, "VARIANTS", None):
+    raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
+  return run_grid(path, None, {}, workdir, overrides, allow_config_change, module)[2]
 
 
 def define_flags():
@@ -81,7 +75,7 @@ def main(argv):
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   path = config_flags.get_config_filename(FLAGS["config"])
   if ":" in path and os.path.isfile(path.split(":", 1)[0]):
-    file, variant = path.split(":", 1)
+    variant = path.split(":", 1)[1]
     raise errors.UserError(
         f"normstudy.study runs every variant of a config file; drop ':{variant}' from "
         f"--config={path} (normstudy.main --config={path} runs that one variant)")

@@ -94,7 +94,7 @@ def _layer_values(cfg, tree, path) -> jax.Array:
       node = node[key]
     return node[0]  # sow appends to a tuple
 
-  if cfg.scan_layers:
+  if cfg.scanned:
     return lookup(tree["layers"])
   return jnp.stack([lookup(tree[f"layer_{i}"]) for i in range(cfg.num_layers)])
 
@@ -106,7 +106,7 @@ _SOWN_BY = {"attn_logit_max": ("attention",), "attn_entropy": ("attention",),
 
 def per_layer_norms(cfg, tree) -> jax.Array:
   """[num_layers] L2 norms of each layer's part of a parameter-shaped tree."""
-  if cfg.scan_layers:
+  if cfg.scanned:
     squares = [jnp.sum(jnp.square(x.astype(jnp.float32)), axis=tuple(range(1, x.ndim)))
                for x in jax.tree.leaves(tree["layers"])]
     return jnp.sqrt(sum(squares))

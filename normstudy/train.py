@@ -51,10 +51,13 @@ RECORD_KEYS = ("loss", "grad_norm", "clipped", "lr", "loss_scale", "skipped", "s
 
 @dataclasses.dataclass
 class Run:
-  """One run: its name (in logs and sweep.json), its config and its directory."""
+  """One run: its name (in logs and sweep.json), its config and its directory; for a run of a
+  study or sweep, its arm (variant) and the axis values it sets (recorded in run.json)."""
   name: str
   config: object
   directory: str
+  arm: str = ""
+  overrides: dict = dataclasses.field(default_factory=dict)
 
 
 def config_json(config) -> dict:
@@ -319,7 +322,8 @@ class Program:
     horizons = np.asarray(jax.device_get(self.state.hparams["schedule_steps"]))
     self.recorders = []
     for k, run in enumerate(runs):
-      info = {"label": labels.resolve(run.config), "name": run.name, "dataset": splits.source,
+      info = {"label": labels.resolve(run.config), "name": run.name, "arm": run.arm or run.name,
+              "overrides": run.overrides, "dataset": splits.source,
               "entropy_floor": splits.entropy_floor, "num_params": self.num_params,
               "tokens_per_step": self.tokens_per_step, "schedule_steps": int(horizons[k])}
       self.recorders.append(Recorder(run, start_step if restored is not None else None, info,
@@ -327,10 +331,12 @@ class Program:
       if horizons[k] < run.config.train.num_steps:
         self._warn_extension(k, run, int(horizons[k]))
 
-    self.train_step = sharding.jit_train_step(config, mesh, self.shardings)
+    k = len(runs)
+    self.train_step = sharding.jit_train_step(config, mesh, self.shardings, num_runs=k)
     # A second compiled step for telemetry steps, so the others pay nothing for it.
-    self.telemetry_step = sharding.jit_train_step(config, mesh, self.shardings, telemetry_on=True)
-    self.eval_step = sharding.jit_eval_step(config, mesh, self.shardings)
+    self.telemetry_step = sharding.jit_train_step(config, mesh, self.shardings,
+                                                  telemetry_on=True, num_runs=k)
+    self.eval_step = sharding.jit_eval_step(config, mesh, self.shardings, num_runs=k)
     self.locate_step = None  # compiled on the first non-finite step
     self.eval_batches = [sharding.global_batch(mesh, jax.tree.map(lambda x: x[:, i], eval_data))
                          for i in range(self.train_cfg.eval_steps)]
@@ -443,7 +449,8 @@ class Program:
     sites = {}
     if failed.any():
       if self.locate_step is None:
-        self.locate_step = sharding.jit_locate_step(self.config, self.mesh, self.shardings)
+        self.locate_step = sharding.jit_locate_step(self.config, self.mesh, self.shardings,
+                                                    num_runs=len(self.runs))
       flags = jax.device_get(self.locate_step(self.state, self.pending["batch"]))
       for k in np.flatnonzero(failed):
         sites[k] = telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k], flags))
@@ -547,12 +554,26 @@ def program_key(config) -> str:
   return json.dumps(flat, sort_keys=True, default=str)
 
 
-def group_runs(runs: list) -> list:
-  """The runs split into programs (lists of runs), in order of first appearance."""
+# Runs per program beyond which a sweep is split into several programs of the same structure;
+# 0 = no limit. On XLA:CPU a run-step costs about the same whatever K (the seed figure's size:
+# 52, 59 and 59 ms at K = 2, 18, 36; benchmarks/sweep.py --program_sizes), so by default one
+# program takes every run of a structure; a limit bounds a program's memory.
+MAX_RUNS_PER_PROGRAM = 0
+
+
+def group_runs(runs: list, max_runs: int = MAX_RUNS_PER_PROGRAM) -> list:
+  """The runs split into programs (lists of runs), in order of first appearance: runs that
+  differ only in data fields share one, split into equal parts of at most `max_runs` runs
+  (0 = no limit)."""
   groups = {}
   for run in runs:
     groups.setdefault(program_key(run.config), []).append(run)
-  return list(groups.values())
+  programs = []
+  for group in groups.values():
+    parts = -(-len(group) // max_runs) if max_runs > 0 else 1
+    size = -(-len(group) // parts)
+    programs += [group[i:i + size] for i in range(0, len(group), size)]
+  return programs
 
 
 def group_name(group: list) -> str:
@@ -578,11 +599,12 @@ def needs_training(run: Run) -> bool:
               and info.get("last_step") == run.config.train.num_steps)
 
 
-def train_programs(runs: list, root: str, allow_config_change: bool = False) -> dict:
+def train_programs(runs: list, root: str, allow_config_change: bool = False,
+                   max_runs: int = MAX_RUNS_PER_PROGRAM) -> dict:
   """Trains every run (grouped into programs, one program after another) with stacked
   checkpoints under `root/checkpoints/<program>/`; returns {run name: status}. A run that halts
   is a result: the others go on. Runs recorded as finished or halted are not trained again."""
-  groups = group_runs(runs)
+  groups = group_runs(runs, max_runs)
   for group in groups:  # every run checked before any starts
     preflight(group, program_checkpoints(root, group), allow_config_change)
   for i, group in enumerate(groups, start=1):

@@ -28,7 +28,7 @@ def configs(tmp):
   for i, name in enumerate(placements.names()):
     position = POSITIONS[i % len(POSITIONS)]
     config = tiny_config(placement=name, position_embedding=position, causal=position != "conv",
-                         dtype="float32", use_bias=i % 2 == 0)
+                         dtype="float32", use_bias=i % 2 == 0, scan_layers=i % 2 == 0)
     config.data.update(data_dir=os.path.join(tmp, "tfds"), train_tokens=2**14,
                        validation_tokens=2**12, mask_prob=0.3, mask_length=2)
     config.train.batch_size = 8
@@ -36,11 +36,20 @@ def configs(tmp):
   return out
 
 
+def meshes_for(name, index):
+  """Every placement on one device and on the mesh that splits all three axes at once, plus one
+  single-axis mesh in turn; Pre-LN on all of them (its states also move between meshes). Each
+  mesh compiles anew: 8 placements x 5 meshes took half of the test suite."""
+  if name.startswith("pre_ln"):
+    return list(MESHES)
+  return ["single", "d2f2t2", ("data8", "fsdp8", "tensor4")[index % 3]]
+
+
 def trajectory(config, shape, steps=4):
   config.mesh.update(dict(zip(sharding.AXES, shape)))
   mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
   state, shardings = sharding.create_states([config], mesh)
-  step = sharding.jit_train_step(config, mesh, shardings)
+  step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
   batches = data.train_batches(config, data.load_splits(config))
   losses = []
   for i in range(steps):
@@ -50,11 +59,39 @@ def trajectory(config, shape, steps=4):
   return losses, state
 
 
+def sweep_trajectories(tmp, shape, steps=4):
+  """[steps][8] losses of 8 runs (2 learning rates x 4 seeds) in one program on a mesh."""
+  import copy
+  base = tiny_config(causal=False, position_embedding="conv", dtype="float32", scan_layers=True)
+  base.data.update(data_dir=os.path.join(tmp, "tfds"), train_tokens=2**14,
+                   validation_tokens=2**12, mask_prob=0.3, mask_length=2)
+  base.mesh.update(dict(zip(sharding.AXES, shape)))
+  configs = []
+  for lr in (1e-3, 3e-3):
+    for seed in range(4):
+      config = copy.deepcopy(base)
+      config.optimizer.learning_rate, config.train.seed = lr, seed
+      configs.append(config)
+  mesh = sharding.make_mesh(base.mesh, jax.devices()[: int(np.prod(shape))])
+  state, shardings = sharding.create_states(configs, mesh)
+  step = sharding.jit_train_step(base, mesh, shardings, num_runs=len(configs))
+  splits = data.load_splits(base)
+  datasets = [data.train_batches(c, splits) for c in configs]
+  losses = []
+  for i in range(steps):
+    batch = {k: np.stack([d[i][k] for d in datasets]) for k in datasets[0][i]}
+    state, metrics = step(state, sharding.global_batch(mesh, batch))
+    losses.append(np.asarray(metrics["loss"]).tolist())
+  return losses, str(state.params["layers"]["mlp"]["fc1"].sharding.spec)
+
+
 def main(tmp):
   losses, states = {}, {}
-  for name, config in configs(tmp).items():
-    for mesh_name, shape in MESHES.items():
-      losses[f"{name}@{mesh_name}"], state = trajectory(config, shape)
+  runs_one, _ = sweep_trajectories(tmp, (1, 1, 1, 1))
+  runs_eight, runs_spec = sweep_trajectories(tmp, (8, 1, 1, 1))
+  for i, (name, config) in enumerate(configs(tmp).items()):
+    for mesh_name in meshes_for(name, i):
+      losses[f"{name}@{mesh_name}"], state = trajectory(config, MESHES[mesh_name])
       if name.startswith("pre_ln"):
         states[mesh_name] = state
   # Save on one mesh, restore onto another.
@@ -67,7 +104,8 @@ def main(tmp):
   same = all(np.array_equal(np.asarray(a), np.asarray(b))
              for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(restored)))
   kernel = restored.params["layers"]["mlp"]["fc1"]
-  print(json.dumps({"losses": losses, "restored_equal": same,
+  print(json.dumps({"losses": losses, "restored_equal": same, "runs_one_device": runs_one,
+                    "runs_eight_devices": runs_eight, "runs_sharding": runs_spec,
                     "restored_sharding": str(kernel.sharding.spec),
                     "device_count": jax.device_count()}))
 

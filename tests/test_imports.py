@@ -17,7 +17,7 @@ CORE = {"errors", "registry", "config", "placements", "precision", "optimizer", 
         "telemetry", "steps", "labels"}
 # Side effects: files, devices, processes, flags.
 EDGES = {"data", "synthetic", "sharding", "checkpoints", "rundir", "metrics", "train", "study",
-         "main", "analyze", "cli", "validation", "analysis"}
+         "sweep", "grid", "main", "analyze", "cli", "validation", "analysis"}
 
 
 def _modules():

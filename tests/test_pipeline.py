@@ -33,6 +33,7 @@ def _halting_study(tmp_path):
       from normstudy import config as config_lib
 
       VARIANTS = dict(seed_figure.VARIANTS)
+      STUDY_VARIANTS = seed_figure.STUDY_VARIANTS
       label, settings = VARIANTS["pre_norm_attn_relax_clip1"]
       VARIANTS["pre_norm_attn_relax_clip1"] = (label, {{
           **settings, "optimizer.learning_rate": 1e3,

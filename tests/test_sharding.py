@@ -56,13 +56,25 @@ def test_meshes_give_the_single_device_trajectory_and_checkpoints_move_between_t
   configs = {key.split("@")[0] for key in out["losses"]}
   assert {c.split("/")[0] for c in configs} == set(placements.names())
   assert {c.split("/")[1] for c in configs} == {"sinusoidal", "learned", "conv"}
+  assert {key.split("@")[1] for key in out["losses"]} == {
+      "single", "data8", "fsdp8", "tensor4", "d2f2t2"}
   for config in configs:
     reference = out["losses"][f"{config}@single"]
     assert reference[-1] < reference[0], config  # it trained
-    for mesh in ("data8", "fsdp8", "tensor4", "d2f2t2"):
+    meshes = [key.split("@")[1] for key in out["losses"] if key.startswith(f"{config}@")]
+    assert "d2f2t2" in meshes and len(meshes) >= 3, (config, meshes)
+    for mesh in meshes:
       got = out["losses"][f"{config}@{mesh}"]
       for a, b in zip(got, reference):
         assert abs(a - b) <= 2e-4 * abs(b), (config, mesh, got, reference)
+  # 8 runs of a sweep, one per device on the runs axis, follow the same trajectories as the 8
+  # runs vmapped on one device.
+  assert out["runs_sharding"].startswith("P('runs',")  # each device holds one run's state
+  one, eight = out["runs_one_device"], out["runs_eight_devices"]
+  assert len(set(one[-1])) == 8  # eight different runs
+  for step_one, step_eight in zip(one, eight):
+    for a, b in zip(step_eight, step_one):
+      assert a == pytest.approx(b, rel=1e-5)
   assert out["restored_equal"]
   # The target mesh's layout: [runs, layers, embed, mlp].
   assert out["restored_sharding"] == "P('runs', None, 'fsdp', 'tensor')"

@@ -1,0 +1,65 @@
+"""Train a grid of runs, K at a time in one compiled program, then the analysis.
+
+  python -m normstudy.sweep --config=configs/seed_figure.py:pre_norm_clip1 --workdir=DIR \
+      --axis=optimizer.learning_rate=1e-3,3e-3,1e-2 --axis=train.seed=0,1,2 [--config.x=y ...]
+
+The grid is the product of the axes (normstudy.grid): with --config=FILE:VARIANT, of that
+variant; with --config=FILE, of every variant the file lists (each an arm, DIR/<variant>/...).
+A file may declare its own axes, `SWEEP = {dotted.field: [values]}`; --axis adds to them or
+replaces an axis of the same field. Points that differ only in data fields (learning rate, clip
+norm, weight decay, warm-up, Adam's betas and eps, seed, limits, loss-scale settings) train in
+one vmapped program; fields that change the program (placement, depth, dtype, ...) make one
+program per structural point, trained one after another. Each run writes DIR/<run>/ as a single
+run does; stacked checkpoints live under DIR/checkpoints/; DIR/sweep.json lists the axes and each
+run's status. Re-running the same command resumes where it stopped.
+"""
+
+from absl import flags
+from ml_collections import config_flags
+
+from normstudy import cli
+from normstudy import errors
+from normstudy import grid
+from normstudy import study
+from normstudy import train
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  config_flags.DEFINE_config_file("config", None, "Config file[:variant].", lock_config=True)
+  flags.DEFINE_string("workdir", None, "Sweep directory; one subdirectory per run.")
+  flags.DEFINE_multi_string("axis", [], "dotted.field=value1,value2,... (repeatable).")
+  flags.DEFINE_bool("allow_config_change", False,
+                    "Continue runs whose saved config differs in model, optimizer or data.")
+  flags.DEFINE_integer("max_runs_per_program", train.MAX_RUNS_PER_PROGRAM,
+                       "Split a program of more runs into equal parts (0 = no limit); keep it "
+                       "the same when resuming.")
+  flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+  spec = config_flags.get_config_filename(FLAGS["config"])
+  path, _, variant = spec.partition(":")
+  module = grid.load_config_module(path)
+  axes = grid.axes_of(module, FLAGS.axis)
+  if FLAGS.max_runs_per_program < 0:
+    raise errors.UserError(f"--max_runs_per_program={FLAGS.max_runs_per_program} is not allowed;"
+                           " allowed: 0 (no limit) or an integer >= 1")
+  if not axes:
+    raise errors.UserError(f"no axes: pass --axis=dotted.field=v1,v2,... or declare SWEEP in "
+                           f"{path}")
+  _, statuses, outputs = study.run_grid(
+      path, variant or None, axes, FLAGS.workdir,
+      config_flags.get_override_values(FLAGS["config"]), FLAGS.allow_config_change, module,
+      FLAGS.max_runs_per_program)
+  counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}
+  for name, out in outputs.items():
+    print(f"{name}: {out}")
+  print("runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+
+
+if __name__ == "__main__":
+  cli.run(main, define_flags)

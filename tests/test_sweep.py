@@ -1,0 +1,168 @@
+"""Sweeps: the grid, equivalence with single runs, per-run halting, and resume after SIGKILL."""
+
+import json
+import os
+import signal
+import textwrap
+
+import pytest
+
+from normstudy import errors
+from normstudy import grid
+from normstudy import rundir
+from normstudy import train
+import runs
+
+
+def test_axes_parse_merge_and_name_points(tmp_path):
+  assert grid.parse_axis("optimizer.learning_rate=1e-3,3e-3") == (
+      "optimizer.learning_rate", [1e-3, 3e-3])
+  assert grid.parse_axis("model.placement=pre_ln,deepnorm") == (
+      "model.placement", ["pre_ln", "deepnorm"])
+  for bad in ("optimizer.learning_rate", "=1,2", "train.seed=1,,2"):
+    with pytest.raises(errors.UserError, match="is not of the form"):
+      grid.parse_axis(bad)
+  module = type("Module", (), {"SWEEP": {"train.seed": [0, 1], "optimizer.clip_norm": [1.0]}})
+  axes = grid.axes_of(module, ["train.seed=5,6,7"])
+  assert axes == {"train.seed": [5, 6, 7], "optimizer.clip_norm": [1.0]}
+  with pytest.raises(errors.UserError, match="repeats a value"):
+    grid.axes_of(module, ["train.seed=1,1"])
+  assert grid.point_name({"optimizer.learning_rate": 0.001, "train.seed": 1}) == "lr0.001_seed1"
+  assert grid.point_name({"model.placement": "deepnorm"}) == "placement-deepnorm"
+
+
+def test_grid_points_of_a_file_and_of_one_variant(tmp_path):
+  path = os.path.join(runs.REPO, "configs", "seed_figure.py")
+  axes = {"optimizer.learning_rate": [1e-3, 1e-2], "train.seed": [0, 1]}
+  one = grid.points(path, "post_norm_deepnorm_clip1", axes, {"train.num_steps": 7})
+  assert [p.name for p in one] == ["lr0.001_seed0", "lr0.001_seed1", "lr0.01_seed0",
+                                   "lr0.01_seed1"]
+  assert all(p.config.train.num_steps == 7 and p.config.model.placement == "deepnorm"
+             for p in one)
+  assert one[3].config.optimizer.learning_rate == 0.01 and one[3].config.train.seed == 1
+  assert one[3].overrides == {"optimizer.learning_rate": 0.01, "train.seed": 1}
+  every = grid.points(path, None, {"train.seed": [0, 1]}, {})
+  assert [p.name for p in every][:3] == ["pre_norm_clip10/seed0", "pre_norm_clip10/seed1",
+                                         "pre_norm_clip1/seed0"]
+  assert len(every) == 8
+  with pytest.raises(errors.ConfigError, match="unknown config field 'optimizer.lr'"):
+    grid.points(path, "pre_norm_clip1", {"optimizer.lr": [1.0]}, {})
+  # Arms that differ in data fields share a program; a structural axis splits them.
+  assert len(train.group_runs([train.Run(p.name, p.config, "") for p in every])) == 3
+  # A limit on runs per program splits a structure's runs into near-equal parts, in order.
+  one_runs = [train.Run(p.name, p.config, "") for p in one]
+  assert [[r.name for r in g] for g in train.group_runs(one_runs, max_runs=3)] == [
+      ["lr0.001_seed0", "lr0.001_seed1"], ["lr0.01_seed0", "lr0.01_seed1"]]
+  assert [len(g) for g in train.group_runs(one_runs * 2, max_runs=3)] == [3, 3, 2]
+  assert [len(g) for g in train.group_runs(one_runs, max_runs=0)] == [4]
+
+
+def test_a_sweep_of_the_seed_figure_takes_its_sweep_arms_and_settings():
+  path = os.path.join(runs.REPO, "configs", "seed_figure.py")
+  module = grid.load_config_module(path)
+  swept = grid.points(path, None, {"train.seed": [0]}, {"train.log_every": 7}, sweep=True)
+  assert [p.arm for p in swept] == list(module.VARIANTS)  # five arms, the relax-DeepNorm one too
+  assert len(module.VARIANTS) == 5 and len(module.STUDY_VARIANTS) == 4
+  for p in swept:
+    # SWEEP_SETTINGS apply, then the command line's overrides win.
+    assert p.config.train.num_steps == module.SWEEP_SETTINGS["train.num_steps"]
+    assert p.config.train.log_every == 7
+  relax_deepnorm = swept[-1].config.model
+  assert (relax_deepnorm.placement, relax_deepnorm.attention_relax) == ("deepnorm", 32.0)
+  # A study of the file is its four arms with their recipe untouched.
+  study = grid.points(path, None, {}, {})
+  assert [p.arm for p in study] == list(module.STUDY_VARIANTS)
+  assert all(p.config.train.num_steps == 1000 for p in study)
+  axes = grid.axes_of(module, [])
+  assert len(axes["optimizer.learning_rate"]) >= 6 and len(axes["train.seed"]) >= 3
+  assert min(axes["optimizer.learning_rate"]) <= 1e-3 and max(axes["optimizer.learning_rate"]) >= 0.3
+
+
+def _tiny(config, tmp_path, steps=20, dtype="float32"):
+  config.model.update(num_layers=2, d_model=16, num_heads=2, d_ff=32, max_len=16, vocab_size=32,
+                      dtype=dtype)
+  config.train.update(batch_size=4, num_steps=steps, eval_every=10, eval_steps=2,
+                      checkpoint_every=10, telemetry_every=5)
+  config.data.update(data_dir=str(tmp_path / "tfds"), train_tokens=16384,
+                     validation_tokens=4096)
+  config.optimizer.warmup_steps = 3
+  return config
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path, dtype):
+  path = os.path.join(runs.REPO, "configs", "seed_figure.py")
+  axes = {"optimizer.learning_rate": [1e-3, 1e-2], "train.seed": [0, 1]}
+  points = grid.points(path, "pre_norm_clip1", axes, {})
+  sweep_runs = []
+  for p in points:
+    with p.config.unlocked():
+      _tiny(p.config, tmp_path, dtype=dtype)
+    sweep_runs.append(train.Run(p.name, p.config, str(tmp_path / "sweep" / p.name), p.arm,
+                                p.overrides))
+  statuses = train.train_programs(sweep_runs, str(tmp_path / "sweep"))
+  assert statuses == {p.name: "finished" for p in points}
+  for run in sweep_runs:
+    alone = tmp_path / "alone" / run.name
+    train.train_and_evaluate(run.config, str(alone))
+    swept, single = runs.trajectory(run.directory), runs.trajectory(alone)
+    assert [r["step"] for r in swept] == list(range(1, 21))
+    # float32: losses equal to 1e-5; float16: identical loss-scale sequences (the K-run program's
+    # float16 rounding may differ slightly from one run's).
+    tolerance = 1e-5 if dtype == "float32" else 1e-3
+    for a, b in zip(swept, single):
+      assert a["loss"] == pytest.approx(b["loss"], rel=tolerance), run.name
+      assert a["loss_scale"] == b["loss_scale"] and a["skipped"] == b["skipped"]
+    info = rundir.RunDir(run.directory).info()
+    assert info["arm"] == "pre_norm_clip1" and info["overrides"] == run.overrides
+  # Different seeds and learning rates really gave different trajectories.
+  finals = {runs.trajectory(r.directory)[-1]["loss"] for r in sweep_runs}
+  assert len(finals) == 4
+
+
+def test_a_run_that_halts_is_frozen_while_the_others_finish(tmp_path):
+  path = os.path.join(runs.REPO, "configs", "seed_figure.py")
+  axes = {"optimizer.learning_rate": [1e-3, 1e4]}
+  sweep_runs = []
+  for p in grid.points(path, "pre_norm_clip1", axes, {}):
+    with p.config.unlocked():
+      _tiny(p.config, tmp_path, steps=12)
+      p.config.optimizer.clip_norm = 0.0
+      p.config.train.on_nonfinite = "halt"
+    sweep_runs.append(train.Run(p.name, p.config, str(tmp_path / p.name), p.arm, p.overrides))
+  statuses = train.train_programs(sweep_runs, str(tmp_path))
+  assert statuses == {"lr0.001": "finished", "lr10000": "halted"}
+  halted = rundir.RunDir(str(tmp_path / "lr10000")).info()
+  recs = runs.records(tmp_path / "lr10000")
+  assert recs[-1]["step"] == halted["halt_step"] < 12 and recs[-1]["skipped"]
+  assert halted["halt_reason"] == "non-finite gradient" and halted["nonfinite_at"]
+  assert [r["step"] for r in runs.records(tmp_path / "lr0.001")] == list(range(1, 13))
+
+
+@pytest.mark.slow
+def test_sweep_command_resumes_bit_exactly_after_sigkill(tmp_path):
+  args = ("--config=configs/seed_figure.py:pre_norm_clip1",
+          "--axis=optimizer.learning_rate=1e-3,3e-3", "--axis=train.seed=0,1",
+          *runs.tiny_args(tmp_path / "tfds", num_steps=24, every=6),
+          "--config.model.dropout=0.1", "--config.train.telemetry_every=4")
+  reference = tmp_path / "reference"
+  result = runs.run_module("normstudy.sweep", *args, f"--workdir={reference}")
+  assert "runs: 4 finished" in result.stdout or "finished" in result.stdout
+  progress = [l for l in result.stderr.splitlines() if "runs alive" in l]
+  assert progress and "loss best" in progress[-1] and "ETA" in progress[-1]
+  sweep = json.loads((reference / "sweep.json").read_text())
+  assert sweep["axes"] == {"optimizer.learning_rate": [0.001, 0.003], "train.seed": [0, 1]}
+  assert [r["name"] for r in sweep["runs"]] == ["lr0.001_seed0", "lr0.001_seed1",
+                                                "lr0.003_seed0", "lr0.003_seed1"]
+  assert sweep["runs"][3]["overrides"] == {"optimizer.learning_rate": 0.003, "train.seed": 1}
+  assert {r["status"] for r in sweep["runs"]} <= {"finished", "diverged"}
+  killed = tmp_path / "killed"
+  proc = runs.start_module("normstudy.sweep", *args, f"--workdir={killed}")
+  first = killed / "lr0.003_seed1"
+  if runs.wait_for_records(proc, first, 9):
+    proc.send_signal(signal.SIGKILL)
+  proc.communicate(timeout=120)
+  runs.run_module("normstudy.sweep", *args, f"--workdir={killed}")
+  for name in ("lr0.001_seed0", "lr0.001_seed1", "lr0.003_seed0", "lr0.003_seed1"):
+    assert runs.trajectory(killed / name) == runs.trajectory(reference / name), name
+  assert len(os.listdir(killed / "checkpoints")) == 1  # one stacked program
