@@ -50,6 +50,17 @@ print(f"{df.run.nunique()} runs, {len(df)} values from {WORKDIR}")"""),
     ("markdown", "## Summary"),
     ("code", """summary = analysis.summarize(df)
 summary"""),
+    ("markdown", "## Learning-rate sensitivity\n\nFor a sweep over "
+                 "`optimizer.learning_rate`: final loss against learning rate per arm over seeds "
+                 "(Wortsman et al. 2023), attention logits, and where halted runs died."),
+    ("code", """if analysis.sensitivity.is_sweep(df):
+  sweep_runs = analysis.sensitivity.table(df, summary)
+  died = analysis.sensitivity.deaths(sweep_runs)
+  display(analysis.sensitivity.summarize(sweep_runs))
+  for path in analysis.sensitivity_plots.plot_all(sweep_runs, died, out).values():
+    display(Image(path))
+else:
+  print("not a learning-rate sweep: no sensitivity analysis")"""),
     ("markdown", "## Observations"),
     ("code", """path = analysis.write_observations(df, summary, os.path.join(out, "observations.md"))
 display(Markdown(open(path, encoding="utf-8").read()))"""),

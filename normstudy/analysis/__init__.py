@@ -30,20 +30,64 @@ from normstudy.analysis.runs import load_runs
 from normstudy.analysis.runs import localize
 from normstudy.analysis.runs import series
 from normstudy.analysis.runs import smooth
+from normstudy.analysis import sensitivity
+from normstudy.analysis import sensitivity_plots
+
+# Above this many runs, per-step figures and per-run prose are unreadable: a sweep is read
+# through its sensitivity figures and tables instead.
+MAX_RUNS_PER_FIGURE = 12
+
+
+def statuses(workdir: str) -> dict:
+  """{run: status} of every run below `workdir` (finished, halted, diverged, preempted,
+  running), as the summary judges them."""
+  df = load_runs(workdir)
+  if df.empty:
+    return {}
+  summary = summarize(df)
+  return dict(zip(summary.run, summary.status))
 
 
 def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING) -> dict:
-  """Writes loss_comparison.png (+ .svg), summary.csv, observations.md and, with telemetry,
-  layers_<metric>.png into `workdir`; returns their paths."""
+  """Writes the analysis of every run below `workdir` into it; returns the paths written.
+
+  A study: loss_comparison.png (+ .svg), summary.csv (one row per run), observations.md and, with
+  telemetry, layers_<metric>.png. A learning-rate sweep (runs that vary
+  optimizer.learning_rate): lr_sensitivity.png, lr_attn_logit.png, deaths.png, summary.csv (one
+  row per arm: sensitivity.summarize), deaths.csv (how runs die: sensitivity.deaths), runs.csv
+  (one row per run, as a study's summary.csv, plus the sweep's columns) and observations.md led
+  by the sensitivity; the per-step figures only when there are few enough runs to read them.
+  """
   if not os.path.isdir(workdir):
     raise NoRunsError(f"{workdir!r} is not a directory")
   df = load_runs(workdir)
   if df.empty:
     raise NoRunsError(f"no run with a metrics.jsonl below {workdir!r}")
-  figure = plot_comparison(df, os.path.join(workdir, "loss_comparison.png"), smoothing)
-  table = os.path.join(workdir, "summary.csv")
   summary = summarize(df)
-  summary.to_csv(table, index=False)
-  observations = write_observations(df, summary, os.path.join(workdir, "observations.md"))
-  return {"figure": figure, "summary": table, "observations": observations,
-          **plot_layers(df, workdir)}
+  outputs = {}
+  extra = []
+  table = os.path.join(workdir, "summary.csv")
+  if sensitivity.is_sweep(df):
+    runs = sensitivity.table(df, summary)
+    by_arm = sensitivity.summarize(runs)
+    died = sensitivity.deaths(runs)
+    by_arm.to_csv(table, index=False)
+    outputs["run_table"] = os.path.join(workdir, "runs.csv")
+    summary.merge(runs.drop(columns=["status", "final_eval_loss", "nonfinite_at", "halt_reason",
+                                     "entropy_floor"]), on="run", how="left").to_csv(
+        outputs["run_table"], index=False)
+    outputs["deaths"] = os.path.join(workdir, "deaths.csv")
+    died.to_csv(outputs["deaths"], index=False)
+    outputs.update(sensitivity_plots.plot_all(runs, died, workdir))
+    extra.append(("Learning-rate sensitivity", sensitivity.observations(runs, by_arm, died)))
+  else:
+    summary.to_csv(table, index=False)
+  if df.run.nunique() <= MAX_RUNS_PER_FIGURE:
+    outputs["figure"] = plot_comparison(df, os.path.join(workdir, "loss_comparison.png"),
+                                        smoothing)
+    outputs.update(plot_layers(df, workdir))
+  outputs["summary"] = table
+  outputs["observations"] = write_observations(
+      df, summary, os.path.join(workdir, "observations.md"), extra,
+      per_run=df.run.nunique() <= MAX_RUNS_PER_FIGURE)
+  return outputs

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from normstudy import grid
 from normstudy import metrics as metrics_lib
 from normstudy import rundir
 from normstudy import telemetry
@@ -45,13 +46,15 @@ def localize(workdir: str, cache_dir: str | None = None, force_copy: bool = Fals
 
 def find_runs(workdir: str) -> list[str]:
   """Run directories (those holding metrics.jsonl) below `workdir`: a study's variants in its
-  config file's order (the legend order), then any others sorted by path."""
+  config file's order (the legend order), or a sweep's runs in sweep.json's order (arms in the
+  file's order), then any others sorted by path."""
   runs = []
   for root, dirs, files in os.walk(workdir):
     dirs[:] = sorted(d for d in dirs if d not in (rundir.CHECKPOINTS, rundir.DAMAGED_CHECKPOINTS))
     if rundir.METRICS in files:
       runs.append(root)
-  order = rundir.read_json(os.path.join(workdir, rundir.STUDY)).get("variants", [])
+  order = rundir.read_json(os.path.join(workdir, rundir.STUDY)).get("variants", []) or [
+      run["name"] for run in rundir.read_json(os.path.join(workdir, rundir.SWEEP)).get("runs", [])]
   rank = {os.path.normpath(os.path.join(workdir, v)): i for i, v in enumerate(order)}
   return sorted(runs, key=lambda r: (rank.get(os.path.normpath(r), len(rank)), r))
 
@@ -85,10 +88,15 @@ def load_runs(workdir: str) -> pd.DataFrame:
       continue
     info = rundir.read_json(os.path.join(run_dir, rundir.RUN))
     config = rundir.read_json(os.path.join(run_dir, rundir.CONFIG))
+    label = info.get("label") or config.get("label") or run
+    overrides = info.get("overrides", {})
+    point = f" | {grid.point_label(overrides)}"
     infos[run] = {
-        "label": info.get("label") or config.get("label") or run,
+        "label": label,
         "arm": info.get("arm"),
-        "overrides": info.get("overrides", {}),
+        # The arm's label without the sweep point grid.points appended to it.
+        "arm_label": label[:-len(point)] if overrides and label.endswith(point) else label,
+        "overrides": overrides,
         "entropy_floor": info.get("entropy_floor"),
         "warmup_steps": config.get("optimizer", {}).get("warmup_steps", 0),
         "num_steps": config.get("train", {}).get("num_steps"),
