@@ -41,6 +41,14 @@ def default_config() -> ml_collections.ConfigDict:
   model.use_bias = False  # biases on q, k, v, out, fc1, fc2 and the position conv
   model.attention_relax = 0.0  # 0 = off, else the PB-Relax alpha (MERT uses 32).
   model.attention_relax_form = "pb_relax"  # pb_relax (CogView) | after_product (MERT's code)
+  # Stability techniques that combine with any placement (README, "Stability techniques").
+  model.qk_norm = "none"  # none | layernorm | rmsnorm of q and k per head (ViT-22B)
+  model.layer_scale = 0.0  # 0 = off, else the init of a per-channel gain on every branch (CaiT)
+  model.emb_grad_shrink = 1.0  # 1 = off, else alpha of GLM-130B's embedding gradient shrink
+  model.attn_softcap = 0.0  # 0 = off, else cap * tanh(scores / cap) (Gemma 2; 50)
+  model.output_softcap = 0.0  # 0 = off, else cap * tanh(logits / cap) (Gemma 2; 30)
+  model.attention_scores_dtype = "compute"  # compute (the compute dtype) | float32: q k^T in it
+  model.mix_ln_fraction = 0.25  # mix_ln: the share of layers (rounded up) that are Post-LN
   model.dtype = "float32"  # Compute dtype: float32 | bfloat16 | float16. Parameters stay float32.
   # Run the layers with nn.scan (True), unrolled (False), or None: by the rule measured on
   # XLA:CPU (normstudy.model.scans): scan stacks deeper than 6 layers and 16-bit stacks whose
@@ -51,6 +59,10 @@ def default_config() -> ml_collections.ConfigDict:
   model.position_embedding = "sinusoidal"  # sinusoidal (fixed) | learned | conv (encoders)
   model.conv_pos_width = 5  # conv: kernel width over the sequence
   model.conv_pos_groups = 4  # conv: channel groups (wav2vec2 uses 16)
+
+  # The objective's auxiliary terms (normstudy.loss), each logged under its own key.
+  config.loss = loss = ml_collections.ConfigDict()
+  loss.z_loss = 0.0  # 0 = off, else PaLM's z-loss coefficient: z_loss * (log Z)^2 per token
 
   config.optimizer = opt = ml_collections.ConfigDict()
   # adamw: optax Adam, decay decoupled, norms and biases not decayed | adam: L2 added to the
@@ -128,6 +140,8 @@ CHOICES = {
     "model.position_embedding": ("sinusoidal", "learned", "conv"),
     "model.attention_relax_form": ("pb_relax", "after_product"),
     "model.init": ("xavier", "bert"),
+    "model.qk_norm": ("none", "layernorm", "rmsnorm"),
+    "model.attention_scores_dtype": ("compute", "float32"),
     "train.on_nonfinite": ("halt", "skip"),
 }
 
@@ -142,6 +156,12 @@ _RANGES = (
     ("model.norm_eps", lambda v: v > 0, "a number > 0"),
     ("model.attention_relax", lambda v: v >= 0, "0 (off) or a number > 0"),
     ("model.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    ("model.layer_scale", lambda v: v >= 0, "0 (off) or a number > 0"),
+    ("model.emb_grad_shrink", lambda v: 0 < v <= 1, "a number in (0, 1]; 1 = off"),
+    ("model.attn_softcap", lambda v: v >= 0, "0 (off) or a number > 0"),
+    ("model.output_softcap", lambda v: v >= 0, "0 (off) or a number > 0"),
+    ("model.mix_ln_fraction", lambda v: 0 < v < 1, "a number in (0, 1)"),
+    ("loss.z_loss", lambda v: v >= 0, "0 (off) or a number > 0"),
     ("model.conv_pos_width", lambda v: v >= 1, "an integer >= 1"),
     ("model.conv_pos_groups", lambda v: v >= 1, "an integer >= 1"),
     ("optimizer.learning_rate", lambda v: v > 0, "a number > 0"),

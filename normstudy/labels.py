@@ -22,6 +22,15 @@ def describe(config) -> str:
   if model.attention_relax > 0:
     parts.append("Attention Relax" + (" (after product)"
                                       if model.attention_relax_form == "after_product" else ""))
+  parts += [text for on, text in (
+      (model.qk_norm != "none", "QK-Norm" + (" (RMS)" if model.qk_norm == "rmsnorm" else "")),
+      (model.layer_scale > 0, f"LayerScale={_number(float(model.layer_scale))}"),
+      (model.emb_grad_shrink < 1, f"Emb Grad Shrink={_number(float(model.emb_grad_shrink))}"),
+      (model.attn_softcap > 0, f"Attn Softcap={_number(float(model.attn_softcap))}"),
+      (model.output_softcap > 0, f"Output Softcap={_number(float(model.output_softcap))}"),
+      (model.attention_scores_dtype == "float32", "fp32 Scores"),
+      (config.loss.z_loss > 0, f"z-loss={_number(float(config.loss.z_loss))}"),
+  ) if on]
   parts.append(f"Gradient Clip={_number(float(opt.clip_norm))}" if opt.clip_norm
                else "No Clip")
   return " | ".join(parts)

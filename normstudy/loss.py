@@ -26,10 +26,25 @@ def cross_entropy(cfg, logits, batch) -> tuple[jax.Array, jax.Array]:
   return jnp.sum(losses * weights) / jnp.maximum(count, 1.0), count
 
 
+def z_loss(cfg, logits, batch) -> jax.Array:
+  """PaLM's auxiliary z-loss without its coefficient: the mean over predicted tokens of
+  (log Z)^2, Z = sum_v exp(logit_v) (Chowdhery et al. 2022, "PaLM", section 5). It pulls
+  log Z towards 0, so the output logits cannot drift."""
+  logits, _, weights = targets(cfg, logits, batch)
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  return jnp.sum(jnp.square(log_z) * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
 def objective(cfg, loss_cfg, logits, batch) -> tuple[jax.Array, dict]:
   """(the loss to differentiate, {"loss": cross entropy, <aux term>: value, ...}).
 
-  `loss_cfg` is `config.loss` (None: cross entropy only)."""
-  del loss_cfg
+  `loss_cfg` is `config.loss` (None: cross entropy only). "loss" stays the cross entropy, so
+  runs with and without auxiliary terms compare; each term is logged under its own key
+  ("z_loss": the coefficient times the mean (log Z)^2, what it adds to the loss)."""
   ce, _ = cross_entropy(cfg, logits, batch)
-  return ce, {"loss": ce}
+  total, terms = ce, {"loss": ce}
+  coefficient = loss_cfg.get("z_loss", 0.0) if loss_cfg is not None else 0.0
+  if coefficient > 0:
+    terms["z_loss"] = coefficient * z_loss(cfg, logits, batch)
+    total = total + terms["z_loss"]
+  return total, terms

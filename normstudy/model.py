@@ -135,12 +135,14 @@ def sinusoidal_positions(length: int, dim: int) -> jax.Array:
 class LayerNorm(nn.Module):
   eps: float
   dtype: Any
+  axis_name: str = "embed"  # the logical axis of the normalised dimension
 
   @nn.compact
   def __call__(self, x):
     d = x.shape[-1]
-    scale = _param(self, "scale", nn.initializers.ones, (d,), ("embed",), decay=False)
-    bias = _param(self, "bias", nn.initializers.zeros, (d,), ("embed",), decay=False)
+    axes = (self.axis_name,)
+    scale = _param(self, "scale", nn.initializers.ones, (d,), axes, decay=False)
+    bias = _param(self, "bias", nn.initializers.zeros, (d,), axes, decay=False)
     # Statistics in float32: an fp16 variance of a large residual stream overflows.
     x = x.astype(jnp.float32)
     mean = jnp.mean(x, axis=-1, keepdims=True)
@@ -151,10 +153,12 @@ class LayerNorm(nn.Module):
 class RMSNorm(nn.Module):
   eps: float
   dtype: Any
+  axis_name: str = "embed"
 
   @nn.compact
   def __call__(self, x):
-    scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), ("embed",), decay=False)
+    scale = _param(self, "scale", nn.initializers.ones, (x.shape[-1],), (self.axis_name,),
+                   decay=False)
     x = x.astype(jnp.float32)
     ms = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
     return (x * jax.lax.rsqrt(ms + self.eps) * scale).astype(self.dtype)
@@ -165,8 +169,16 @@ NORMS.register("layernorm", LayerNorm)
 NORMS.register("rmsnorm", RMSNorm)
 
 
-def make_norm(cfg, name: str) -> nn.Module:
-  return NORMS.get(cfg.norm)(eps=cfg.norm_eps, dtype=cfg.compute_dtype, name=name)
+def make_norm(cfg, name: str, kind: str | None = None, axis_name: str = "embed") -> nn.Module:
+  """The config's norm (or `kind`) over the last axis, statistics in float32."""
+  return NORMS.get(kind or cfg.norm)(eps=cfg.norm_eps, dtype=cfg.compute_dtype,
+                                     axis_name=axis_name, name=name)
+
+
+def softcap(x, cap: float):
+  """Gemma 2's soft-capping, cap * tanh(x / cap) (Gemma Team 2024, "Gemma 2", section 2): smooth,
+  close to x for |x| << cap, bounded by cap. `cap` 0 leaves x as it is."""
+  return cap * jnp.tanh(x / cap) if cap > 0 else x
 
 
 def _float32_gelu(approximate: bool):
@@ -183,9 +195,12 @@ ACTIVATIONS.register("gelu_tanh", _float32_gelu(approximate=True))
 ACTIVATIONS.register("relu", jax.nn.relu)
 
 
-def attention_scores(q, k, alpha: float = 0.0, form: str = "pb_relax"):
+def attention_scores(q, k, alpha: float = 0.0, form: str = "pb_relax", scores_dtype=None):
   """Pre-softmax attention logits in float32, from q and k [b, h, l, d] in the compute dtype.
 
+  `scores_dtype` (model.attention_scores_dtype="float32"): q and k are cast to it first, so the
+  product cannot overflow float16's 65504 (the simplest fix for score overflow; it costs the
+  product's half-precision speed).
   Plain (alpha = 0): (q / sqrt(d)) K^T in the compute dtype, as fp16 training does.
   `pb_relax` (CogView's PB-Relax, Ding et al. 2021): S = (q / (alpha sqrt(d))) K^T in the
     compute dtype, then (S - max_row(S)) * alpha in float32: the product stays alpha times
@@ -195,6 +210,8 @@ def attention_scores(q, k, alpha: float = 0.0, form: str = "pb_relax"):
   Softmax ignores a per-row shift, so all three agree in real arithmetic. Returns (logits,
   row_shift): logits + row_shift are the unshifted scores (row_shift is zero without relax).
   """
+  if scores_dtype is not None:
+    q, k = q.astype(scores_dtype), k.astype(scores_dtype)
   dtype = q.dtype
   head_dim = q.shape[-1]
   divisor = alpha * math.sqrt(head_dim) if alpha > 0 and form == "pb_relax" else math.sqrt(
@@ -269,15 +286,24 @@ class Attention(nn.Module):
       return _plus_bias(self, f"{name}_bias", y, qkv_axes[1:], dims=(1, 3))
 
     q, k, v = project("query", qk_init), project("key", qk_init), project("value", v_init)
-    logits, row_shift = attention_scores(q, k, cfg.attention_relax, cfg.attention_relax_form)
+    if cfg.qk_norm != "none":
+      # QK-norm (Dehghani et al. 2023, ViT-22B; Wortsman et al. 2023): each head's q and k
+      # normalised over head_dim, one gain shared by the heads.
+      q = make_norm(cfg, "query_norm", cfg.qk_norm, axis_name="kv")(q)
+      k = make_norm(cfg, "key_norm", cfg.qk_norm, axis_name="kv")(k)
+    logits, row_shift = attention_scores(
+        q, k, cfg.attention_relax, cfg.attention_relax_form,
+        jnp.float32 if cfg.attention_scores_dtype == "float32" else None)
     telemetry.sow_site(self, self.probe, "attn_scores", logits)
+    raw_logits = logits  # what telemetry reports: the scores before any cap
+    logits = softcap(logits, cfg.attn_softcap)
     length = x.shape[1]
     allowed = jnp.tril(jnp.ones((length, length), bool)) if cfg.causal else None
     if allowed is not None:
       logits = jnp.where(allowed, logits, -jnp.inf)
 
     def largest_score():
-      seen = logits + row_shift
+      seen = raw_logits + row_shift
       return jnp.max(seen if allowed is None else jnp.where(allowed, seen, -jnp.inf))
 
     telemetry.sow_stat(self, self.probe, "attn_logit_max", largest_score)
@@ -317,7 +343,7 @@ class Mlp(nn.Module):
     telemetry.sow_stat(self, self.probe, "mlp_preact_absmax", lambda: telemetry.absmax(h))
     h = ACTIVATIONS.get(cfg.activation)(h)
     if self.inner_norm:
-      h = make_norm(cfg, "inner_norm")(h)
+      h = make_norm(cfg, "inner_norm", axis_name="mlp")(h)
     out = _plus_bias(self, "fc2_bias", jnp.einsum("blf,fd->bld", h, w2.astype(dtype)),
                      ("embed",))
     telemetry.sow_site(self, self.probe, "mlp_out", out)
@@ -334,23 +360,37 @@ class Block(nn.Module):
   def __call__(self, x, index=0):
     cfg = self.cfg
     placement = placements.get(cfg.placement)
-    ctx = placements.LayerContext(
-        index=index, num_layers=cfg.num_layers, causal=cfg.causal,
-        alpha=placement.residual_alpha(cfg.num_layers), cfg=cfg)
     gain = placement.branch_gain(cfg.num_layers)
+
+    def context(prefix):
+      def param(name, shape, value):
+        return _param(self, f"{prefix}_{name}", nn.initializers.constant(value), shape,
+                      ("embed",) * len(shape), decay=False)
+      return placements.LayerContext(
+          index=index, num_layers=cfg.num_layers, causal=cfg.causal,
+          alpha=placement.residual_alpha(cfg.num_layers), cfg=cfg, param=param)
 
     def norms_of(prefix):
       return lambda slot: make_norm(cfg, f"{prefix}_norm" if slot == "in" else
                                     f"{prefix}_{slot}_norm")
 
-    def dropped(f):
-      return lambda h: nn.Dropout(cfg.dropout)(f(h), deterministic=self.deterministic)
+    def branch(f, prefix):
+      def dropped(h):
+        return nn.Dropout(cfg.dropout)(f(h), deterministic=self.deterministic)
+      if cfg.layer_scale <= 0:
+        return dropped
+      # LayerScale (Touvron et al. 2021, CaiT, eq. 3): x + diag(g) F(...), g learned per
+      # channel, initialised to a small constant, not decayed.
+      scale = _param(self, f"{prefix}_layer_scale", nn.initializers.constant(cfg.layer_scale),
+                     (cfg.d_model,), ("embed",), decay=False)
+      return lambda h: dropped(h) * scale.astype(h.dtype)
 
     attention = Attention(cfg, gain, placement.inner_norm, self.probe, name="attention")
     mlp = Mlp(cfg, gain, placement.inner_norm, self.probe, name="mlp")
-    x = placement.wrap(x, dropped(attention), norms_of("attention"), ctx)
+    x = placement.wrap(x, branch(attention, "attention"), norms_of("attention"),
+                       context("attention"))
     telemetry.sow_site(self, self.probe, "resid_attn", x)
-    x = placement.wrap(x, dropped(mlp), norms_of("mlp"), ctx)
+    x = placement.wrap(x, branch(mlp, "mlp"), norms_of("mlp"), context("mlp"))
     telemetry.sow_site(self, self.probe, "resid_mlp", x)
     telemetry.sow_stat(self, self.probe, "act_rms", lambda: telemetry.rms(x))
     telemetry.sow_stat(self, self.probe, "resid_absmax", lambda: telemetry.absmax(x))
@@ -379,6 +419,11 @@ class Transformer(nn.Module):
     embedding = _param(self, "embedding", nn.initializers.normal(BERT_STD),
                        (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
     x = jnp.take(embedding, tokens, axis=0)
+    if cfg.emb_grad_shrink < 1:
+      # GLM-130B's embedding gradient shrink (Zeng et al. 2022, section 3.3): the forward value
+      # is unchanged, the gradient into the embedding table scaled by alpha.
+      a = cfg.emb_grad_shrink
+      x = a * x + (1 - a) * jax.lax.stop_gradient(x)
     if not cfg.causal:
       mask_embedding = _param(self, "mask_embedding", nn.initializers.normal(BERT_STD),
                               (cfg.d_model,), ("embed",))
@@ -421,7 +466,7 @@ class Transformer(nn.Module):
                     ("embed", "vocab"))
     logits = jnp.einsum("bld,dv->blv", x, head.astype(dtype)).astype(jnp.float32)
     telemetry.sow_site(self, self.probe, "logits", logits)
-    return logits
+    return softcap(logits, cfg.output_softcap)
 
 
 def boxed_init(cfg):

@@ -10,10 +10,11 @@ layers, causality and the model config.
 
 Options that combine with any placement (QK-norm, attention relax, z-loss, LayerScale, ...) are
 config fields, not placements. To add a placement: write its `wrap`, `register(Placement(...))`,
-and add its numpy reference to `tests/reference_blocks.py`.
+and add its numpy reference to `tests/numpy_reference.py` (BLOCKS).
 """
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 import jax
@@ -35,6 +36,9 @@ class LayerContext:
   causal: bool
   alpha: float  # this placement's residual weight for the stack
   cfg: Any = None  # the ModelConfig, for placement-specific fields
+  # param(name, shape, init value) -> a learned float32 parameter of this sublayer, not decayed
+  # (ReZero's scalar); created on first use.
+  param: Callable[[str, tuple, float], Array] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +87,35 @@ def _sandwich_ln(x, f, norm, ctx):
   return x + norm("out")(f(norm("in")(x)))
 
 
+def _mix_ln(x, f, norm, ctx):
+  """Post-LN in the first ceil(fraction * N) layers, Pre-LN after (Li et al. 2024, "Mix-LN",
+  alpha = 0.25). Under nn.scan the layer index is traced: the sublayer runs once on the input
+  the layer's kind chooses, and the output is chosen the same way."""
+  post = ctx.index < mix_ln_post_layers(ctx.num_layers, ctx.cfg.mix_ln_fraction)
+  if isinstance(post, bool):
+    return _post_ln(x, f, norm, ctx) if post else _pre_ln(x, f, norm, ctx)
+  n = norm("in")
+  y = f(where_layer(post, x, n(x)))
+  return where_layer(post, n(x + y), x + y)
+
+
+def mix_ln_post_layers(num_layers: int, fraction: float) -> int:
+  """How many of the first layers Mix-LN makes Post-LN: ceil(fraction * N)."""
+  return math.ceil(fraction * num_layers)
+
+
+def _rezero(x, f, norm, ctx):
+  """x + a F(x), a a learned scalar initialised to 0, no norms (Bachlechner et al. 2020)."""
+  del norm
+  return x + ctx.param("rezero", (), 0.0).astype(x.dtype) * f(x)
+
+
+def sub_ln_gain(num_layers: int) -> float:
+  """Magneto's init gain for value, out, fc1 and fc2: sqrt(log(2N)) (Wang et al. 2022,
+  "Foundation Transformers", section 2.2)."""
+  return math.sqrt(math.log(2.0 * num_layers))
+
+
 def deepnorm_alpha(num_layers: int) -> float:
   """DeepNet's residual weight for a decoder-only or encoder-only stack of N layers: (2N)^(1/4).
 
@@ -113,6 +146,23 @@ register(Placement(
 register(Placement(
     name="sandwich_ln", wrap=_sandwich_ln, final_norm=True, label="Sandwich-LN",
     description="x + LN_out(F(LN_in(x))) (CogView, Ding et al. 2021)."))
+register(Placement(
+    name="sub_ln", wrap=_pre_ln, final_norm=True, label="Sub-LN", inner_norm=True,
+    branch_gain=sub_ln_gain,
+    description="Pre-LN plus a LN before attention's output projection and before fc2; value, "
+                "out, fc1, fc2 init gain sqrt(log 2N) (Magneto, Wang et al. 2022)."))
+register(Placement(
+    name="peri_ln", wrap=_sandwich_ln, final_norm=True, label="Peri-LN", embedding_norm=True,
+    description="x + LN_out(F(LN_in(x))), a LN on the embedding output and a final LN "
+                "(Peri-LN, Kim et al. 2025)."))
+register(Placement(
+    name="mix_ln", wrap=_mix_ln, final_norm=True, label="Mix-LN", identity_residual=False,
+    description="Post-LN in the first ceil(model.mix_ln_fraction * N) layers, Pre-LN after "
+                "(Mix-LN, Li et al. 2024)."))
+register(Placement(
+    name="rezero", wrap=_rezero, final_norm=False, label="ReZero",
+    description="x + a F(x), a learned scalar per sublayer initialised to 0, no norms "
+                "(ReZero, Bachlechner et al. 2020)."))
 
 
 def where_layer(condition, a: Array, b: Array) -> Array:

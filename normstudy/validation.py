@@ -48,6 +48,14 @@ RULES = (
     _rule(lambda c: c.data.name != "synthetic" or c.data.branching <= c.model.vocab_size,
           lambda c: f"config.data.branching={c.data.branching} exceeds "
                     f"config.model.vocab_size={c.model.vocab_size}"),
+    _rule(lambda c: not (c.model.attn_softcap > 0 and c.model.attention_relax > 0),
+          lambda c: f"config.model.attn_softcap={c.model.attn_softcap:g} caps the scores that "
+                    f"config.model.attention_relax={c.model.attention_relax:g} shifts by their row "
+                    "maximum; use one of them (set the other to 0)"),
+    _rule(lambda c: not (c.model.layer_scale > 0 and c.model.placement == "rezero"),
+          lambda c: f"config.model.layer_scale={c.model.layer_scale:g} scales the branches that "
+                    "config.model.placement='rezero' already scales by a learned scalar; use one "
+                    "of them"),
     _rule(lambda c: c.optimizer.schedule in optimizer_lib.SCHEDULES,
           lambda c: str(errors.not_allowed("optimizer.schedule", c.optimizer.schedule,
                                            optimizer_lib.SCHEDULES))),

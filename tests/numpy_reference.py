@@ -36,11 +36,22 @@ def _bias(p, name, shape_like):
   return p[name] if name in p else np.zeros(shape_like)
 
 
-def attention(x, p, causal):
+def attention(x, p, causal, qk_norm=None, softcap=0.0, eps=1e-5):
+  """Multi-head attention; `qk_norm` ("layernorm" | "rmsnorm") normalises q and k per head over
+  head_dim (ViT-22B); `softcap` caps the scores, cap * tanh(s / cap) (Gemma 2); an "inner_norm"
+  in `p` normalises the heads' concatenation before the output projection (Sub-LN)."""
   q = np.einsum("bld,dhk->blhk", x, p["query"]) + _bias(p, "query_bias", 1)
   k = np.einsum("bld,dhk->blhk", x, p["key"]) + _bias(p, "key_bias", 1)
   v = np.einsum("bld,dhk->blhk", x, p["value"]) + _bias(p, "value_bias", 1)
+  if qk_norm == "layernorm":
+    q = layernorm(q, p["query_norm"]["scale"], p["query_norm"]["bias"], eps)
+    k = layernorm(k, p["key_norm"]["scale"], p["key_norm"]["bias"], eps)
+  elif qk_norm == "rmsnorm":
+    q = rmsnorm(q, p["query_norm"]["scale"], eps)
+    k = rmsnorm(k, p["key_norm"]["scale"], eps)
   scores = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1])
+  if softcap:
+    scores = softcap * np.tanh(scores / softcap)
   if causal:
     length = x.shape[1]
     scores = np.where(np.tril(np.ones((length, length), bool)), scores, -np.inf)
@@ -48,11 +59,17 @@ def attention(x, p, causal):
   probs = np.exp(scores)
   probs /= probs.sum(-1, keepdims=True)
   context = np.einsum("bhqs,bshk->bqhk", probs, v)
+  if "inner_norm" in p:
+    b, l, h, k = context.shape
+    joined = _norm(p, "inner_norm", context.reshape(b, l, h * k), eps)
+    return joined @ p["out"].reshape(h * k, -1) + _bias(p, "out_bias", 1)
   return np.einsum("blhk,hkd->bld", context, p["out"]) + _bias(p, "out_bias", 1)
 
 
-def mlp(x, p, activation="gelu_tanh"):
+def mlp(x, p, activation="gelu_tanh", eps=1e-5):
   h = ACTIVATIONS[activation](x @ p["fc1"] + _bias(p, "fc1_bias", 1))
+  if "inner_norm" in p:  # Sub-LN: a norm before fc2
+    h = _norm(p, "inner_norm", h, eps)
   return h @ p["fc2"] + _bias(p, "fc2_bias", 1)
 
 
@@ -77,9 +94,32 @@ def _post(alpha):
 def sandwich_ln(x, params, n, causal, eps, activation):
   del n
   h = x + _norm(params, "attention_out_norm", attention(
-      _norm(params, "attention_norm", x, eps), params["attention"], causal), eps)
+      _norm(params, "attention_norm", x, eps), params["attention"], causal, eps=eps), eps)
   return h + _norm(params, "mlp_out_norm", mlp(
-      _norm(params, "mlp_norm", h, eps), params["mlp"], activation), eps)
+      _norm(params, "mlp_norm", h, eps), params["mlp"], activation, eps), eps)
+
+
+def sub_ln(x, params, n, causal, eps, activation):
+  """Magneto (Wang et al. 2022): x + F(LN(x)) with F's own LN before its output projection;
+  the inner norms are in params["attention"]["inner_norm"] and params["mlp"]["inner_norm"]."""
+  del n
+  h = x + attention(_norm(params, "attention_norm", x, eps), params["attention"], causal,
+                    eps=eps)
+  return h + mlp(_norm(params, "mlp_norm", h, eps), params["mlp"], activation, eps)
+
+
+def mix_ln(x, params, n, causal, eps, activation, index=0, fraction=0.25):
+  """Mix-LN (Li et al. 2024): the first ceil(fraction * n) layers Post-LN, the rest Pre-LN."""
+  if index < math.ceil(fraction * n):
+    return _post(lambda n: 1.0)(x, params, n, causal, eps, activation)
+  return pre_ln(x, params, n, causal, eps, activation)
+
+
+def rezero(x, params, n, causal, eps, activation):
+  """ReZero (Bachlechner et al. 2020): x + a F(x), one learned scalar a per sublayer."""
+  del n, eps
+  h = x + params["attention_rezero"] * attention(x, params["attention"], causal)
+  return h + params["mlp_rezero"] * mlp(h, params["mlp"], activation)
 
 
 # placement -> (block(x, params, num_layers, causal, eps, activation), has a final norm)
@@ -88,4 +128,8 @@ BLOCKS = {
     "post_ln": (_post(lambda n: 1.0), False),
     "deepnorm": (_post(lambda n: (2 * n) ** 0.25), False),  # DeepNet: alpha = (2N)^(1/4)
     "sandwich_ln": (sandwich_ln, True),
+    "sub_ln": (sub_ln, True),
+    "peri_ln": (sandwich_ln, True),  # Peri-LN's block is Sandwich-LN's; it adds embedding norm
+    "mix_ln": (mix_ln, True),
+    "rezero": (rezero, False),
 }

