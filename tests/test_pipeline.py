@@ -159,6 +159,7 @@ def test_localize_copies_run_files_but_not_checkpoints(tmp_path):
   assert analysis.localize(str(tmp_path)) == str(tmp_path)  # local paths are used in place
 
 
+@pytest.mark.slow
 def test_single_run_command_line_and_overrides(tmp_path):
   workdir = tmp_path / "run"
   runs.run_module("normstudy.main", f"--config={SEED_FIGURE}:pre_norm_attn_relax_clip1",

@@ -89,6 +89,7 @@ def _tiny(config, tmp_path, steps=20, dtype="float32"):
   return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path, dtype):
   path = os.path.join(runs.REPO, "configs", "seed_figure.py")
@@ -120,6 +121,7 @@ def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path, dtype):
   assert len(finals) == 4
 
 
+@pytest.mark.slow
 def test_a_run_that_halts_is_frozen_while_the_others_finish(tmp_path):
   path = os.path.join(runs.REPO, "configs", "seed_figure.py")
   axes = {"optimizer.learning_rate": [1e-3, 1e4]}
