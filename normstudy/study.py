@@ -43,8 +43,9 @@ def run_grid(path: str, variant, axes: dict, workdir: str, overrides: dict,
       rundir.write_json(os.path.join(workdir, rundir.STUDY), {
           "config": path, "variants": [p.name for p in points], "overrides": dict(overrides)})
     train.train_programs(runs, workdir, allow_config_change, max_runs)
-    outputs = analysis.analyze(workdir)
-    statuses = analysis.statuses(workdir)
+    df = analysis.load_runs(workdir)  # read once, for the analysis and the statuses
+    outputs = analysis.analyze(workdir, df=df)
+    statuses = analysis.statuses(workdir, df)
     if axes:
       outputs["sweep"] = grid.write_sweep(workdir, axes, points, statuses)
   for point in points:

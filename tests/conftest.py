@@ -34,6 +34,22 @@ def tiny_config(**model_overrides):
   return config
 
 
+def train_losses(config, steps: int):
+  """(losses, last metrics) of `steps` jitted train steps from the initial state, on one fixed
+  batch of random tokens: the quickest check that a stack learns."""
+  import jax  # after the XLA flags above are set
+  from normstudy import steps as steps_lib
+  state = steps_lib.create_train_state(config)
+  step = jax.jit(steps_lib.make_train_step(config))
+  batch = {"tokens": jax.random.randint(jax.random.PRNGKey(1), (4, 16), 0,
+                                        config.model.vocab_size)}
+  losses = []
+  for _ in range(steps):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics["loss"]))
+  return losses, metrics
+
+
 @pytest.fixture
 def make_config():
   return lambda **kw: copy.deepcopy(tiny_config(**kw))

@@ -11,7 +11,7 @@ import pytest
 from normstudy import errors
 from normstudy import model as model_lib
 from normstudy import placements
-from normstudy import steps as steps_lib
+from conftest import train_losses
 import numpy_reference as ref
 
 PLACEMENTS = placements.names()
@@ -73,13 +73,7 @@ def test_a_placement_trains(make_config, name, dtype):
   # in test_steps (float16). Here: stacks end to end, the newer designs in float16 with QK-norm.
   config = make_config(placement=name, dtype=dtype,
                        qk_norm="layernorm" if dtype == "float16" else "none")
-  state = steps_lib.create_train_state(config)
-  step = jax.jit(steps_lib.make_train_step(config))
-  batch = {"tokens": jax.random.randint(jax.random.PRNGKey(1), (4, 16), 0, 32)}
-  losses = []
-  for _ in range(25):
-    state, metrics = step(state, batch)
-    losses.append(float(metrics["loss"]))
+  losses, _ = train_losses(config, 25)
   assert np.isfinite(losses).all()
   assert losses[-1] < losses[0] - 0.4, losses
 

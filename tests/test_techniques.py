@@ -21,6 +21,7 @@ from normstudy import model as model_lib
 from normstudy import placements
 from normstudy import steps as steps_lib
 from normstudy import validation
+from conftest import train_losses
 import numpy_reference as ref
 
 # option field -> (off value, an on value)
@@ -286,13 +287,7 @@ def test_every_placement_trains_with_every_option_on(make_config, placement):
                        attention_scores_dtype="float32")
   config.loss.z_loss = 1e-4
   validation.validate(config)
-  state = steps_lib.create_train_state(config)
-  step = jax.jit(steps_lib.make_train_step(config))
-  batch = {"tokens": jax.random.randint(jax.random.PRNGKey(1), (4, 16), 0, 32)}
-  losses = []
-  for _ in range(12):
-    state, metrics = step(state, batch)
-    losses.append(float(metrics["loss"]))
+  losses, metrics = train_losses(config, 12)
   assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.2, losses
   assert float(metrics["z_loss"]) > 0
 

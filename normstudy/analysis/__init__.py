@@ -38,17 +38,17 @@ from normstudy.analysis import sensitivity_plots
 MAX_RUNS_PER_FIGURE = 12
 
 
-def statuses(workdir: str) -> dict:
+def statuses(workdir: str, df=None) -> dict:
   """{run: status} of every run below `workdir` (finished, halted, diverged, preempted,
-  running), as the summary judges them."""
-  df = load_runs(workdir)
+  running), as the summary judges them; `df`: the runs already loaded from it."""
+  df = load_runs(workdir) if df is None else df
   if df.empty:
     return {}
   summary = summarize(df)
   return dict(zip(summary.run, summary.status))
 
 
-def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING) -> dict:
+def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, df=None) -> dict:
   """Writes the analysis of every run below `workdir` into it; returns the paths written.
 
   A study: loss_comparison.png (+ .svg), summary.csv (one row per run), observations.md and, with
@@ -60,7 +60,7 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING) -> dict:
   """
   if not os.path.isdir(workdir):
     raise NoRunsError(f"{workdir!r} is not a directory")
-  df = load_runs(workdir)
+  df = load_runs(workdir) if df is None else df  # `df`: the runs already loaded from it
   if df.empty:
     raise NoRunsError(f"no run with a metrics.jsonl below {workdir!r}")
   summary = summarize(df)
