@@ -9,6 +9,7 @@ import logging as std_logging
 import os
 import re
 import sys
+import threading
 
 from absl import app
 from absl import flags
@@ -36,9 +37,10 @@ class _LibraryNoise(std_logging.Filter):
     path = record.pathname.replace("\\", "/")
     if record.levelno < std_logging.WARNING and any(p in path for p in _QUIET_PACKAGES):
       return False
-    if "/orbax/" in path and record.exc_info and errors.environment_problem(record.exc_info[1]):
-      # orbax reports a full disk from each of its background threads, with a traceback; the
-      # same error reaches the main thread, which reports it in one line.
+    if record.exc_info and errors.environment_problem(record.exc_info[1]):
+      # orbax reports a full disk from each of its background threads and asyncio tasks (logged
+      # from orbax's or asyncio's modules), with a traceback; the same error reaches the main
+      # thread, which reports it in one line.
       return False
     return not any(m in str(record.msg) for m in _QUIET_MESSAGES)
 
@@ -52,8 +54,15 @@ def _ignore_closed_loop_callbacks(unraisable):
   sys.__unraisablehook__(unraisable)
 
 
+def _quiet_thread_environment_errors(args):
+  # A background writer thread that hits a full disk: the main thread reports it in one line.
+  if not errors.environment_problem(args.exc_value):
+    threading.__excepthook__(args)
+
+
 def quiet_library_logs():
   sys.unraisablehook = _ignore_closed_loop_callbacks
+  threading.excepthook = _quiet_thread_environment_errors
   handler = logging.get_absl_handler()
   if not any(isinstance(f, _LibraryNoise) for f in handler.filters):
     handler.addFilter(_LibraryNoise())
