@@ -39,7 +39,7 @@ CHANGEABLE_FIELDS = (
     "label", "data.data_dir", "mesh.runs", "mesh.data", "mesh.fsdp", "mesh.tensor",
     "train.num_steps", "train.log_every", "train.eval_every",
     "train.checkpoint_every", "train.max_to_keep", "train.on_nonfinite",
-    "train.max_consecutive_skips", "train.telemetry_every",
+    "train.max_consecutive_skips", "train.telemetry_every", "train.tensorboard",
 )
 
 

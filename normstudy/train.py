@@ -152,9 +152,9 @@ class Recorder:
   """One run's side effects: its records (metrics.jsonl), TensorBoard scalars and run.json.
   Processes other than 0 keep none of them.
 
-  TensorBoard scalars are written by clu's SummaryWriter on the writer thread (`writer_pool`),
-  created there on first use: it imports TensorFlow (~4 s), which then overlaps with
-  compilation instead of delaying the start."""
+  TensorBoard scalars (config.train.tensorboard) are written by clu's SummaryWriter on the
+  writer thread (`writer_pool`), created there on first use: it imports TensorFlow (~4 s of CPU),
+  which then overlaps with compilation instead of delaying the start."""
 
   def __init__(self, run: Run, resume_step, info: dict, writer_pool, is_writer: bool,
                stopped: bool = False):
@@ -166,6 +166,7 @@ class Recorder:
     self.timer = (resume_step or 0, time.perf_counter())  # (step, time) of the last record
     self._pool = writer_pool
     self._writer = None  # touched only on the writer thread
+    self._tensorboard = bool(run.config.train.tensorboard)
     if is_writer:
       self.dir.write_config(config_json(run.config))
       self.dir.update_info(**info, status=self.status)
@@ -178,8 +179,9 @@ class Recorder:
     # Steps after the resumed one are recomputed: drop them from earlier sessions' event files,
     # so TensorBoard shows one value per step.
     rundir.purge_events_after(self.run.directory, resume_step)
-    from clu import metric_writers  # imports TensorFlow
-    self._writer = metric_writers.SummaryWriter(self.run.directory)
+    if self._tensorboard:
+      from clu import metric_writers  # imports TensorFlow
+      self._writer = metric_writers.SummaryWriter(self.run.directory)
 
   def _scalars(self, step, scalars):
     self._writer.write_scalars(step, scalars)
@@ -189,6 +191,8 @@ class Recorder:
     if not self.is_writer:
       return
     self.log.write(self.last_record)
+    if not self._tensorboard:
+      return
     scalars = {k: float(v) for k, v in self.last_record.items()
                if k != "step" and isinstance(v, (int, float))}
     self._pool.submit(self._scalars, record["step"], scalars)

@@ -13,6 +13,8 @@ TINY = (
     "--config.model.d_ff=32", "--config.model.max_len=16", "--config.model.vocab_size=32",
     "--config.train.batch_size=4", "--config.data.train_tokens=16384",
     "--config.data.validation_tokens=4096", "--config.train.eval_steps=2",
+    # No TensorFlow import per process; the TensorBoard tests turn it back on.
+    "--config.train.tensorboard=False",
 )
 
 

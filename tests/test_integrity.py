@@ -88,8 +88,9 @@ def test_the_machines_failures_are_one_line():
 @pytest.mark.slow
 def test_a_second_run_on_a_busy_workdir_is_refused_and_touches_nothing(tmp_path):
   workdir = tmp_path / "run"
+  # Far more steps than it takes while the second process starts: it is stopped below.
   args = (f"--config={LM}", f"--workdir={workdir}",
-          *runs.tiny_args(tmp_path / "tfds", num_steps=400, every=1000))
+          *runs.tiny_args(tmp_path / "tfds", num_steps=10**6, every=10**7))
   first = runs.start_module("normstudy.main", *args)
   try:
     assert runs.wait_for_records(first, workdir, 5)
@@ -167,7 +168,7 @@ def _tensorboard_steps(workdir, tag="loss"):
 @pytest.mark.slow
 def test_lost_records_are_regenerated_and_tensorboard_keeps_one_value_per_step(tmp_path):
   workdir = tmp_path / "run"
-  args = _lm_args(tmp_path, workdir, 6)
+  args = _lm_args(tmp_path, workdir, 6, extra=("--config.train.tensorboard=True",))
   runs.run_module("normstudy.main", *args)
   reference = runs.trajectory(workdir)
   assert [r["step"] for r in reference] == list(range(1, 7))

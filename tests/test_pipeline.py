@@ -170,6 +170,8 @@ def test_single_run_command_line_and_overrides(tmp_path):
   assert config["model"]["attention_relax"] == 32.0
   recs = runs.records(workdir)
   assert all(r["loss_scale"] == 1.0 for r in recs)  # float32: no loss scaling
+  assert config["train"]["tensorboard"] is False  # runs.TINY: metrics.jsonl only
+  assert not [n for n in os.listdir(workdir) if n.startswith("events.out.tfevents")]
   assert all(r["clipped"] == (r["grad_norm"] > 0.25) for r in recs)
   df = analysis.load_runs(str(workdir))
   assert set(df.columns) == {"run", "label", "step", "metric", "value"}
