@@ -9,8 +9,8 @@ SENSITIVITY_DIR ?= runs/sensitivity
 SENSITIVITY_ARGS ?=
 TECHNIQUES_DIR ?= runs/techniques
 # Almost all of the suite's time is XLA compilation, which runs on one core per process: one
-# test worker per core (pytest-xdist).
-PYTEST_ARGS ?= -n auto
+# test worker per core (pytest-xdist); an idle worker takes tests queued for a busy one.
+PYTEST_ARGS ?= -n auto --dist worksteal
 
 .PHONY: install study sensitivity techniques test test-fast benchmark clean
 

@@ -65,6 +65,7 @@ def test_every_block_matches_its_numpy_reference(make_config, index, name):
   np.testing.assert_allclose(got, expected, atol=3e-4, rtol=3e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,dtype", [("deepnorm", "float32"), ("sub_ln", "float16"),
                                         ("peri_ln", "float16"), ("mix_ln", "float16"),
                                         ("rezero", "float16")])

@@ -82,7 +82,7 @@ def _tiny(config, tmp_path, steps=20, dtype="float32"):
   config.model.update(num_layers=2, d_model=16, num_heads=2, d_ff=32, max_len=16, vocab_size=32,
                       dtype=dtype)
   config.train.update(batch_size=4, num_steps=steps, eval_every=10, eval_steps=2,
-                      checkpoint_every=10, telemetry_every=5)
+                      checkpoint_every=10, telemetry_every=5, tensorboard=False)
   config.data.update(data_dir=str(tmp_path / "tfds"), train_tokens=16384,
                      validation_tokens=4096)
   config.optimizer.warmup_steps = 3
@@ -149,7 +149,7 @@ def test_sweep_command_resumes_bit_exactly_after_sigkill(tmp_path):
           "--config.model.dropout=0.1", "--config.train.telemetry_every=4")
   reference = tmp_path / "reference"
   result = runs.run_module("normstudy.sweep", *args, f"--workdir={reference}")
-  assert "runs: 4 finished" in result.stdout or "finished" in result.stdout
+  assert result.stdout.splitlines()[-1] == "runs: 4 finished"
   progress = [l for l in result.stderr.splitlines() if "runs alive" in l]
   assert progress and "loss best" in progress[-1] and "ETA" in progress[-1]
   sweep = json.loads((reference / "sweep.json").read_text())
@@ -157,7 +157,7 @@ def test_sweep_command_resumes_bit_exactly_after_sigkill(tmp_path):
   assert [r["name"] for r in sweep["runs"]] == ["lr0.001_seed0", "lr0.001_seed1",
                                                 "lr0.003_seed0", "lr0.003_seed1"]
   assert sweep["runs"][3]["overrides"] == {"optimizer.learning_rate": 0.003, "train.seed": 1}
-  assert {r["status"] for r in sweep["runs"]} <= {"finished", "diverged"}
+  assert [r["status"] for r in sweep["runs"]] == ["finished"] * 4
   killed = tmp_path / "killed"
   proc = runs.start_module("normstudy.sweep", *args, f"--workdir={killed}")
   first = killed / "lr0.003_seed1"

@@ -10,6 +10,7 @@ from normstudy import model as model_lib
 from normstudy import steps as steps_lib
 from normstudy import telemetry
 import numpy_reference as ref
+from conftest import USER_COMPILER_OPTIONS
 
 
 def _positions(length, dim):
@@ -92,9 +93,13 @@ def test_telemetry_matches_independent_computations(make_config, scan):
 def test_telemetry_step_updates_state_like_the_plain_step(make_config):
   config = make_config(dtype="float16")
   batch = {"tokens": jnp.asarray(np.random.default_rng(1).integers(0, 32, (4, 16)), jnp.int32)}
-  a, _ = jax.jit(steps_lib.make_train_step(config))(steps_lib.create_train_state(config), batch)
-  b, _ = jax.jit(steps_lib.make_train_step(config, telemetry_on=True))(
-      steps_lib.create_train_state(config), batch)
+  state = steps_lib.create_train_state(config)
+
+  def run(telemetry_on):
+    step = jax.jit(steps_lib.make_train_step(config, telemetry_on=telemetry_on))
+    return step.lower(state, batch).compile(compiler_options=USER_COMPILER_OPTIONS)(state, batch)
+
+  (a, _), (b, _) = run(False), run(True)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
