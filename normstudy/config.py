@@ -10,19 +10,17 @@ Validation is split by what it needs to know: `check_ranges` (here) checks each 
 `normstudy.validation` adds the registered names and the rules across fields.
 """
 
+import contextlib
+
 import ml_collections
 
 from normstudy import errors
+from normstudy import techniques
 
 
-def default_config() -> ml_collections.ConfigDict:
-  """Returns a config with every field normstudy reads, set to its default."""
-  config = ml_collections.ConfigDict()
-  # Legend label. Empty or "{auto}": described from the config (placement, techniques, clip);
-  # "{auto} | Run 2" adds to that; "{optimizer.clip_norm}"-style fields are filled in.
-  config.label = ""
-
-  config.model = model = ml_collections.ConfigDict()
+def _model() -> ml_collections.ConfigDict:
+  """config.model: the transformer (placement, sizes, precision, positions)."""
+  model = ml_collections.ConfigDict()
   model.num_layers = 4
   model.d_model = 128
   model.num_heads = 4
@@ -39,15 +37,7 @@ def default_config() -> ml_collections.ConfigDict:
   model.activation = "gelu"  # gelu (exact erf) | gelu_tanh | relu; GELU runs in float32
   model.init = "xavier"  # xavier | bert (normal(0.02), fairseq's init_bert_params)
   model.use_bias = False  # biases on q, k, v, out, fc1, fc2 and the position conv
-  model.attention_relax = 0.0  # 0 = off, else the PB-Relax alpha (MERT uses 32).
   model.attention_relax_form = "pb_relax"  # pb_relax (CogView) | after_product (MERT's code)
-  # Stability techniques that combine with any placement (README, "Stability techniques").
-  model.qk_norm = "none"  # none | layernorm | rmsnorm of q and k per head (ViT-22B)
-  model.layer_scale = 0.0  # 0 = off, else the init of a per-channel gain on every branch (CaiT)
-  model.emb_grad_shrink = 1.0  # 1 = off, else alpha of GLM-130B's embedding gradient shrink
-  model.attn_softcap = 0.0  # 0 = off, else cap * tanh(scores / cap) (Gemma 2; 50)
-  model.output_softcap = 0.0  # 0 = off, else cap * tanh(logits / cap) (Gemma 2; 30)
-  model.attention_scores_dtype = "compute"  # compute (the compute dtype) | float32: q k^T in it
   model.mix_ln_fraction = 0.25  # mix_ln: the share of layers (rounded up) that are Post-LN
   model.dtype = "float32"  # Compute dtype: float32 | bfloat16 | float16. Parameters stay float32.
   # Run the layers with nn.scan (True), unrolled (False), or None: by the rule measured on
@@ -59,12 +49,12 @@ def default_config() -> ml_collections.ConfigDict:
   model.position_embedding = "sinusoidal"  # sinusoidal (fixed) | learned | conv (encoders)
   model.conv_pos_width = 5  # conv: kernel width over the sequence
   model.conv_pos_groups = 4  # conv: channel groups (wav2vec2 uses 16)
+  return model
 
-  # The objective's auxiliary terms (normstudy.loss), each logged under its own key.
-  config.loss = loss = ml_collections.ConfigDict()
-  loss.z_loss = 0.0  # 0 = off, else PaLM's z-loss coefficient: z_loss * (log Z)^2 per token
 
-  config.optimizer = opt = ml_collections.ConfigDict()
+def _optimizer() -> ml_collections.ConfigDict:
+  """config.optimizer: clipping, Adam, weight decay, the schedule, fp16 loss scaling."""
+  opt = ml_collections.ConfigDict()
   # adamw: optax Adam, decay decoupled, norms and biases not decayed | adam: L2 added to the
   # gradient | adam_fairseq: fairseq's Adam (eps outside the bias correction, every parameter
   # decayed)
@@ -84,8 +74,12 @@ def default_config() -> ml_collections.ConfigDict:
   ls.initial_scale = 128.0
   ls.growth_interval = 2**14
   ls.min_scale = 1e-4
+  return opt
 
-  config.data = data = ml_collections.ConfigDict()
+
+def _data() -> ml_collections.ConfigDict:
+  """config.data: the dataset, its size and, for encoders, the masking."""
+  data = ml_collections.ConfigDict()
   data.name = "synthetic"  # synthetic | text_files | a TFDS text dataset (lm1b, c4/en, ...)
   data.data_dir = ml_collections.config_dict.placeholder(str)  # None: the TFDS default.
   data.files = ""  # Glob of UTF-8 text files for name=text_files.
@@ -103,14 +97,22 @@ def default_config() -> ml_collections.ConfigDict:
   data.tokenizer_train_bytes = 2**24
   data.mask_prob = 0.65  # Encoders: fraction of positions that start a masked span (HuBERT).
   data.mask_length = 5
+  return data
 
-  # Device mesh (normstudy.sharding): one size may be -1, the remaining devices.
-  config.mesh = mesh = ml_collections.ConfigDict()
+
+def _mesh() -> ml_collections.ConfigDict:
+  """config.mesh (normstudy.sharding): axis sizes; one may be -1, the remaining devices."""
+  mesh = ml_collections.ConfigDict()
+  mesh.runs = 1  # the K runs of one program (a sweep), each on its own slice of devices
   mesh.data = -1
   mesh.fsdp = 1
   mesh.tensor = 1
+  return mesh
 
-  config.train = train = ml_collections.ConfigDict()
+
+def _train() -> ml_collections.ConfigDict:
+  """config.train: length, records, checkpoints, telemetry and the non-finite policy."""
+  train = ml_collections.ConfigDict()
   train.num_steps = 1000
   # True: num_steps counts train steps, skipped fp16 overflow steps included. False: a run stops
   # after num_steps applied updates, as fairseq's max_update does.
@@ -134,6 +136,27 @@ def default_config() -> ml_collections.ConfigDict:
   # float16 always uses the loss scaler's skip and halts when the scale would pass min_scale.
   train.on_nonfinite = "halt"
   train.max_consecutive_skips = 10
+  return train
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Returns a config with every field normstudy reads, set to its default."""
+  config = ml_collections.ConfigDict()
+  # Legend label. Empty or "{auto}": described from the config (placement, techniques, clip);
+  # "{auto} | Run 2" adds to that; "{optimizer.clip_norm}"-style fields are filled in.
+  config.label = ""
+  config.model = _model()
+  # The objective's auxiliary terms (normstudy.loss), each logged under its own key.
+  config.loss = ml_collections.ConfigDict()
+  config.optimizer = _optimizer()
+  config.data = _data()
+  config.mesh = _mesh()
+  config.train = _train()
+  # Stability techniques that combine with any placement, each at its off value
+  # (normstudy.techniques; README, "Stability techniques").
+  for technique in techniques.TECHNIQUES:
+    *section, name = technique.field.split(".")
+    get_field(config, ".".join(section))[name] = technique.off
   return config
 
 
@@ -144,9 +167,8 @@ CHOICES = {
     "model.position_embedding": ("sinusoidal", "learned", "conv"),
     "model.attention_relax_form": ("pb_relax", "after_product"),
     "model.init": ("xavier", "bert"),
-    "model.qk_norm": ("none", "layernorm", "rmsnorm"),
-    "model.attention_scores_dtype": ("compute", "float32"),
     "train.on_nonfinite": ("halt", "skip"),
+    **{t.field: t.allowed for t in techniques.TECHNIQUES if t.accepts is None},
 }
 
 # (field, test, what is allowed): each checked in order, the first failure reported.
@@ -158,14 +180,8 @@ _RANGES = (
     ("model.vocab_size", lambda v: v >= 2, "an integer >= 2"),
     ("model.max_len", lambda v: v >= 2, "an integer >= 2"),
     ("model.norm_eps", lambda v: v > 0, "a number > 0"),
-    ("model.attention_relax", lambda v: v >= 0, "0 (off) or a number > 0"),
     ("model.dropout", lambda v: 0 <= v < 1, "a number in [0, 1)"),
-    ("model.layer_scale", lambda v: v >= 0, "0 (off) or a number > 0"),
-    ("model.emb_grad_shrink", lambda v: 0 < v <= 1, "a number in (0, 1]; 1 = off"),
-    ("model.attn_softcap", lambda v: v >= 0, "0 (off) or a number > 0"),
-    ("model.output_softcap", lambda v: v >= 0, "0 (off) or a number > 0"),
     ("model.mix_ln_fraction", lambda v: 0 < v < 1, "a number in (0, 1)"),
-    ("loss.z_loss", lambda v: v >= 0, "0 (off) or a number > 0"),
     ("model.conv_pos_width", lambda v: v >= 1, "an integer >= 1"),
     ("model.conv_pos_groups", lambda v: v >= 1, "an integer >= 1"),
     ("optimizer.learning_rate", lambda v: v > 0, "a number > 0"),
@@ -195,21 +211,13 @@ _RANGES = (
     ("train.max_to_keep", lambda v: v >= 1, "an integer >= 1"),
     ("train.max_consecutive_skips", lambda v: v >= 1, "an integer >= 1"),
     ("train.telemetry_every", lambda v: v >= 0, "0 (off) or an integer >= 1"),
-)
+) + tuple((t.field, t.accepts, t.allowed) for t in techniques.TECHNIQUES if t.accepts)
 
 
 def get_field(config, dotted: str):
   for key in dotted.split("."):
     config = config[key]
   return config
-
-
-def has_field(config, dotted: str) -> bool:
-  try:
-    get_field(config, dotted)
-  except (KeyError, AttributeError, TypeError):
-    return False
-  return True
 
 
 def override(config, dotted: str, value) -> None:
@@ -226,19 +234,10 @@ def override(config, dotted: str, value) -> None:
   if isinstance(node[name], ml_collections.ConfigDict):
     raise errors.ConfigError(f"config.{dotted} is a section, not a field")
   try:
-    with node.unlocked() if node.is_locked else _nothing():
+    with node.unlocked() if node.is_locked else contextlib.nullcontext():
       node[name] = value
   except (TypeError, ValueError) as e:
     raise errors.ConfigError(f"config.{dotted}={value!r}: {e}") from None
-
-
-class _nothing:
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return False
 
 
 def apply_overrides(config, overrides: dict) -> None:
@@ -261,5 +260,3 @@ def check_ranges(config) -> None:
     if not ok:
       raise errors.not_allowed(field, value, allowed)
 
-
-ConfigError = errors.ConfigError

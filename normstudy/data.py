@@ -17,7 +17,6 @@ import numpy as np
 from normstudy import errors
 
 DATASETS = ("synthetic", "text_files")  # besides any TFDS catalog dataset with a text feature
-TOKENIZERS = ("bytes", "train")  # or the path of a SentencePiece .model
 
 
 @dataclasses.dataclass

@@ -22,9 +22,11 @@ import dataclasses
 import importlib.util
 import itertools
 import os
+import shlex
 
 from normstudy import config as config_lib
 from normstudy import errors
+from normstudy import life
 from normstudy import rundir
 
 # Short names of common axes in run directory names; others use the field's last part.
@@ -35,11 +37,30 @@ SHORT_NAMES = {"optimizer.learning_rate": "lr", "optimizer.clip_norm": "clip",
 
 @dataclasses.dataclass
 class Point:
-  """One run of the grid: its relative name, arm, the axis values it sets, and its config."""
+  """One run of the grid: its relative name, its arm (variant), the axis values it sets
+  (`point`), every override that turns the arm's config into this run's (`overrides`: the
+  file's SWEEP_SETTINGS, the command line's, the point's and the label, in that order), the
+  `--config` that names its arm (`spec`), its config, and the arm's label template (without
+  the point)."""
   name: str
   arm: str
+  point: dict
   overrides: dict
+  spec: str
   config: object
+  arm_template: str
+
+  def command(self, workdir: str) -> str:
+    """The normstudy.main command line that trains this run alone into `workdir`."""
+    parts = ["python", "-m", "normstudy.main", f"--config={self.spec}", f"--workdir={workdir}"]
+    parts += [f"--config.{field}={flag_value(value)}" for field, value in self.overrides.items()]
+    return " ".join(shlex.quote(part) for part in parts)
+
+
+def flag_value(value) -> str:
+  """A value as `--config.<field>=` reads it back to the same value (floats by repr, which
+  round-trips exactly)."""
+  return repr(value) if isinstance(value, float) else str(value)
 
 
 def load_config_module(path: str):
@@ -128,31 +149,40 @@ def points(path: str, variant, axes: dict, overrides: dict, module=None,
   arms = arms_of(path, variant, module, sweep)
   settings = dict(getattr(module, "SWEEP_SETTINGS", {})) if sweep else {}
   grid = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())] or [{}]
+  named_arms = variant is not None or bool(getattr(module, "VARIANTS", None))
   out = []
   for arm, get_config in arms.items():
     for values in grid:
       config = get_config()
-      config_lib.apply_overrides(config, settings)
-      config_lib.apply_overrides(config, overrides)
-      for field, value in values.items():
-        config_lib.override(config, field, value)
+      applied = {**settings, **overrides, **values}
+      config_lib.apply_overrides(config, applied)
+      arm_template = config.label or "{auto}"
       if values:
-        config.label = f"{config.label or '{auto}'} | {point_label(values)}"
+        config.label = f"{arm_template} | {point_label(values)}"
+        applied["label"] = config.label
       config.lock()
       if len(arms) > 1 or variant is not None and not values:
         name = f"{arm}/{point_name(values)}" if values else arm
       else:
         name = point_name(values) or arm
-      out.append(Point(name, arm, values, config))
+      spec = f"{path}:{arm}" if named_arms else path
+      out.append(Point(name, arm, values, applied, spec, config, arm_template))
   return out
 
 
-def write_sweep(workdir: str, axes: dict, points_: list, statuses: dict) -> str:
-  """DIR/sweep.json: {"axes": {...}, "runs": [{"name", "arm", "overrides", "status"}, ...]}."""
+def write_sweep(workdir: str, spec: str, axes: dict, file_axes, settings: dict,
+                overrides: dict, points_: list, statuses: dict) -> str:
+  """DIR/sweep.json: the sweep's --config (`config`), its axes and which came from the file's
+  SWEEP (`axes_from_file`), the file's SWEEP_SETTINGS (`settings`), the command line's overrides,
+  and per run its name, arm, axis values (`point`), the `overrides` that reproduce it with
+  normstudy.main, that `command`, and its status."""
   path = os.path.join(workdir, rundir.SWEEP)
+  reproduce = os.path.normpath(workdir) + "_reproduced"
   rundir.write_json(path, {
-      "axes": axes,
-      "runs": [{"name": p.name, "arm": p.arm, "overrides": p.overrides,
-                "status": statuses.get(p.name, "running")} for p in points_],
+      "config": spec, "axes": axes, "axes_from_file": list(file_axes), "settings": settings,
+      "overrides": dict(overrides),
+      "runs": [{"name": p.name, "arm": p.arm, "point": p.point, "overrides": p.overrides,
+                "command": p.command(os.path.join(reproduce, p.name)),
+                "status": statuses.get(p.name, life.RUNNING)} for p in points_],
   })
   return path

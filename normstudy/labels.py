@@ -9,6 +9,7 @@ import re
 
 from normstudy import config as config_lib
 from normstudy import placements
+from normstudy import techniques
 
 
 def _number(value) -> str:
@@ -16,32 +17,21 @@ def _number(value) -> str:
 
 
 def describe(config) -> str:
-  """'Pre-Norm | Attention Relax | Gradient Clip=1', from the fields that set the design."""
-  model, opt = config.model, config.optimizer
-  parts = [placements.get(model.placement).label]
-  if model.attention_relax > 0:
-    parts.append("Attention Relax" + (" (after product)"
-                                      if model.attention_relax_form == "after_product" else ""))
-  parts += [text for on, text in (
-      (model.qk_norm != "none", "QK-Norm" + (" (RMS)" if model.qk_norm == "rmsnorm" else "")),
-      (model.layer_scale > 0, f"LayerScale={_number(float(model.layer_scale))}"),
-      (model.emb_grad_shrink < 1, f"Emb Grad Shrink={_number(float(model.emb_grad_shrink))}"),
-      (model.attn_softcap > 0, f"Attn Softcap={_number(float(model.attn_softcap))}"),
-      (model.output_softcap > 0, f"Output Softcap={_number(float(model.output_softcap))}"),
-      (model.attention_scores_dtype == "float32", "fp32 Scores"),
-      (config.loss.z_loss > 0, f"z-loss={_number(float(config.loss.z_loss))}"),
-  ) if on]
-  parts.append(f"Gradient Clip={_number(float(opt.clip_norm))}" if opt.clip_norm
-               else "No Clip")
+  """'Pre-Norm | Attention Relax | Gradient Clip=1': the placement's name, each technique that is
+  on (normstudy.techniques, in its table's order), the clip."""
+  parts = [placements.get(config.model.placement).label, *techniques.legend(config)]
+  clip = config.optimizer.clip_norm
+  parts.append(f"Gradient Clip={_number(float(clip))}" if clip else "No Clip")
   return " | ".join(parts)
 
 
 _FIELD = re.compile(r"\{([a-z_][a-z0-9_.]*)(?::([^}]*))?\}")
 
 
-def resolve(config) -> str:
-  """The label of a run: `config.label` with {auto} and {field[:format]} filled in."""
-  template = config.label or "{auto}"
+def resolve(config, template: str | None = None) -> str:
+  """The label of a run: `config.label` (or `template`) with {auto} and {field[:format]}
+  filled in."""
+  template = template or config.label or "{auto}"
 
   def fill(match):
     name, spec = match.group(1), match.group(2)

@@ -38,12 +38,12 @@ def z_loss(cfg, logits, batch) -> jax.Array:
 def objective(cfg, loss_cfg, logits, batch) -> tuple[jax.Array, dict]:
   """(the loss to differentiate, {"loss": cross entropy, <aux term>: value, ...}).
 
-  `loss_cfg` is `config.loss` (None: cross entropy only). "loss" stays the cross entropy, so
+  `loss_cfg` is `config.loss`. "loss" stays the cross entropy, so
   runs with and without auxiliary terms compare; each term is logged under its own key
   ("z_loss": the coefficient times the mean (log Z)^2, what it adds to the loss)."""
   ce, _ = cross_entropy(cfg, logits, batch)
   total, terms = ce, {"loss": ce}
-  coefficient = loss_cfg.get("z_loss", 0.0) if loss_cfg is not None else 0.0
+  coefficient = loss_cfg.z_loss
   if coefficient > 0:
     terms["z_loss"] = coefficient * z_loss(cfg, logits, batch)
     total = total + terms["z_loss"]

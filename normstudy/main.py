@@ -9,7 +9,7 @@ from ml_collections import config_flags
 from normstudy import cli
 from normstudy import errors
 from normstudy import sharding
-from normstudy import train
+from normstudy import orchestrate
 
 FLAGS = flags.FLAGS
 
@@ -32,7 +32,7 @@ def main(argv):
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                   FLAGS.process_id)
-  train.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
+  orchestrate.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
 
 
 if __name__ == "__main__":

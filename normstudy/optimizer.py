@@ -1,7 +1,7 @@
 """The optimizer: clip, Adam (three flavours), weight decay and the learning-rate schedule.
 
-Hyperparameters are data: `hyperparameters(config)` turns the numeric ones into float32 arrays
-that live in the train state, and `make_optimizer` builds the optax chain from them inside the
+Hyperparameters are data: normstudy.per_run turns the numeric ones into float32 arrays that live
+in the train state, and `make_optimizer` builds the optax chain from them inside the
 jitted step. A sweep then stacks K runs' hyperparameters and vmaps one compiled step; a single
 run is the K = 1 case. What changes the program's structure (the optimizer's name, the schedule's
 shape) stays in the config.
@@ -13,22 +13,15 @@ import optax
 
 from normstudy.registry import Registry
 
-SCHEDULES = ("constant", "linear", "cosine", "polynomial")
-
-# The numeric fields of config.optimizer that are data, plus the schedule's horizon.
-HYPERPARAMETERS = ("learning_rate", "end_learning_rate", "warmup_steps", "schedule_steps",
-                   "clip_norm", "weight_decay", "b1", "b2", "eps", "power")
-
-
-def hyperparameters(config, schedule_steps=None) -> dict:
-  """float32 scalars of a run's hyperparameters. `schedule_steps` is where the decay ends
-  (default `config.train.num_steps`); `clip_norm` None or 0 means no clipping."""
-  opt = config.optimizer
-  values = {name: opt[name] for name in HYPERPARAMETERS if name in opt}
-  values["clip_norm"] = opt.clip_norm or 0.0
-  values["schedule_steps"] = (config.train.num_steps if schedule_steps is None
-                              else schedule_steps)
-  return {name: jnp.asarray(values[name], jnp.float32) for name in HYPERPARAMETERS}
+# name -> decayed(peak, end, progress in [0, 1], power): the rate after the warm-up.
+SCHEDULES: Registry = Registry("optimizer.schedule")
+SCHEDULES.register("constant", lambda peak, end, progress, power: peak)
+SCHEDULES.register("linear", lambda peak, end, progress, power: peak + (end - peak) * progress)
+SCHEDULES.register(  # fairseq's polynomial_decay
+    "polynomial", lambda peak, end, progress, power: (peak - end) * (1.0 - progress)**power + end)
+SCHEDULES.register(  # optax's cosine_decay_schedule
+    "cosine", lambda peak, end, progress, power: end + (peak - end) * 0.5 * (
+        1.0 + jnp.cos(jnp.pi * progress)))
 
 
 def learning_rate(schedule: str, hp: dict, count) -> jax.Array:
@@ -40,16 +33,7 @@ def learning_rate(schedule: str, hp: dict, count) -> jax.Array:
   count = jnp.asarray(count, jnp.float32)
   peak, end, warmup = hp["learning_rate"], hp["end_learning_rate"], hp["warmup_steps"]
   progress = jnp.clip((count - warmup) / jnp.maximum(hp["schedule_steps"] - warmup, 1.0), 0, 1)
-  if schedule == "constant":
-    decayed = peak
-  elif schedule == "linear":
-    decayed = peak + (end - peak) * progress
-  elif schedule == "polynomial":
-    decayed = (peak - end) * (1.0 - progress) ** hp["power"] + end
-  elif schedule == "cosine":
-    decayed = end + (peak - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
-  else:  # validated before any run starts
-    raise ValueError(f"unknown schedule {schedule!r}")
+  decayed = SCHEDULES.get(schedule)(peak, end, progress, hp["power"])
   warming = peak * count / jnp.maximum(warmup, 1.0)
   return jnp.where(count < warmup, warming, decayed)
 

@@ -20,16 +20,6 @@ class LossScale:
   dynamic: bool = struct.field(pytree_node=False, default=False)
 
 
-def create(dtype: str, loss_scale_cfg) -> LossScale:
-  dynamic = dtype == "float16"
-  return LossScale(
-      scale=jnp.asarray(loss_scale_cfg.initial_scale if dynamic else 1.0, jnp.float32),
-      good_steps=jnp.zeros((), jnp.int32),
-      growth_interval=jnp.asarray(loss_scale_cfg.growth_interval, jnp.int32),
-      min_scale=jnp.asarray(loss_scale_cfg.min_scale, jnp.float32),
-      dynamic=dynamic)
-
-
 def all_finite(tree) -> jax.Array:
   leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
   return jnp.stack(leaves).all() if leaves else jnp.asarray(True)

@@ -1,9 +1,10 @@
 """A run directory: the files a run writes, their names, and the questions asked of them.
 
   <run>/config.json            the resolved config
-  <run>/run.json               label, dataset, entropy floor, parameter count, and the run's life:
-                               status (running | finished | halted | preempted), last_step,
-                               halt_step, halt_reason, nonfinite_at
+  <run>/run.json               label, arm, arm_label, dataset, entropy floor, parameter count,
+                               and the run's life (normstudy.life): status, last_step,
+                               halt_step, halt_reason, nonfinite_at (a sentence) and
+                               nonfinite_site ({"layer": int or null, "site": str})
   <run>/metrics.jsonl          one record per logged step (normstudy.metrics)
   <run>/events.out.tfevents.*  the same scalars for TensorBoard
   <run>/checkpoints/<step>/    orbax: the train state (a single run's; a sweep keeps its
@@ -29,8 +30,6 @@ DAMAGED_CHECKPOINTS = "checkpoints_damaged"
 STUDY = "study.json"
 SWEEP = "sweep.json"
 LOCK = ".normstudy.lock"
-
-STATUSES = ("finished", "halted", "diverged", "preempted", "running")
 
 # Fields a continued run may change: they do not alter the trajectory already recorded (the mesh
 # included: a checkpoint restores onto any layout, and results do not depend on it). num_steps
@@ -60,6 +59,11 @@ def write_json(path: str, obj) -> None:
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(obj, f, indent=2, sort_keys=True, default=str)
   os.replace(tmp, path)
+
+
+def config_json(config) -> dict:
+  """A config as the plain JSON object config.json holds."""
+  return json.loads(config.to_json_best_effort())
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -112,13 +116,8 @@ class RunDir:
     return info
 
   def status(self):
-    """The run's recorded status (normstudy.rundir.STATUSES), or None if it never started."""
+    """The run's recorded status (normstudy.life.STATUSES), or None if it never started."""
     return self.info().get("status")
-
-  def finished_step(self):
-    """The last step of a run that finished or halted (it needs no more training), else None."""
-    info = self.info()
-    return info.get("last_step") if info.get("status") in ("finished", "halted") else None
 
 
 def checkpointed_steps(checkpoint_dir: str) -> list[int]:

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from normstudy import model as model_lib
+from normstudy import per_run
 from normstudy import steps as steps_lib
 from normstudy.errors import UserError
 
@@ -41,7 +42,7 @@ RULES = (
 
 def mesh_shape(mesh_cfg, num_devices: int) -> dict:
   """{axis: size} with a -1 resolved; UserError if the sizes do not fit the devices."""
-  sizes = [int(mesh_cfg.get(axis, 1)) for axis in AXES]
+  sizes = [int(mesh_cfg[axis]) for axis in AXES]
   described = ", ".join(f"config.mesh.{a}={s}" for a, s in zip(AXES, sizes))
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
     raise UserError(f"{described}: each size must be >= 1, and at most one may be -1")
@@ -99,16 +100,9 @@ def _one_run_state(config, values, boxed: bool):
   return state if boxed else steps_lib.unboxed(state)
 
 
-def stacked_values(configs, schedule_steps=None) -> dict:
-  """The runs' `steps.run_values`, stacked: every leaf [K]. `schedule_steps`: optional [K]."""
-  per_run = [jax.tree.map(np.asarray, steps_lib.run_values(
-      c, None if schedule_steps is None else schedule_steps[k])) for k, c in enumerate(configs)]
-  return jax.tree.map(lambda *xs: np.stack(xs), *per_run)
-
-
 def state_shardings(config, mesh):
   """NamedShardings of every leaf of the stacked (unboxed) train state [K, ...]."""
-  values = jax.tree.map(np.asarray, steps_lib.run_values(config))
+  values = jax.tree.map(np.asarray, per_run.run_values(config))
   boxed = jax.eval_shape(lambda: _one_run_state(config, values, boxed=True))
   specs = nn.get_partition_spec(boxed)
   stacked = jax.tree.map(lambda spec: P("runs", *spec), specs,
@@ -124,7 +118,7 @@ def create_states(configs, mesh):
   shardings = state_shardings(config, mesh)
   init = jax.vmap(lambda values: _one_run_state(config, values, boxed=False))
   with jax.set_mesh(mesh):
-    state = jax.jit(init, out_shardings=shardings)(stacked_values(configs))
+    state = jax.jit(init, out_shardings=shardings)(per_run.stacked_values(configs))
   return state, shardings
 
 

@@ -19,52 +19,13 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from normstudy import life
 from normstudy import loss as loss_lib
 from normstudy import model as model_lib
 from normstudy import optimizer as optimizer_lib
+from normstudy import per_run
 from normstudy import precision
 from normstudy import telemetry
-
-# A run's life, `TrainState.status`.
-RUNNING, FINISHED, HALTED_NONFINITE, HALTED_SKIPS, HALTED_SCALE = range(5)
-HALT_REASONS = {
-    HALTED_NONFINITE: "non-finite gradient with config.train.on_nonfinite=halt",
-    HALTED_SKIPS: "too many consecutive skipped updates "
-                  "(config.train.max_consecutive_skips)",
-    HALTED_SCALE: "fp16 gradients overflowed with the loss scale at its minimum "
-                  "(config.optimizer.loss_scale.min_scale)",
-}
-
-# Config fields that are data in the state (so they may differ between the runs of one program).
-RUN_DATA_FIELDS = tuple(f"optimizer.{name}" for name in optimizer_lib.HYPERPARAMETERS
-                        if name != "schedule_steps") + (
-                            "optimizer.loss_scale.initial_scale",
-                            "optimizer.loss_scale.growth_interval",
-                            "optimizer.loss_scale.min_scale", "train.seed", "train.num_steps",
-                            "train.count_skipped_steps", "train.on_nonfinite",
-                            "train.max_consecutive_skips")
-
-
-def run_values(config, schedule_steps=None) -> dict:
-  """The per-run data of a config as arrays: seed, optimizer hyperparameters, the run's limits
-  and its loss-scale settings. Stack K of them to train K runs in one program."""
-  train, ls = config.train, config.optimizer.loss_scale
-  return {
-      "seed": jnp.asarray(train.seed, jnp.int32),
-      "hparams": optimizer_lib.hyperparameters(config, schedule_steps),
-      "limits": {
-          "num_steps": jnp.asarray(train.num_steps, jnp.int32),
-          "count_skipped_steps": jnp.asarray(train.count_skipped_steps, bool),
-          "halt_on_nonfinite": jnp.asarray(train.on_nonfinite == "halt", bool),
-          "max_consecutive_skips": jnp.asarray(train.max_consecutive_skips, jnp.int32),
-      },
-      "loss_scale": {
-          "initial_scale": jnp.asarray(ls.initial_scale, jnp.float32),
-          "growth_interval": jnp.asarray(ls.growth_interval, jnp.int32),
-          "min_scale": jnp.asarray(ls.min_scale, jnp.float32),
-      },
-  }
-
 
 @struct.dataclass
 class TrainState:
@@ -76,14 +37,14 @@ class TrainState:
   skipped_total: jax.Array  # int32: updates skipped for non-finite gradients so far
   consecutive_skips: jax.Array  # int32: skipped updates in a row, up to this step
   rng: jax.Array  # dropout key; each step folds in `step`
-  hparams: dict  # float32 scalars (normstudy.optimizer.HYPERPARAMETERS)
+  hparams: dict  # float32 scalars (normstudy.per_run.FIELDS, group hparams)
   limits: dict  # num_steps, count_skipped_steps, halt_on_nonfinite, max_consecutive_skips
-  status: jax.Array  # int32: RUNNING, FINISHED or a HALTED_* reason
+  status: jax.Array  # int32: a normstudy.life code (running, finished, halted and why)
   halt_step: jax.Array  # int32: the step that halted the run (0 while it has not)
 
 
 def init_state(config, values: dict, params=None) -> TrainState:
-  """A fresh state from a run's (possibly traced) `run_values`. Parameters come from
+  """A fresh state from a run's (possibly traced) `per_run.run_values`. Parameters come from
   PRNGKey(seed) unless given (boxed or not); dropout keys from PRNGKey(seed + 1)."""
   cfg = model_lib.ModelConfig.create(config.model)
   seed, hparams = values["seed"], values["hparams"]
@@ -117,7 +78,7 @@ def _initializer(frozen_config: str):
 def create_train_state(config, params=None) -> TrainState:
   """The state of one run, unboxed, from its config (jitted: one compiled initialiser per
   config), or around the given parameters."""
-  values = run_values(config)
+  values = per_run.run_values(config)
   if params is not None:
     return unboxed(init_state(config, values, params))
   frozen = json.dumps(json.loads(config.to_json_best_effort()), sort_keys=True)
@@ -132,6 +93,27 @@ def _model(cfg, probe=telemetry.OFF):
   return model_lib.Transformer(cfg, deterministic=cfg.dropout == 0, probe=probe)
 
 
+def _advance_life(state: TrainState, finite, scale_underflow, float16: bool):
+  """The run's life after a step that was `finite` or not (normstudy.life): (step, opt_step,
+  consecutive skips, status code, halted). float16 runs skip overflowing steps through the
+  loss scaler and halt, as fairseq does, when the scale would pass its floor; the others follow
+  config.train.on_nonfinite (halt, or skip up to max_consecutive_skips in a row)."""
+  limits = state.limits
+  step = state.step + 1
+  opt_step = state.opt_step + finite.astype(jnp.int32)
+  consecutive = jnp.where(finite, 0, state.consecutive_skips + 1).astype(jnp.int32)
+  if float16:
+    halt, reason = scale_underflow, life.CODE_HALTED_SCALE
+  else:
+    halt = jnp.where(limits["halt_on_nonfinite"], ~finite,
+                     consecutive > limits["max_consecutive_skips"])
+    reason = jnp.where(limits["halt_on_nonfinite"], life.CODE_HALTED_NONFINITE,
+                       life.CODE_HALTED_SKIPS)
+  done = jnp.where(limits["count_skipped_steps"], step, opt_step) >= limits["num_steps"]
+  status = jnp.where(halt, reason, jnp.where(done, life.CODE_FINISHED, life.CODE_RUNNING))
+  return step, opt_step, consecutive, status.astype(jnp.int32), halt
+
+
 def make_train_step(config, telemetry_on: bool = False):
   """Returns train_step(state, batch) -> (state, metrics) for one run (vmap it for K).
 
@@ -139,24 +121,22 @@ def make_train_step(config, telemetry_on: bool = False):
   loss_scale (the scale this step's loss was multiplied by), skipped, skipped_total, active
   (the run was running before this step; the others are frozen and report nothing new),
   status, and with `telemetry_on` the per-layer arrays of normstudy.telemetry under "telemetry".
-  The state update is the same computation either way.
+  The state update is the same computation either way. Every per-run value is read from the
+  state (normstudy.per_run), never from `config`, which is the first run's.
   """
   cfg = model_lib.ModelConfig.create(config.model)
   mask = model_lib.decay_mask(cfg)
   model = _model(cfg, telemetry.Probe(stats=telemetry_on))
-  opt_cfg = config.optimizer
-  loss_cfg = config.get("loss")
+  opt_cfg, loss_cfg = config.optimizer, config.loss
   float16 = config.model.dtype == "float16"
 
-  def train_step(state: TrainState, batch):
-    hp = state.hparams
-    tx = optimizer_lib.make_optimizer(opt_cfg, hp, mask)
-    dropout_rng = jax.random.fold_in(state.rng, state.step)
+  def gradients(state, batch):
+    """Unscaled gradients, the loss terms and what telemetry observed (stopped gradients)."""
     scale = state.loss_scale.scale
 
     def scaled_loss(params):
       inputs = ({"params": params}, batch["tokens"], batch.get("mask"))
-      rngs = {"dropout": dropout_rng}
+      rngs = {"dropout": jax.random.fold_in(state.rng, state.step)}
       sown = {}
       if telemetry_on:
         logits, variables = model.apply(*inputs, rngs=rngs, mutable=[telemetry.STATS])
@@ -168,43 +148,38 @@ def make_train_step(config, telemetry_on: bool = False):
       # float32/bfloat16 skip the scaling passes (the scale is 1 and static there).
       return (loss * scale if float16 else loss), (loss, observed)
 
-    grads, (loss, (terms, sown, logits)) = jax.grad(scaled_loss, has_aux=True)(state.params)
+    grads, (loss, observed) = jax.grad(scaled_loss, has_aux=True)(state.params)
     if float16:
       grads = jax.tree.map(lambda g: g / scale, grads)
+    return grads, loss, observed
+
+  def train_step(state: TrainState, batch):
+    hp = state.hparams
+    grads, loss, (terms, sown, logits) = gradients(state, batch)
     finite = jnp.logical_and(precision.all_finite(grads), jnp.isfinite(loss))
     grad_norm = optax.tree.norm(grads)
+    tx = optimizer_lib.make_optimizer(opt_cfg, hp, mask)
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
     loss_scale, scale_underflow = precision.update(state.loss_scale, finite)
-
-    step = state.step + 1
-    opt_step = state.opt_step + finite.astype(jnp.int32)
-    consecutive = jnp.where(finite, 0, state.consecutive_skips + 1)
-    limits = state.limits
-    if float16:  # the loss scaler skips overflowing steps; fairseq stops at its floor
-      halt, reason = scale_underflow, HALTED_SCALE
-    else:
-      halt = jnp.where(limits["halt_on_nonfinite"], ~finite,
-                       consecutive > limits["max_consecutive_skips"])
-      reason = jnp.where(limits["halt_on_nonfinite"], HALTED_NONFINITE, HALTED_SKIPS)
-    done = jnp.where(limits["count_skipped_steps"], step, opt_step) >= limits["num_steps"]
-    status = jnp.where(halt, reason, jnp.where(done, FINISHED, RUNNING)).astype(jnp.int32)
+    step, opt_step, consecutive, status, halt = _advance_life(state, finite, scale_underflow,
+                                                             float16)
     updated = state.replace(
         step=step, opt_step=opt_step,
         params=_tree_where(finite, new_params, state.params),
         opt_state=_tree_where(finite, new_opt_state, state.opt_state),
         loss_scale=loss_scale,
         skipped_total=state.skipped_total + (~finite).astype(jnp.int32),
-        consecutive_skips=consecutive.astype(jnp.int32), status=status,
+        consecutive_skips=consecutive, status=status,
         halt_step=jnp.where(halt, step, 0).astype(jnp.int32))
-    active = state.status == RUNNING
+    active = state.status == life.CODE_RUNNING
     new_state = _tree_where(active, updated, state)  # a stopped run stays as it stopped
     metrics = {
         **terms,
         "grad_norm": grad_norm,
         "clipped": jnp.logical_and(hp["clip_norm"] > 0, grad_norm > hp["clip_norm"]),
         "lr": optimizer_lib.learning_rate(opt_cfg.schedule, hp, state.opt_step),
-        "loss_scale": scale,
+        "loss_scale": state.loss_scale.scale,
         "skipped": ~finite,
         "skipped_total": updated.skipped_total,
         "active": active,

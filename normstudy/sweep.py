@@ -20,8 +20,7 @@ from ml_collections import config_flags
 from normstudy import cli
 from normstudy import errors
 from normstudy import grid
-from normstudy import study
-from normstudy import train
+from normstudy import orchestrate
 
 FLAGS = flags.FLAGS
 
@@ -32,7 +31,7 @@ def define_flags():
   flags.DEFINE_multi_string("axis", [], "dotted.field=value1,value2,... (repeatable).")
   flags.DEFINE_bool("allow_config_change", False,
                     "Continue runs whose saved config differs in model, optimizer or data.")
-  flags.DEFINE_integer("max_runs_per_program", train.MAX_RUNS_PER_PROGRAM,
+  flags.DEFINE_integer("max_runs_per_program", orchestrate.MAX_RUNS_PER_PROGRAM,
                        "Split a program of more runs into equal parts (0 = no limit); keep it "
                        "the same when resuming.")
   flags.mark_flags_as_required(["config", "workdir"])
@@ -51,10 +50,11 @@ def main(argv):
   if not axes:
     raise errors.UserError(f"no axes: pass --axis=dotted.field=v1,v2,... or declare SWEEP in "
                            f"{path}")
-  _, statuses, outputs = study.run_grid(
-      path, variant or None, axes, FLAGS.workdir,
-      config_flags.get_override_values(FLAGS["config"]), FLAGS.allow_config_change, module,
-      FLAGS.max_runs_per_program)
+  spec = orchestrate.Grid(path, variant or None, axes,
+                          config_flags.get_override_values(FLAGS["config"]), module,
+                          file_axes=tuple(getattr(module, "SWEEP", {})))
+  _, statuses, outputs = orchestrate.run_grid(spec, FLAGS.workdir, FLAGS.allow_config_change,
+                                              FLAGS.max_runs_per_program)
   counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}
   for name, out in outputs.items():
     print(f"{name}: {out}")

@@ -16,6 +16,8 @@ from __future__ import annotations  # annotations name jax types the analysis ne
 import dataclasses
 import re
 
+from normstudy import life
+
 try:
   import jax
   import jax.numpy as jnp
@@ -48,7 +50,7 @@ LAYER_SITES = (
     ("mlp_out", "MLP output"),
     ("resid_mlp", "residual stream"),
 )
-BACKWARD_ONLY = "backward pass only"
+BACKWARD_ONLY = life.BACKWARD_ONLY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,16 +162,17 @@ def site_flags(cfg, sown) -> dict:
   return {"embedding": sown["embedding"][0], "layers": layers, "logits": sown["logits"][0]}
 
 
-def first_nonfinite(flags: dict) -> str:
+def first_nonfinite(flags: dict) -> life.Site:
   """Where a forward pass first went non-finite, from `site_flags` fetched to the host:
-  "embedding", "layer 3 residual stream", "output logits", or "backward pass only"."""
+  Site(None, "embedding"), Site(3, "residual stream"), Site(None, "output logits"), or
+  BACKWARD_ONLY."""
   if not bool(flags["embedding"]):
-    return "embedding"
+    return life.Site(None, "embedding")
   num_layers = len(next(iter(flags["layers"].values())))
   for layer in range(num_layers):
     for site, words in LAYER_SITES:
       if not bool(flags["layers"][site][layer]):
-        return f"layer {layer} {words}"
+        return life.Site(layer, words)
   if not bool(flags["logits"]):
-    return "output logits"
+    return life.Site(None, "output logits")
   return BACKWARD_ONLY

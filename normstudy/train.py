@@ -1,30 +1,31 @@
-"""The training loop: run configs -> run directories with records, checkpoints and configs.
+"""The training loop of one program: K runs that share one compiled, vmapped step.
 
-One program trains K runs whose configs differ only in data fields (learning rate, clip norm,
-weight decay, warm-up, Adam's betas and eps, seed: normstudy.steps.RUN_DATA_FIELDS). Their
-states are stacked on a leading axis and one vmapped, jitted step advances all of them; each run
-keeps its own loss scale, skip counter and life, and a run that finishes or halts is frozen while
-the others go on. `normstudy.main` is K = 1; `normstudy.sweep` and `normstudy.study` group their
-runs into programs (`group_runs`) and train them one after another.
+  train_program(runs, checkpoint_dir)   read top to bottom: data, mesh and state, restore,
+                                        recorders, compilation, the loop, the final checkpoint
 
-Each run writes its own directory (normstudy.rundir). Starting again resumes from the newest
-checkpoint that restores: each run's records after it are dropped first, so a resumed run's
-records equal an uninterrupted run's. SIGTERM/SIGINT finish the current step, checkpoint it and
-stop (errors.Preempted).
+The K runs' configs differ only in per-run fields (normstudy.per_run); their states are stacked
+on a leading axis and each keeps its own loss scale, skip counter and life (normstudy.life): a
+run that finishes or halts is frozen while the others go on. Grouping runs into programs and
+running several programs is normstudy.orchestrate's; a run is anything with .name, .config,
+.directory, .arm, .arm_label and .point (normstudy.orchestrate.Run).
+
+Starting again resumes from the newest checkpoint that restores: each run's records after it are
+dropped first, so a resumed run's records equal an uninterrupted run's. SIGTERM/SIGINT finish the
+current step, checkpoint it and stop (errors.Preempted).
 
 The loop processes step N-1's metrics after step N is dispatched, as nanodo does; before
 dispatching N it only checks whether N-1 was non-finite, since the state after a skipped step
-still has the parameters that failed, which `locate` re-runs to say where the failure started.
+still has the parameters that failed, which the locate step re-runs to say where the failure
+started. Periodic work is one named action each: `evaluate`, `save_checkpoint`, `record_step`
+(records, telemetry and the runs' lives).
 """
 
 import contextlib
 import dataclasses
-import json
-import os
 import signal
 import threading
-import time
 from concurrent import futures
+from typing import Any
 
 from absl import logging
 import jax
@@ -32,73 +33,106 @@ import jax.numpy as jnp
 import numpy as np
 
 from normstudy import checkpoints
-from normstudy import config as config_lib
 from normstudy import data as data_lib
 from normstudy import labels
+from normstudy import life
 from normstudy import metrics as metrics_lib
 from normstudy import optimizer as optimizer_lib
+from normstudy import per_run
+from normstudy import recorder as recorder_lib
 from normstudy import rundir
 from normstudy import sharding
-from normstudy import steps as steps_lib
 from normstudy import telemetry
-from normstudy import validation
 from normstudy.errors import Preempted
 from normstudy.errors import RunHalted
 from normstudy.errors import UserError
 
 RECORD_KEYS = ("loss", "grad_norm", "clipped", "lr", "loss_scale", "skipped", "skipped_total")
+# Step metrics that steer the loop and are not recorded as such.
+CONTROL_KEYS = ("active", "status", "telemetry")
 
 
 @dataclasses.dataclass
-class Run:
-  """One run: its name (in logs and sweep.json), its config and its directory; for a run of a
-  study or sweep, its arm (variant) and the axis values it sets (recorded in run.json)."""
-  name: str
-  config: object
-  directory: str
-  arm: str = ""
-  overrides: dict = dataclasses.field(default_factory=dict)
+class PendingStep:
+  """The newest dispatched step, whose metrics are processed after its successor is dispatched:
+  its number, its metrics (device arrays [K]), its batch (for the locate step) and, on an eval
+  step, each run's eval loss."""
+  step: int
+  metrics: Any
+  batch: Any
+  eval_losses: Any = None
 
 
-def config_json(config) -> dict:
-  return json.loads(config.to_json_best_effort())
+def worth_recording(record: dict, code: int, *, log_due: bool, checkpointed: bool,
+                    has_telemetry: bool) -> bool:
+  """Whether a run's record of a step goes into metrics.jsonl: every log_every-th step and the
+  first; any step with an eval loss, telemetry, a skipped update or a change of the run's life;
+  and a checkpointed step (so a resume can tell whether records were lost)."""
+  return (checkpointed or log_due or record["step"] == 1 or "eval_loss" in record
+          or has_telemetry or bool(record["skipped"]) or code != life.CODE_RUNNING)
 
 
-def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False) -> None:
-  """Every check that must pass before anything is created or written (raises UserError).
-
-  A run directory with a checkpointed step holds a run, and a new config must match its
-  config.json (fields that may change excepted); one with no checkpoint is not a run yet, and
-  any config may take it."""
-  sizes = sharding.mesh_shape(runs[0].config.mesh, jax.device_count())
-  checkpointed = rundir.checkpointed_steps(checkpoint_dir)
-  for run in runs:
-    validation.validate(run.config)
-    sharding.check_divisible(run.config, sizes, num_runs=len(runs))
-    path = run.directory
-    rundir.check_writable(path, "--workdir")
-    data_dir = run.config.data.data_dir
-    if run.config.data.name != "text_files":
-      rundir.check_writable(os.path.expanduser(data_dir) if data_dir else data_lib.default_dir(),
-                            "config.data.data_dir")
-    if not checkpointed or allow_config_change:
-      continue
-    saved = rundir.RunDir(path).saved_config()
-    if not saved:
-      raise UserError(
-          f"{path} has checkpoints (steps {', '.join(map(str, checkpointed[-2:]))}) but no "
-          f"{rundir.CONFIG}, so its config cannot be checked; restore that file, or pass "
-          "--allow_config_change to continue it with this config")
-    differences = rundir.config_differences(saved, config_json(run.config))
-    if differences:
-      raise UserError(
-          f"{path} holds a run with another config ({'; '.join(differences)}); choose another "
-          "--workdir, or pass --allow_config_change to continue this run with the new config")
+@dataclasses.dataclass
+class CompiledSteps:
+  """The program's compiled steps: the plain train step, a second one for telemetry steps (so
+  the others pay nothing for it), the eval step, and the locate step, compiled on the first
+  non-finite step."""
+  train: Any
+  telemetry: Any
+  eval: Any
+  locate: Any = None
 
 
-def due_telemetry(train_cfg, step: int) -> bool:
-  every = train_cfg.get("telemetry_every", 0)
-  return bool(every) and step % every == 0
+@dataclasses.dataclass
+class Program:
+  """The K runs of one program while they train (the loop's working state)."""
+  runs: list
+  config: Any  # the first run's: its structure is every run's
+  checkpoint_dir: str
+  single: bool  # normstudy.main's one run: it stops with RunHalted when the run halts
+  mesh: Any
+  state: Any
+  shardings: Any
+  mngr: Any
+  train_data: list
+  eval_batches: list
+  start_step: int
+  splits: Any  # the data's splits (normstudy.data.TokenSplits): source and entropy floor
+  recorders: list = dataclasses.field(default_factory=list)
+  steps: CompiledSteps | None = None
+  pool: Any = None
+  stopped: dict = dataclasses.field(default_factory=dict)  # run index -> life status
+  pending: PendingStep | None = None
+  last_saved: int | None = None
+  halted_line: str | None = None  # set when the single run halts
+
+  @property
+  def tokens_per_step(self) -> int:
+    return self.config.train.batch_size * self.config.model.max_len
+
+  @property
+  def num_steps(self) -> int:
+    return max(run.config.train.num_steps for run in self.runs)
+
+  def due(self, every: int, step: int) -> bool:
+    """Every `every`-th step (0: never) and each run's last step."""
+    return bool(every and step % every == 0) or step in {
+        run.config.train.num_steps for run in self.runs}
+
+  def batch(self, step: int):
+    return sharding.global_batch(self.mesh, _stack([ds[step - 1] for ds in self.train_data]))
+
+  def close(self):
+    self.mngr.wait_until_finished()
+    self.mngr.close()
+    for recorder in self.recorders:
+      recorder.close()
+    if self.pool is not None:
+      self.pool.shutdown()
+
+
+def _stack(batches: list) -> dict:
+  return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
 
 
 @contextlib.contextmanager
@@ -130,496 +164,295 @@ def stop_signals():
       signal.signal(getattr(signal, name), old)
 
 
-def halt_description(config, status: int, record: dict) -> tuple[str, str]:
-  """(short reason for run.json, the sentence of the halt line) of a halted run's last record."""
-  step = record["step"]
-  values = f"loss={record['loss']}, grad_norm={record['grad_norm']}"
-  if status == steps_lib.HALTED_SCALE:
-    min_scale = config.optimizer.loss_scale.min_scale
-    return (f"loss scale at its minimum ({min_scale:g})",
-            f"fp16 gradients overflowed again at step {step} with the loss scale at its minimum "
-            f"({min_scale:g}, config.optimizer.loss_scale.min_scale)")
-  if status == steps_lib.HALTED_SKIPS:
-    limit = config.train.max_consecutive_skips
-    return (f"{limit + 1} consecutive skipped updates",
-            f"non-finite gradient at step {step} ({values}): {limit + 1} consecutive skipped "
-            f"updates, more than config.train.max_consecutive_skips={limit}")
-  return ("non-finite gradient",
-          f"non-finite gradient at step {step} ({values}); config.train.on_nonfinite=halt")
+def train_program(runs: list, checkpoint_dir: str, single: bool = False) -> list:
+  """Trains runs that share a program; returns their Recorders (status, last record) in the
+  order of the runs. `single`: normstudy.main's one run, which stops with RunHalted when it
+  halts (its newest checkpoint then holds the last good state); otherwise a halted run is
+  frozen and saved with the others, which go on. Raises Preempted on SIGTERM/SIGINT."""
+  program = _setup(runs, checkpoint_dir, single)
+  try:
+    program.start_step = restore(program)
+    open_recorders(program)
+    program.steps = compile_steps(program)
+    logging.info("training %d run(s) in one program: steps %d..%d, %d tokens/step, mesh %s",
+                 len(runs), program.start_step + 1, program.num_steps,
+                 program.tokens_per_step, dict(program.mesh.shape))
+    with stop_signals() as stop:
+      step, preempted_by = _loop(program, stop)
+    if program.halted_line is not None:
+      raise RunHalted(program.halted_line)
+    if preempted_by is not None:
+      for k, recorder in enumerate(program.recorders):
+        if k not in program.stopped:
+          recorder.set_status(life.PREEMPTED, last_step=step)
+      raise Preempted(f"{preempted_by} at step {step}: checkpoint saved in {checkpoint_dir}; "
+                      "run the same command to continue")
+    if step > program.start_step and program.last_saved != step:
+      save_checkpoint(program, step)
+  finally:
+    program.close()
+  return program.recorders
 
 
-class Recorder:
-  """One run's side effects: its records (metrics.jsonl), TensorBoard scalars and run.json.
-  Processes other than 0 keep none of them.
-
-  TensorBoard scalars (config.train.tensorboard) are written by clu's SummaryWriter on the
-  writer thread (`writer_pool`), created there on first use: it imports TensorFlow (~4 s of CPU),
-  which then overlaps with compilation instead of delaying the start."""
-
-  def __init__(self, run: Run, resume_step, info: dict, writer_pool, is_writer: bool,
-               stopped: bool = False):
-    self.run = run
-    self.dir = rundir.RunDir(run.directory)
-    self.is_writer = is_writer
-    self.status = self.dir.status() if stopped else "running"
-    self.last_record = None
-    self.timer = (resume_step or 0, time.perf_counter())  # (step, time) of the last record
-    self._pool = writer_pool
-    self._writer = None  # touched only on the writer thread
-    self._tensorboard = bool(run.config.train.tensorboard)
-    if is_writer:
-      self.dir.write_config(config_json(run.config))
-      self.dir.update_info(**info, status=self.status)
-      self.log = metrics_lib.MetricsLog(run.directory, resume_step)
-      self._pool.submit(self._open_writer, resume_step or 0)
-    else:
-      self.log = metrics_lib.NullLog()
-
-  def _open_writer(self, resume_step):
-    # Steps after the resumed one are recomputed: drop them from earlier sessions' event files,
-    # so TensorBoard shows one value per step.
-    rundir.purge_events_after(self.run.directory, resume_step)
-    if self._tensorboard:
-      from clu import metric_writers  # imports TensorFlow
-      self._writer = metric_writers.SummaryWriter(self.run.directory)
-
-  def _scalars(self, step, scalars):
-    self._writer.write_scalars(step, scalars)
-
-  def write(self, record: dict) -> None:
-    self.last_record = {k: metrics_lib.plain(v) for k, v in record.items()}
-    if not self.is_writer:
-      return
-    self.log.write(self.last_record)
-    if not self._tensorboard:
-      return
-    scalars = {k: float(v) for k, v in self.last_record.items()
-               if k != "step" and isinstance(v, (int, float))}
-    self._pool.submit(self._scalars, record["step"], scalars)
-
-  def set_status(self, status: str, **fields) -> None:
-    self.status = status
-    if self.is_writer:
-      self.dir.update_info(status=status, **fields)
-
-  def flush(self) -> None:
-    self.log.flush()
-
-  def _close_writer(self):
-    if self._writer is not None:
-      self._writer.flush()
-      self._writer.close()
-
-  def close(self) -> None:
-    self.log.close()
-    if self.is_writer:
-      self._pool.submit(self._close_writer).result()
+def _setup(runs, checkpoint_dir, single) -> Program:
+  """Data, directories, mesh, the initial stacked state and the checkpoint manager."""
+  configs = [run.config for run in runs]
+  config = configs[0]
+  try:
+    splits = data_lib.load_splits(config)
+  except ValueError as e:  # no files match, a tokenizer that does not fit: the user's to fix
+    raise UserError(str(e)) from None
+  eval_data = _stack([_stack(data_lib.eval_batches(c, splits)) for c in configs])
+  for run in runs:
+    rundir.ensure_directory(run.directory)
+  mesh = sharding.make_mesh(config.mesh)
+  state, shardings = sharding.create_states(configs, mesh)
+  program = Program(
+      runs=runs, config=config, checkpoint_dir=checkpoint_dir, single=single, mesh=mesh,
+      state=state, shardings=shardings,
+      mngr=checkpoints.manager(checkpoint_dir, config.train.max_to_keep),
+      train_data=[data_lib.train_batches(c, splits) for c in configs],
+      eval_batches=[sharding.global_batch(mesh, jax.tree.map(lambda x: x[:, i], eval_data))
+                    for i in range(config.train.eval_steps)],
+      start_step=0, splits=splits)
+  return program
 
 
-class _Progress:
-  """One log line per interval for the whole program: step, rate and ETA (over the last
-  interval, so compilation does not distort them), runs alive and halted, best and worst loss."""
-
-  def __init__(self, runs, start_step, num_steps):
-    self.names = [run.name for run in runs]
-    self.num_steps = num_steps
-    self.every = max(1, num_steps // 20)
-    self.last = (start_step, time.perf_counter())
-
-  def report(self, step, losses: dict, stopped: dict):
-    if step % self.every and step != self.num_steps:
-      return
-    now = time.perf_counter()
-    rate = (step - self.last[0]) / max(now - self.last[1], 1e-9)
-    self.last = (step, now)
-    eta = (self.num_steps - step) / rate if rate > 0 else 0.0
-    halted = sum(1 for s in stopped.values() if s == "halted")
-    parts = [f"step {step}/{self.num_steps}", f"{rate:.2f} steps/s", f"ETA {eta:.0f}s"]
-    if len(self.names) > 1:
-      parts.append(f"runs alive {len(self.names) - len(stopped)}/{len(self.names)}, "
-                   f"halted {halted}")
-    finite = {n: v for n, v in losses.items() if np.isfinite(v)}
-    if len(finite) == 1:
-      parts.append(f"loss {next(iter(finite.values())):.4f}")
-    elif finite:
-      best, worst = min(finite, key=finite.get), max(finite, key=finite.get)
-      parts.append(f"loss best {finite[best]:.4f} ({best}), worst {finite[worst]:.4f} ({worst})")
-    logging.info("%s", " | ".join(parts))
-
-
-def _stack(batches: list) -> dict:
-  return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
+def restore(program: Program) -> int:
+  """Restores the newest checkpoint that restores (replaying from an earlier one, or from the
+  start, if records were lost after it) and applies the configs' per-run fields to it; marks
+  the runs stopped before it. Returns the step to continue after (0: from the start)."""
+  abstract = checkpoints.abstract(program.state)
+  try:
+    start_step, restored = checkpoints.restore_latest(program.mngr, abstract)
+  except checkpoints.CheckpointError:
+    program.mngr.close()  # orbax's background threads must stop before the process exits
+    raise
+  if restored is not None:
+    replay = _replay_from(program, restored)
+    if replay is not None:  # records were lost: recompute them from an earlier state
+      checkpoints.discard_after(program.mngr, replay)
+      start_step = replay
+      restored = checkpoints.restore(program.mngr, replay, abstract) if replay else None
+  if restored is not None:
+    program.state = _from_configs(restored, [run.config for run in program.runs], program.mesh)
+    logging.info("resumed %s from the checkpoint at step %d", program.checkpoint_dir, start_step)
+  program.last_saved = start_step if restored is not None else None
+  for k, code in enumerate(np.asarray(jax.device_get(program.state.status))):
+    if code != life.CODE_RUNNING:  # stopped before the checkpoint we resumed from
+      program.stopped[k] = life.status_of(code)
+  return start_step if restored is not None else 0
 
 
 def _from_configs(state, configs, mesh):
-  """The restored state with the (possibly changed) configs' per-run data: hyperparameters
-  (except the schedule's horizon, which stays the one the run started with, so the rate never
-  jumps), limits and loss-scale settings (not the scale itself). A run restored as finished
-  whose config now asks for more steps runs again (an extension)."""
+  """The restored state with the (possibly changed) configs' per-run fields applied
+  (normstudy.per_run.apply_to_restored; the schedule keeps its horizon, so the rate never
+  jumps). A run restored as finished whose config now asks for more steps runs again."""
   horizons = np.asarray(jax.device_get(state.hparams["schedule_steps"]))
-  values = jax.device_put(sharding.stacked_values(configs, horizons),
+  values = jax.device_put(per_run.stacked_values(configs, horizons),
                           sharding.runs_sharding(mesh))
-  ls = values["loss_scale"]
-  state = state.replace(
-      hparams=values["hparams"], limits=values["limits"],
-      loss_scale=state.loss_scale.replace(growth_interval=ls["growth_interval"],
-                                          min_scale=ls["min_scale"]))
+  state = per_run.apply_to_restored(state, values)
   limits = state.limits
   counted = jnp.where(limits["count_skipped_steps"], state.step, state.opt_step)
-  more = jnp.logical_and(state.status == steps_lib.FINISHED, counted < limits["num_steps"])
-  return state.replace(status=jnp.where(more, steps_lib.RUNNING, state.status))
+  more = jnp.logical_and(state.status == life.CODE_FINISHED, counted < limits["num_steps"])
+  return state.replace(status=jnp.where(more, life.CODE_RUNNING, state.status))
 
 
-class Program:
-  """K runs that share one compiled program, and the loop that trains them: their stacked state
-  (restored from the newest checkpoint that restores), the compiled steps, the checkpoint manager,
-  one Recorder per run, and the pending step, whose metrics are processed after its successor is
-  dispatched. `single`: the one run of normstudy.main, which stops with RunHalted when the run
-  halts (its newest checkpoint then holds the last good state); otherwise the others go on, and
-  the frozen run is saved with them."""
-
-  def __init__(self, runs: list, checkpoint_dir: str, single: bool = False):
-    self.runs, self.checkpoint_dir, self.single = runs, checkpoint_dir, single
-    configs = [run.config for run in runs]
-    self.config = config = configs[0]
-    self.train_cfg = config.train
-    self.float16 = config.model.dtype == "float16"
-    try:
-      splits = data_lib.load_splits(config)
-    except ValueError as e:  # no files match, a tokenizer that does not fit: the user's to fix
-      raise UserError(str(e)) from None
-    self.train_data = [data_lib.train_batches(c, splits) for c in configs]
-    eval_data = _stack([_stack(data_lib.eval_batches(c, splits)) for c in configs])
-
-    for run in runs:
-      rundir.ensure_directory(run.directory)
-    self.mesh = mesh = sharding.make_mesh(config.mesh)
-    self.state, self.shardings = sharding.create_states(configs, mesh)
-    self.mngr = checkpoints.manager(checkpoint_dir, self.train_cfg.max_to_keep)
-    try:
-      start_step, restored = checkpoints.restore_latest(self.mngr,
-                                                        checkpoints.abstract(self.state))
-    except checkpoints.CheckpointError:
-      self.mngr.close()  # orbax's background threads must stop before the process exits
-      raise
-    if restored is not None:
-      replay = self._replay_from(restored)
-      if replay is not None:  # records were lost: recompute them from an earlier state
-        checkpoints.discard_after(self.mngr, replay)
-        start_step = replay or None
-        restored = (checkpoints.restore(self.mngr, replay, checkpoints.abstract(self.state))
-                    if replay else None)
-    if restored is not None:
-      self.state = _from_configs(restored, configs, mesh)
-      logging.info("resumed %s from the checkpoint at step %d", checkpoint_dir, start_step)
-    self.start_step = start_step or 0
-    self.last_saved = start_step or None
-    self.stopped = {}  # run index -> "finished" | "halted"
-    for k, status in enumerate(np.asarray(jax.device_get(self.state.status))):
-      if status != steps_lib.RUNNING:  # stopped before the checkpoint we resumed from
-        self.stopped[k] = "finished" if status == steps_lib.FINISHED else "halted"
-
-    self.tokens_per_step = self.train_cfg.batch_size * config.model.max_len
-    self.num_params = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(self.state.params))
-    is_writer = jax.process_index() == 0
-    self.pool = futures.ThreadPoolExecutor(max_workers=1) if is_writer else None
-    horizons = np.asarray(jax.device_get(self.state.hparams["schedule_steps"]))
-    self.recorders = []
-    for k, run in enumerate(runs):
-      info = {"label": labels.resolve(run.config), "name": run.name, "arm": run.arm or run.name,
-              "overrides": run.overrides, "dataset": splits.source,
-              "entropy_floor": splits.entropy_floor, "num_params": self.num_params,
-              "tokens_per_step": self.tokens_per_step, "schedule_steps": int(horizons[k])}
-      self.recorders.append(Recorder(run, start_step if restored is not None else None, info,
-                                     self.pool, is_writer, stopped=k in self.stopped))
-      if horizons[k] < run.config.train.num_steps:
-        self._warn_extension(k, run, int(horizons[k]))
-
-    k = len(runs)
-    self.train_step = sharding.jit_train_step(config, mesh, self.shardings, num_runs=k)
-    # A second compiled step for telemetry steps, so the others pay nothing for it.
-    self.telemetry_step = sharding.jit_train_step(config, mesh, self.shardings,
-                                                  telemetry_on=True, num_runs=k)
-    self.eval_step = sharding.jit_eval_step(config, mesh, self.shardings, num_runs=k)
-    self.locate_step = None  # compiled on the first non-finite step
-    self.eval_batches = [sharding.global_batch(mesh, jax.tree.map(lambda x: x[:, i], eval_data))
-                         for i in range(self.train_cfg.eval_steps)]
-    self.num_steps = max(c.train.num_steps for c in configs)  # runs of a program may differ
-    self.last_steps = {c.train.num_steps for c in configs}
-    self.progress = _Progress(runs, self.start_step, self.num_steps)
-    self.pending = None  # {"step", "metrics" (device), "batch", "eval"}: the newest step
-    self.halted_line = None  # set when the single run halts
-
-  def _replay_from(self, restored):
-    """None if every run's records reach the restored state; else the step to replay from: the
-    newest checkpoint before the first lost record, or 0 (the initial state, a pure function
-    of the config). Each run that lost records is reported in one line."""
-    run_steps = np.asarray(jax.device_get(restored.step))
-    lost = {}
-    for k, run in enumerate(self.runs):
-      first = metrics_lib.first_lost_step(rundir.RunDir(run.directory).metrics_path,
-                                          int(run_steps[k]))
-      if first is not None:
-        lost[run.name] = first
-    if not lost:
-      return None
-    first = min(lost.values())
-    replay = max((s for s in self.mngr.all_steps() if s < first), default=0)
-    for name, step in lost.items():
-      logging.warning("%s: %s has lost or damaged records from step %d on (the checkpoint is "
-                      "at step %d); replaying from %s to regenerate them", name, rundir.METRICS,
-                      step, int(run_steps.max()),
-                      f"the checkpoint of step {replay}" if replay else "the start")
-    return replay
-
-  def train(self) -> list:
-    """The loop; returns the Recorders (status, last record) in the order of the runs."""
-    cfg = self.train_cfg
-    logging.info("training %d run(s) in one program: steps %d..%d, %d parameters each, "
-                 "%d tokens/step, mesh %s", len(self.runs), self.start_step + 1, self.num_steps,
-                 self.num_params, self.tokens_per_step, dict(self.mesh.shape))
-    step = self.start_step
-    try:
-      with stop_signals() as stop:
-        batch = self._batch(step + 1)
-        while len(self.stopped) < len(self.runs):
-          values = None
-          if self.pending is not None:  # the step before: was it finite, did its runs stop?
-            values, sites = self._resolve()
-            if self._ends_with(values):
-              self._write(values, sites)
-              break
-          step += 1
-          step_fn = self.telemetry_step if due_telemetry(cfg, step) else self.train_step
-          self.state, device_metrics = step_fn(self.state, batch)
-          if values is not None:
-            self._write(values, sites)
-          self.pending = {"step": step, "metrics": device_metrics, "batch": batch}
-          batch = self._batch(step + 1)  # prepared while the device runs this step
-          if self._due(cfg.eval_every, step):
-            self.pending["eval"] = self._evaluate()
-          preempted = stop["signal"] or (jax.process_count() > 1
-                                         and self.mngr.reached_preemption(step))
-          if self._due(cfg.checkpoint_every, step) or preempted:
-            self._save(step)
-          if preempted:
-            for k, recorder in enumerate(self.recorders):
-              if k not in self.stopped:
-                recorder.set_status("preempted", last_step=step)
-            raise Preempted(f"{stop['signal'] or 'preemption notice'} at step {step}: "
-                            f"checkpoint saved in {self.checkpoint_dir}; run the same command "
-                            "to continue")
-        if self.halted_line is not None:
-          raise RunHalted(self.halted_line)
-        if step > self.start_step and self.last_saved != step:
-          self._save(step)
-    finally:
-      self.close()
-    return self.recorders
-
-  def close(self):
-    self.mngr.wait_until_finished()
-    self.mngr.close()
-    for recorder in self.recorders:
-      recorder.close()
-    if self.pool is not None:
-      self.pool.shutdown()
-
-  def _warn_extension(self, k, run, horizon):
-    hp = {name: float(values[k]) for name, values in jax.device_get(self.state.hparams).items()}
-    final = float(optimizer_lib.learning_rate(run.config.optimizer.schedule, hp, horizon))
-    logging.warning("%s: extended to %d steps; the learning-rate schedule keeps the horizon of "
-                    "%d steps it started with, so the steps after it run at its final rate %g",
-                    run.name, run.config.train.num_steps, horizon, final)
-
-  def _batch(self, step):
-    return sharding.global_batch(self.mesh, _stack([ds[step - 1] for ds in self.train_data]))
-
-  def _due(self, every, step):
-    return (every and step % every == 0) or step in self.last_steps
-
-  def _evaluate(self):
-    """Each run's mean loss per predicted token over its fixed validation batches."""
-    totals = jax.device_get([self.eval_step(self.state.params, b) for b in self.eval_batches])
-    loss_sum = sum(t["loss_sum"] for t in totals)
-    count = sum(t["count"] for t in totals)
-    return loss_sum / np.maximum(count, 1.0)
-
-  def _resolve(self):
-    """Fetches the pending step's metrics; locates the failure of runs whose step was
-    non-finite (the state still holds their parameters before that step)."""
-    values = jax.device_get(self.pending["metrics"])
-    failed = np.asarray(values["skipped"]) & np.asarray(values["active"])
-    sites = {}
-    if failed.any():
-      if self.locate_step is None:
-        self.locate_step = sharding.jit_locate_step(self.config, self.mesh, self.shardings,
-                                                    num_runs=len(self.runs))
-      flags = jax.device_get(self.locate_step(self.state, self.pending["batch"]))
-      for k in np.flatnonzero(failed):
-        sites[k] = telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k], flags))
-    return values, sites
-
-  def _ends_with(self, values) -> bool:
-    """Whether no run is left running after the pending step."""
-    stopping = values["active"] & (values["status"] != steps_lib.RUNNING)
-    return len(self.stopped) + int(np.sum(stopping)) == len(self.runs)
-
-  def _write(self, values, sites, force: bool = False):
-    """Writes the pending step's records and marks the runs that stopped with it. `force`: a
-    checkpointed step, always recorded (so a resume can tell whether records were lost)."""
-    step = self.pending["step"]
-    tel = values.get("telemetry")
-    losses = {}
-    for k, recorder in enumerate(self.recorders):
-      if not values["active"][k]:
-        continue
-      status = int(values["status"][k])
-      record = {"step": step, **{key: values[key][k] for key in RECORD_KEYS}}
-      record.update({key: values[key][k] for key in values
-                     if key not in RECORD_KEYS + ("active", "status", "telemetry")})
-      if self.pending.get("eval") is not None:
-        record["eval_loss"] = self.pending["eval"][k]
-      if tel is not None:
-        record.update(telemetry.flatten(jax.tree.map(lambda x, k=k: x[k], tel)))
-        if self.float16:
-          record["fp16_overflows"] = values["skipped_total"][k]
-      if k in sites:
-        record["nonfinite_at"] = sites[k]
-      if (force or self._due(self.train_cfg.log_every, step) or step == 1
-          or "eval_loss" in record or record["skipped"] or tel is not None
-          or status != steps_lib.RUNNING):
-        last_step, last_time = recorder.timer
-        now = time.perf_counter()
-        record["tokens_per_sec"] = (step - last_step) * self.tokens_per_step / max(
-            now - last_time, 1e-9)
-        recorder.timer = (step, now)
-        recorder.write(record)
-      losses[recorder.run.name] = float(record["loss"])
-      if status == steps_lib.FINISHED:
-        self.stopped[k] = "finished"
-        recorder.set_status("finished", last_step=step)
-      elif status != steps_lib.RUNNING:
-        self.stopped[k] = "halted"
-        self._halted(k, recorder, status, record, sites.get(k, telemetry.BACKWARD_ONLY))
-    self.pending = None
-    self.progress.report(step, losses, self.stopped)
-
-  def _halted(self, k, recorder, status, record, where):
-    reason, sentence = halt_description(recorder.run.config, status, record)
-    recorder.set_status("halted", last_step=record["step"], halt_step=record["step"],
-                        halt_reason=reason, nonfinite_at=where)
-    sentence += f"; first non-finite: {where}"
-    logging.warning("%s halted: %s", recorder.run.name, sentence)
-    if self.single:
-      good = (f"the newest checkpoint (step {self.last_saved}) holds the last good state"
-              if self.last_saved else "no checkpoint was saved yet")
-      self.halted_line = f"{sentence}; {good}"
-
-  def _save(self, step):
-    if self.pending is not None:
-      self._write(*self._resolve(), force=True)
-    if self.halted_line is not None:  # a halted single run keeps its last good checkpoint
-      raise RunHalted(self.halted_line)
-    for recorder in self.recorders:
-      recorder.flush()
-    checkpoints.save(self.mngr, step, self.state)
-    self.last_saved = step
+def _replay_from(program: Program, restored):
+  """None if every run's records reach the restored state; else the step to replay from: the
+  newest checkpoint before the first lost record, or 0 (the initial state, a pure function
+  of the config). Each run that lost records is reported in one line."""
+  run_steps = np.asarray(jax.device_get(restored.step))
+  lost = {}
+  for k, run in enumerate(program.runs):
+    first = metrics_lib.first_lost_step(rundir.RunDir(run.directory).metrics_path,
+                                        int(run_steps[k]))
+    if first is not None:
+      lost[run.name] = first
+  if not lost:
+    return None
+  first = min(lost.values())
+  replay = max((s for s in program.mngr.all_steps() if s < first), default=0)
+  for name, step in lost.items():
+    logging.warning("%s: %s has lost or damaged records from step %d on (the checkpoint is "
+                    "at step %d); replaying from %s to regenerate them", name, rundir.METRICS,
+                    step, int(run_steps.max()),
+                    f"the checkpoint of step {replay}" if replay else "the start")
+  return replay
 
 
-def train_runs(runs: list, checkpoint_dir: str, single: bool = False) -> list:
-  """Trains runs that share a program (normstudy.train.Program); returns their Recorders."""
-  return Program(runs, checkpoint_dir, single).train()
+def open_recorders(program: Program) -> None:
+  """One Recorder per run (run.json with the run's facts, config.json, its records from the
+  restored step on); warns of runs extended past their schedule's horizon."""
+  is_writer = jax.process_index() == 0
+  program.pool = futures.ThreadPoolExecutor(max_workers=1) if is_writer else None
+  hparams = jax.device_get(program.state.hparams)
+  horizons = np.asarray(hparams["schedule_steps"])
+  num_params = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(program.state.params))
+  resume_step = program.start_step if program.last_saved is not None else None
+  splits = program.splits
+  for k, run in enumerate(program.runs):
+    label = labels.resolve(run.config)
+    info = {"label": label, "name": run.name, "arm": run.arm or run.name,
+            "arm_label": run.arm_label or label, "point": run.point,
+            "overrides": run.overrides, "dataset": splits.source,
+            "entropy_floor": splits.entropy_floor, "num_params": num_params,
+            "tokens_per_step": program.tokens_per_step, "schedule_steps": int(horizons[k])}
+    program.recorders.append(recorder_lib.Recorder(
+        run, resume_step, info, program.pool, is_writer, stopped=k in program.stopped))
+    if horizons[k] < run.config.train.num_steps:
+      hp = {name: float(values[k]) for name, values in hparams.items()}
+      final = float(optimizer_lib.learning_rate(run.config.optimizer.schedule, hp, horizons[k]))
+      logging.warning("%s: extended to %d steps; the learning-rate schedule keeps the horizon "
+                      "of %d steps it started with, so the steps after it run at its final "
+                      "rate %g", run.name, run.config.train.num_steps, int(horizons[k]), final)
 
 
-def lock(directory: str):
-  """The directory's lock for this program's life; only process 0 of a multi-process run takes
-  it (all processes share the directory)."""
-  return rundir.Lock(directory) if jax.process_index() == 0 else contextlib.nullcontext()
+def compile_steps(program: Program) -> CompiledSteps:
+  config, mesh, shardings, k = (program.config, program.mesh, program.shardings,
+                                len(program.runs))
+  return CompiledSteps(
+      train=sharding.jit_train_step(config, mesh, shardings, num_runs=k),
+      telemetry=sharding.jit_train_step(config, mesh, shardings, telemetry_on=True, num_runs=k),
+      eval=sharding.jit_eval_step(config, mesh, shardings, num_runs=k))
 
 
-def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) -> dict:
-  """Trains one run in `workdir` (resuming if it holds a checkpoint); returns its last record.
-  Raises RunHalted when the run halts."""
-  run = Run(os.path.basename(os.path.normpath(workdir)) or workdir, config, workdir)
-  preflight([run], rundir.RunDir(workdir).checkpoints, allow_config_change)
-  rundir.ensure_directory(workdir)
-  with lock(workdir):
-    recorder, = train_runs([run], rundir.RunDir(workdir).checkpoints, single=True)
-  return recorder.last_record
+def _loop(program: Program, stop: dict):
+  """Steps until every run has stopped, the single run halted, or a stop signal arrived;
+  returns (the last step dispatched, the signal's name or None)."""
+  train_cfg = program.config.train
+  progress = recorder_lib.Progress(program.runs, program.start_step, program.num_steps)
+  step = program.start_step
+  batch = program.batch(step + 1)
+  while len(program.stopped) < len(program.runs) and program.halted_line is None:
+    resolved = None
+    if program.pending is not None:  # the step before: was it finite, did its runs stop?
+      resolved = _resolve(program)
+      if _all_stop_with(program, resolved[0]):
+        record_step(program, *resolved, progress=progress)
+        break
+    step += 1
+    telemetry_due = bool(train_cfg.telemetry_every) and step % train_cfg.telemetry_every == 0
+    step_fn = program.steps.telemetry if telemetry_due else program.steps.train
+    program.state, device_metrics = step_fn(program.state, batch)
+    if resolved is not None:
+      record_step(program, *resolved, progress=progress)
+    program.pending = PendingStep(step, device_metrics, batch)
+    batch = program.batch(step + 1)  # prepared while the device runs this step
+    if program.due(train_cfg.eval_every, step):
+      program.pending.eval_losses = evaluate(program)
+    preempted_by = stop["signal"] or (
+        "preemption notice" if jax.process_count() > 1
+        and program.mngr.reached_preemption(step) else None)
+    if program.due(train_cfg.checkpoint_every, step) or preempted_by:
+      save_checkpoint(program, step, progress)
+    if preempted_by and program.halted_line is None:
+      return step, preempted_by
+  return step, None
 
 
-def program_key(config) -> str:
-  """What must be equal for runs to share one compiled program: the config without its per-run
-  data fields (normstudy.steps.RUN_DATA_FIELDS) and label."""
-  flat = rundir.flatten(config_json(config))
-  for field in steps_lib.RUN_DATA_FIELDS + ("label",):
-    flat.pop(field, None)
-  return json.dumps(flat, sort_keys=True, default=str)
+def evaluate(program: Program):
+  """Each run's mean loss per predicted token over its fixed validation batches."""
+  totals = jax.device_get([program.steps.eval(program.state.params, b)
+                           for b in program.eval_batches])
+  loss_sum = sum(t["loss_sum"] for t in totals)
+  count = sum(t["count"] for t in totals)
+  return loss_sum / np.maximum(count, 1.0)
 
 
-# Runs per program beyond which a sweep is split into several programs of the same structure;
-# 0 = no limit. On XLA:CPU a run-step costs about the same whatever K (the seed figure's size:
-# 52, 59 and 59 ms at K = 2, 18, 36; benchmarks/sweep.py --program_sizes), so by default one
-# program takes every run of a structure; a limit bounds a program's memory.
-MAX_RUNS_PER_PROGRAM = 0
+def _resolve(program: Program):
+  """Fetches the pending step's metrics; locates the failure of runs whose step was
+  non-finite (the state still holds their parameters before that step). Returns (values,
+  {run index: life.Site})."""
+  pending = program.pending
+  values = jax.device_get(pending.metrics)
+  failed = np.asarray(values["skipped"]) & np.asarray(values["active"])
+  sites = {}
+  if failed.any():
+    if program.steps.locate is None:
+      program.steps.locate = sharding.jit_locate_step(program.config, program.mesh,
+                                                      program.shardings,
+                                                      num_runs=len(program.runs))
+    flags = jax.device_get(program.steps.locate(program.state, pending.batch))
+    for k in np.flatnonzero(failed):
+      sites[k] = telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k], flags))
+  return values, sites
 
 
-def group_runs(runs: list, max_runs: int = MAX_RUNS_PER_PROGRAM) -> list:
-  """The runs split into programs (lists of runs), in order of first appearance: runs that
-  differ only in data fields share one, split into equal parts of at most `max_runs` runs
-  (0 = no limit)."""
-  groups = {}
-  for run in runs:
-    groups.setdefault(program_key(run.config), []).append(run)
-  programs = []
-  for group in groups.values():
-    parts = -(-len(group) // max_runs) if max_runs > 0 else 1
-    size = -(-len(group) // parts)
-    programs += [group[i:i + size] for i in range(0, len(group), size)]
-  return programs
+def _all_stop_with(program: Program, values) -> bool:
+  """Whether no run is left running after the pending step."""
+  stopping = values["active"] & (values["status"] != life.CODE_RUNNING)
+  return len(program.stopped) + int(np.sum(stopping)) == len(program.runs)
 
 
-def group_name(group: list) -> str:
-  """A stable directory name for a program's stacked checkpoints."""
-  import hashlib
-  names = "\n".join(run.name for run in group)
-  digest = hashlib.sha1(names.encode()).hexdigest()[:8]
-  first = group[0].name.replace("/", "_")
-  return f"{first}+{len(group) - 1}_{digest}" if len(group) > 1 else f"{first}_{digest}"
+def _record_of(program: Program, values, sites, k) -> dict:
+  """Run k's record of the pending step."""
+  pending = program.pending
+  record = {"step": pending.step, **{key: values[key][k] for key in RECORD_KEYS}}
+  record.update({key: values[key][k] for key in values
+                 if key not in RECORD_KEYS + CONTROL_KEYS})
+  if pending.eval_losses is not None:
+    record["eval_loss"] = pending.eval_losses[k]
+  if values.get("telemetry") is not None:
+    record.update(telemetry.flatten(jax.tree.map(lambda x: x[k], values["telemetry"])))
+    if program.config.model.dtype == "float16":
+      record["fp16_overflows"] = values["skipped_total"][k]
+  if k in sites:
+    record["nonfinite_at"] = sites[k].sentence()
+  return record
 
 
-def program_checkpoints(root: str, group: list) -> str:
-  """Where a program of a study or sweep in `root` keeps its stacked checkpoints."""
-  return os.path.join(root, rundir.CHECKPOINTS, group_name(group))
-
-
-def needs_training(run: Run) -> bool:
-  """False for a run recorded as halted, or finished at its config's num_steps."""
-  info = rundir.RunDir(run.directory).info()
-  if info.get("status") == "halted":
-    return False
-  return not (info.get("status") == "finished"
-              and info.get("last_step") == run.config.train.num_steps)
-
-
-def train_programs(runs: list, root: str, allow_config_change: bool = False,
-                   max_runs: int = MAX_RUNS_PER_PROGRAM) -> dict:
-  """Trains every run (grouped into programs, one program after another) with stacked
-  checkpoints under `root/checkpoints/<program>/`; returns {run name: status}. A run that halts
-  is a result: the others go on. Runs recorded as finished or halted are not trained again."""
-  groups = group_runs(runs, max_runs)
-  for group in groups:  # every run checked before any starts
-    preflight(group, program_checkpoints(root, group), allow_config_change)
-  for i, group in enumerate(groups, start=1):
-    names = ", ".join(run.name for run in group)
-    if not any(needs_training(run) for run in group):
-      logging.info("[program %d/%d] %s: finished earlier, skipped", i, len(groups), names)
+def record_step(program: Program, values, sites, checkpointed: bool = False, progress=None):
+  """Writes the pending step's records and advances the lives of the runs that stopped with
+  it. `checkpointed`: the step is being checkpointed, so it is recorded whatever else."""
+  step = program.pending.step
+  log_due = program.due(program.config.train.log_every, step)
+  losses = {}
+  for k, recorder in enumerate(program.recorders):
+    if not values["active"][k]:
       continue
-    logging.info("[program %d/%d] %d run(s): %s", i, len(groups), len(group), names)
-    with contextlib.ExitStack() as locks:
-      for run in group:
-        rundir.ensure_directory(run.directory)
-        locks.enter_context(lock(run.directory))
-      train_runs(group, program_checkpoints(root, group))
-  return {run.name: rundir.RunDir(run.directory).status() for run in runs}
+    code = int(values["status"][k])
+    record = _record_of(program, values, sites, k)
+    if worth_recording(record, code, log_due=log_due, checkpointed=checkpointed,
+                       has_telemetry=values.get("telemetry") is not None):
+      record["tokens_per_sec"] = recorder.tokens_per_sec(step, program.tokens_per_step)
+      recorder.write(record)
+    losses[recorder.run.name] = float(record["loss"])
+    if code != life.CODE_RUNNING:
+      _stopped(program, k, code, record, sites.get(k, life.BACKWARD_ONLY))
+  program.pending = None
+  if progress is not None:
+    progress.report(step, losses, program.stopped)
+
+
+def _stopped(program: Program, k: int, code: int, record: dict, site: life.Site):
+  """Run k finished or halted with the step of `record`."""
+  recorder = program.recorders[k]
+  status = life.status_of(code)
+  program.stopped[k] = status
+  if status == life.FINISHED:
+    recorder.set_status(status, last_step=record["step"])
+    return
+  reason, sentence = life.halt_description(recorder.run.config, code, record)
+  recorder.set_status(status, last_step=record["step"], halt_step=record["step"],
+                      halt_reason=reason, nonfinite_at=site.sentence(),
+                      nonfinite_site=site.as_json())
+  sentence += f"; first non-finite: {site.sentence()}"
+  logging.warning("%s halted: %s", recorder.run.name, sentence)
+  if program.single:
+    good = (f"the newest checkpoint (step {program.last_saved}) holds the last good state"
+            if program.last_saved else "no checkpoint was saved yet")
+    program.halted_line = f"{sentence}; {good}"
+
+
+def save_checkpoint(program: Program, step: int, progress=None) -> None:
+  """Records the pending step (always), then checkpoints the stacked state at `step`, unless
+  the single run halted: its newest checkpoint stays the last good state."""
+  if program.pending is not None:
+    record_step(program, *_resolve(program), checkpointed=True, progress=progress)
+  if program.halted_line is not None:
+    return
+  for recorder in program.recorders:
+    recorder.flush()
+  checkpoints.save(program.mngr, step, program.state)
+  program.last_saved = step

@@ -4,7 +4,8 @@ Three kinds, one error path each (all raise errors.ConfigError with one line):
   ranges   each field on its own (normstudy.config.check_ranges);
   names    fields whose values are registered names: placements, norms, activations, optimizers,
            datasets (each registry's own `get`, so the allowed list is the registry's);
-  rules    combinations across fields (RULES below).
+  rules    combinations across fields (RULES below, then each technique's conflicts:
+           normstudy.techniques).
 The mesh's divisibility is checked by normstudy.sharding.check_divisible, which knows the mesh.
 """
 
@@ -14,9 +15,10 @@ from normstudy import errors
 from normstudy import model as model_lib
 from normstudy import optimizer as optimizer_lib
 from normstudy import placements
+from normstudy import techniques
 
 REGISTRIES = (placements.REGISTRY, model_lib.NORMS, model_lib.ACTIVATIONS,
-              optimizer_lib.OPTIMIZERS)
+              optimizer_lib.OPTIMIZERS, optimizer_lib.SCHEDULES)
 
 
 def _rule(test, message):
@@ -48,17 +50,6 @@ RULES = (
     _rule(lambda c: c.data.name != "synthetic" or c.data.branching <= c.model.vocab_size,
           lambda c: f"config.data.branching={c.data.branching} exceeds "
                     f"config.model.vocab_size={c.model.vocab_size}"),
-    _rule(lambda c: not (c.model.attn_softcap > 0 and c.model.attention_relax > 0),
-          lambda c: f"config.model.attn_softcap={c.model.attn_softcap:g} caps the scores that "
-                    f"config.model.attention_relax={c.model.attention_relax:g} shifts by their row "
-                    "maximum; use one of them (set the other to 0)"),
-    _rule(lambda c: not (c.model.layer_scale > 0 and c.model.placement == "rezero"),
-          lambda c: f"config.model.layer_scale={c.model.layer_scale:g} scales the branches that "
-                    "config.model.placement='rezero' already scales by a learned scalar; use one "
-                    "of them"),
-    _rule(lambda c: c.optimizer.schedule in optimizer_lib.SCHEDULES,
-          lambda c: str(errors.not_allowed("optimizer.schedule", c.optimizer.schedule,
-                                           optimizer_lib.SCHEDULES))),
 )
 
 
@@ -72,3 +63,5 @@ def validate(config) -> None:
   for holds, message in RULES:
     if not holds(config):
       raise errors.ConfigError(message(config))
+  for message in techniques.conflicts(config):
+    raise errors.ConfigError(message)

@@ -14,10 +14,13 @@ PACKAGE = os.path.dirname(normstudy.__file__)
 
 # The pure core: functions of arrays and configs. It never imports the edges below it.
 CORE = {"errors", "registry", "config", "placements", "precision", "optimizer", "model", "loss",
-        "telemetry", "steps", "labels"}
+        "telemetry", "steps", "labels", "life", "per_run", "techniques"}
 # Side effects: files, devices, processes, flags.
-EDGES = {"data", "synthetic", "sharding", "checkpoints", "rundir", "metrics", "train", "study",
-         "sweep", "grid", "main", "analyze", "cli", "validation", "analysis"}
+EDGES = {"data", "synthetic", "sharding", "checkpoints", "rundir", "metrics", "recorder", "train",
+         "orchestrate", "study", "sweep", "grid", "main", "analyze", "cli", "validation",
+         "analysis"}
+# Entry modules: flags and a call. None imports another.
+ENTRIES = {"main", "study", "sweep", "analyze"}
 
 
 def _modules():
@@ -61,10 +64,12 @@ def test_core_never_imports_an_edge_and_the_graph_has_no_cycle():
   analysis_dir = os.path.join(PACKAGE, "analysis")
   graph["analysis"] = set().union(*(
       _imports(os.path.join(analysis_dir, f)) for f in os.listdir(analysis_dir)
-      if f.endswith(".py") and f != "__main__.py")) - {"analysis"}  # __main__: a program
+      if f.endswith(".py"))) - {"analysis"}
   assert set(graph) == CORE | EDGES, "classify every module as core or edge"
   for module in CORE:
     assert not graph[module] & EDGES, (module, graph[module] & EDGES)
+  for module, imported in graph.items():  # entry modules are programs, never libraries
+    assert not imported & ENTRIES, (module, imported & ENTRIES)
 
   visiting, done = set(), set()
 
@@ -108,3 +113,21 @@ print(sorted(outputs))
                           text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "layers_attn_logit_max" in result.stdout
+
+
+# Longest a function or class of the package may be: one screen, read top to bottom.
+MAX_LINES = 80
+
+
+def test_no_function_or_class_is_longer_than_a_screen():
+  long = []
+  for root, _, files in os.walk(PACKAGE):
+    for name in files:
+      if name.endswith(".py"):
+        path = os.path.join(root, name)
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_LINES:
+              long.append(f"{os.path.relpath(path, PACKAGE)}:{node.lineno} {node.name} ({lines})")
+  assert not long, long

@@ -13,7 +13,7 @@ import pytest
 
 from normstudy import errors
 from normstudy import rundir
-from normstudy import train
+from normstudy import orchestrate
 import runs
 
 LM = "configs/lm.py:tiny"
@@ -36,30 +36,30 @@ def test_a_workdir_without_a_checkpoint_takes_a_new_config(make_config, tmp_path
   workdir = tmp_path / "run"
   workdir.mkdir()
   other = make_config(max_len=8)
-  rundir.RunDir(str(workdir)).write_config(train.config_json(other))
-  run = train.Run("run", config, str(workdir))
+  rundir.RunDir(str(workdir)).write_config(rundir.config_json(other))
+  run = orchestrate.Run("run", config, str(workdir))
   checkpoints = str(workdir / "checkpoints")
-  train.preflight([run], checkpoints)  # no finished step: not a run yet
+  orchestrate.preflight([run], checkpoints)  # no finished step: not a run yet
   os.makedirs(os.path.join(checkpoints, "3"))
   with pytest.raises(errors.UserError, match=r"model.max_len: 8 -> 16"):
-    train.preflight([run], checkpoints)
+    orchestrate.preflight([run], checkpoints)
   os.remove(workdir / "config.json")
   with pytest.raises(errors.UserError, match=r"has checkpoints \(steps 3\) but no config.json"):
-    train.preflight([run], checkpoints)
+    orchestrate.preflight([run], checkpoints)
 
 
 def test_workdir_and_data_dir_that_cannot_be_written(make_config, tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("x")
   config = make_config()
-  run = train.Run("run", config, str(blocker / "run"))
+  run = orchestrate.Run("run", config, str(blocker / "run"))
   with pytest.raises(errors.UserError, match=r"--workdir='.*a_file/run' cannot be created: .*"
                                              r"a_file is a file"):
-    train.preflight([run], str(blocker / "run" / "checkpoints"))
+    orchestrate.preflight([run], str(blocker / "run" / "checkpoints"))
   config.data.data_dir = str(blocker / "tfds")
-  run = train.Run("run", config, str(tmp_path / "run"))
+  run = orchestrate.Run("run", config, str(tmp_path / "run"))
   with pytest.raises(errors.UserError, match=r"config.data.data_dir='.*a_file/tfds' cannot be"):
-    train.preflight([run], str(tmp_path / "run" / "checkpoints"))
+    orchestrate.preflight([run], str(tmp_path / "run" / "checkpoints"))
   assert not (tmp_path / "run").exists()
 
 

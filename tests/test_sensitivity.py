@@ -25,10 +25,13 @@ def _write_run(directory, arm, arm_label, lr, seed, losses, eval_loss, status="f
   if depth is not None:
     overrides["model.num_layers"] = depth
   point = ", ".join([f"lr={lr:g}", f"seed={seed}"] + ([f"layers={depth}"] if depth else []))
-  info = {"label": f"{arm_label} | {point}", "arm": arm, "overrides": overrides,
-          "status": status, "entropy_floor": FLOOR}
+  info = {"label": f"{arm_label} | {point}", "arm": arm, "arm_label": arm_label,
+          "point": overrides, "status": status, "entropy_floor": FLOOR}
   if status == "halted":
-    info.update(halt_step=len(losses), halt_reason="non-finite loss", nonfinite_at=nonfinite_at)
+    layer, site = nonfinite_at
+    info.update(halt_step=len(losses), halt_reason="non-finite loss",
+                nonfinite_at=f"layer {layer} {site}",
+                nonfinite_site={"layer": layer, "site": site})
   with open(os.path.join(directory, "run.json"), "w") as f:
     json.dump(info, f)
   with open(os.path.join(directory, "config.json"), "w") as f:
@@ -50,7 +53,7 @@ def _write_run(directory, arm, arm_label, lr, seed, losses, eval_loss, status="f
 FINALS = {
     "steady": {1e-3: {0: 3.0, 1: 3.2}, 1e-2: {0: 2.5, 1: 2.7}, 1e-1: {0: 2.6, 1: 2.5}},
     "fragile": {1e-3: {0: 2.9, 1: 3.1}, 1e-2: {0: 2.4, 1: 2.4},
-                1e-1: {0: ("layer 1 residual stream",), 1: ("layer 0 attention scores",)}},
+                1e-1: {0: (1, "residual stream"), 1: (0, "attention scores")}},
 }
 LABELS = {"steady": "Post-Norm | DeepNorm", "fragile": "Pre-Norm"}
 
@@ -63,7 +66,7 @@ def _write_sweep(root, finals=FINALS, depth=None):
         directory = os.path.join(root, arm, name)
         if isinstance(final, tuple):
           _write_run(directory, arm, LABELS[arm], lr, seed, [INIT, 4.0, float("nan")], None,
-                     status="halted", nonfinite_at=final[0], logit=1e4, depth=depth)
+                     status="halted", nonfinite_at=final, logit=1e4, depth=depth)
         else:
           _write_run(directory, arm, LABELS[arm], lr, seed, [INIT, 4.0, final + 0.1], final,
                      logit=10.0 * lr * 1e3, depth=depth)

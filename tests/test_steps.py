@@ -6,6 +6,7 @@ import numpy as np
 import optax
 import pytest
 
+from normstudy import life
 from normstudy import model as model_lib
 from normstudy import precision
 from normstudy import steps as steps_lib
@@ -86,7 +87,7 @@ def test_float16_overflow_skips_update_and_halves_scale(make_config):
   assert float(metrics["loss_scale"]) == 2.0**40
   assert float(new_state.loss_scale.scale) == 2.0**39
   assert int(new_state.opt_step) == 0 and int(new_state.step) == 1
-  assert int(new_state.status) == steps_lib.RUNNING
+  assert int(new_state.status) == life.CODE_RUNNING
   after = jax.tree.map(np.asarray, (new_state.params, new_state.opt_state))
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
     np.testing.assert_array_equal(a, b)
@@ -140,8 +141,8 @@ def _poisoned(state):
 
 
 @pytest.mark.parametrize("policy,limit,halts_at,status", [
-    ("halt", 10, 1, steps_lib.HALTED_NONFINITE),
-    ("skip", 2, 3, steps_lib.HALTED_SKIPS),
+    ("halt", 10, 1, life.CODE_HALTED_NONFINITE),
+    ("skip", 2, 3, life.CODE_HALTED_SKIPS),
 ])
 def test_a_halted_run_is_frozen(make_config, policy, limit, halts_at, status):
   config = make_config()
@@ -174,7 +175,7 @@ def test_float16_halts_at_the_loss_scale_floor(make_config):
     scales.append(float(metrics["loss_scale"]))
   # 4 -> 2 -> 1; the next overflow would go below the floor: fairseq stops there.
   assert scales[:3] == [4.0, 2.0, 1.0]
-  assert statuses[:3] == [steps_lib.RUNNING, steps_lib.RUNNING, steps_lib.HALTED_SCALE]
+  assert statuses[:3] == [life.CODE_RUNNING, life.CODE_RUNNING, life.CODE_HALTED_SCALE]
 
 
 @pytest.mark.parametrize("count_skipped", [True, False])
@@ -186,9 +187,9 @@ def test_num_steps_counts_train_steps_or_applied_updates(make_config, count_skip
   step = _step(config)
   for _ in range(40):
     state, _ = step(state, _batch())
-    if int(state.status) != steps_lib.RUNNING:
+    if int(state.status) != life.CODE_RUNNING:
       break
-  assert int(state.status) == steps_lib.FINISHED
+  assert int(state.status) == life.CODE_FINISHED
   assert int(state.skipped_total) > 0
   if count_skipped:
     assert int(state.step) == 3 and int(state.opt_step) < 3

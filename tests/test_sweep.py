@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import signal
 import textwrap
 
@@ -10,7 +11,7 @@ import pytest
 from normstudy import errors
 from normstudy import grid
 from normstudy import rundir
-from normstudy import train
+from normstudy import orchestrate
 import runs
 
 
@@ -40,7 +41,12 @@ def test_grid_points_of_a_file_and_of_one_variant(tmp_path):
   assert all(p.config.train.num_steps == 7 and p.config.model.placement == "deepnorm"
              for p in one)
   assert one[3].config.optimizer.learning_rate == 0.01 and one[3].config.train.seed == 1
-  assert one[3].overrides == {"optimizer.learning_rate": 0.01, "train.seed": 1}
+  assert one[3].point == {"optimizer.learning_rate": 0.01, "train.seed": 1}
+  # Everything that makes the run, in the order it is applied: the command line's, the point's,
+  # the label (the arm's plus the point).
+  assert one[3].overrides == {"train.num_steps": 7, "optimizer.learning_rate": 0.01,
+                              "train.seed": 1, "label": "{auto} | lr=0.01, seed=1"}
+  assert one[3].spec == f"{path}:post_norm_deepnorm_clip1"
   every = grid.points(path, None, {"train.seed": [0, 1]}, {})
   assert [p.name for p in every][:3] == ["pre_norm_clip10/seed0", "pre_norm_clip10/seed1",
                                          "pre_norm_clip1/seed0"]
@@ -48,13 +54,13 @@ def test_grid_points_of_a_file_and_of_one_variant(tmp_path):
   with pytest.raises(errors.ConfigError, match="unknown config field 'optimizer.lr'"):
     grid.points(path, "pre_norm_clip1", {"optimizer.lr": [1.0]}, {})
   # Arms that differ in data fields share a program; a structural axis splits them.
-  assert len(train.group_runs([train.Run(p.name, p.config, "") for p in every])) == 3
+  assert len(orchestrate.group_runs([orchestrate.Run(p.name, p.config, "") for p in every])) == 3
   # A limit on runs per program splits a structure's runs into near-equal parts, in order.
-  one_runs = [train.Run(p.name, p.config, "") for p in one]
-  assert [[r.name for r in g] for g in train.group_runs(one_runs, max_runs=3)] == [
+  one_runs = [orchestrate.Run(p.name, p.config, "") for p in one]
+  assert [[r.name for r in g] for g in orchestrate.group_runs(one_runs, max_runs=3)] == [
       ["lr0.001_seed0", "lr0.001_seed1"], ["lr0.01_seed0", "lr0.01_seed1"]]
-  assert [len(g) for g in train.group_runs(one_runs * 2, max_runs=3)] == [3, 3, 2]
-  assert [len(g) for g in train.group_runs(one_runs, max_runs=0)] == [4]
+  assert [len(g) for g in orchestrate.group_runs(one_runs * 2, max_runs=3)] == [3, 3, 2]
+  assert [len(g) for g in orchestrate.group_runs(one_runs, max_runs=0)] == [4]
 
 
 def test_a_sweep_of_the_seed_figure_takes_its_sweep_arms_and_settings():
@@ -99,13 +105,13 @@ def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path, dtype):
   for p in points:
     with p.config.unlocked():
       _tiny(p.config, tmp_path, dtype=dtype)
-    sweep_runs.append(train.Run(p.name, p.config, str(tmp_path / "sweep" / p.name), p.arm,
-                                p.overrides))
-  statuses = train.train_programs(sweep_runs, str(tmp_path / "sweep"))
+    sweep_runs.append(orchestrate.Run(p.name, p.config, str(tmp_path / "sweep" / p.name), p.arm,
+                                      point=p.point))
+  statuses = orchestrate.train_programs(sweep_runs, str(tmp_path / "sweep"))
   assert statuses == {p.name: "finished" for p in points}
   for run in sweep_runs:
     alone = tmp_path / "alone" / run.name
-    train.train_and_evaluate(run.config, str(alone))
+    orchestrate.train_and_evaluate(run.config, str(alone))
     swept, single = runs.trajectory(run.directory), runs.trajectory(alone)
     assert [r["step"] for r in swept] == list(range(1, 21))
     # float32: losses equal to 1e-5; float16: identical loss-scale sequences (the K-run program's
@@ -115,7 +121,7 @@ def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path, dtype):
       assert a["loss"] == pytest.approx(b["loss"], rel=tolerance), run.name
       assert a["loss_scale"] == b["loss_scale"] and a["skipped"] == b["skipped"]
     info = rundir.RunDir(run.directory).info()
-    assert info["arm"] == "pre_norm_clip1" and info["overrides"] == run.overrides
+    assert info["arm"] == "pre_norm_clip1" and info["point"] == run.point
   # Different seeds and learning rates really gave different trajectories.
   finals = {runs.trajectory(r.directory)[-1]["loss"] for r in sweep_runs}
   assert len(finals) == 4
@@ -131,13 +137,17 @@ def test_a_run_that_halts_is_frozen_while_the_others_finish(tmp_path):
       _tiny(p.config, tmp_path, steps=12)
       p.config.optimizer.clip_norm = 0.0
       p.config.train.on_nonfinite = "halt"
-    sweep_runs.append(train.Run(p.name, p.config, str(tmp_path / p.name), p.arm, p.overrides))
-  statuses = train.train_programs(sweep_runs, str(tmp_path))
+    sweep_runs.append(orchestrate.Run(p.name, p.config, str(tmp_path / p.name), p.arm,
+                                      point=p.point))
+  statuses = orchestrate.train_programs(sweep_runs, str(tmp_path))
   assert statuses == {"lr0.001": "finished", "lr10000": "halted"}
   halted = rundir.RunDir(str(tmp_path / "lr10000")).info()
   recs = runs.records(tmp_path / "lr10000")
   assert recs[-1]["step"] == halted["halt_step"] < 12 and recs[-1]["skipped"]
   assert halted["halt_reason"] == "non-finite gradient" and halted["nonfinite_at"]
+  site = halted["nonfinite_site"]
+  assert set(site) == {"layer", "site"} and halted["nonfinite_at"].endswith(site["site"])
+  assert site["layer"] is None or halted["nonfinite_at"] == f"layer {site['layer']} {site['site']}"
   assert [r["step"] for r in runs.records(tmp_path / "lr0.001")] == list(range(1, 13))
 
 
@@ -156,7 +166,7 @@ def test_sweep_command_resumes_bit_exactly_after_sigkill(tmp_path):
   assert sweep["axes"] == {"optimizer.learning_rate": [0.001, 0.003], "train.seed": [0, 1]}
   assert [r["name"] for r in sweep["runs"]] == ["lr0.001_seed0", "lr0.001_seed1",
                                                 "lr0.003_seed0", "lr0.003_seed1"]
-  assert sweep["runs"][3]["overrides"] == {"optimizer.learning_rate": 0.003, "train.seed": 1}
+  assert sweep["runs"][3]["point"] == {"optimizer.learning_rate": 0.003, "train.seed": 1}
   assert [r["status"] for r in sweep["runs"]] == ["finished"] * 4
   killed = tmp_path / "killed"
   proc = runs.start_module("normstudy.sweep", *args, f"--workdir={killed}")
@@ -168,3 +178,46 @@ def test_sweep_command_resumes_bit_exactly_after_sigkill(tmp_path):
   for name in ("lr0.001_seed0", "lr0.001_seed1", "lr0.003_seed0", "lr0.003_seed1"):
     assert runs.trajectory(killed / name) == runs.trajectory(reference / name), name
   assert len(os.listdir(killed / "checkpoints")) == 1  # one stacked program
+
+
+@pytest.mark.slow
+def test_a_sweep_point_is_reproduced_by_the_command_sweep_json_gives(tmp_path):
+  # The file's SWEEP_SETTINGS (warm-up 20, records every 5 steps) and its SWEEP axis of seeds
+  # apply besides the command line's axis: the listed overrides must carry all of them.
+  data_dir = tmp_path / "tfds"
+  args = ("--config=configs/seed_figure.py:pre_norm_clip1",
+          "--axis=optimizer.learning_rate=1e-3,1e-2", *runs.TINY,
+          f"--config.data.data_dir={data_dir}", "--config.train.num_steps=12",
+          "--config.model.dtype=float32")
+  swept = tmp_path / "sweep"
+  runs.run_module("normstudy.sweep", *args, "--axis=train.seed=0", f"--workdir={swept}")
+  sweep = json.loads((swept / "sweep.json").read_text())
+  assert sweep["settings"]["optimizer.warmup_steps"] == 20
+  assert sweep["config"] == "configs/seed_figure.py:pre_norm_clip1"
+  second = sweep["runs"][1]  # not the run the program's step was built from
+  assert second["point"] == {"optimizer.learning_rate": 0.01, "train.seed": 0}
+  assert second["overrides"]["optimizer.warmup_steps"] == 20
+  argv = shlex.split(second["command"])
+  assert argv[:3] == ["python", "-m", "normstudy.main"]
+  alone = tmp_path / "alone"
+  argv = [a if not a.startswith("--workdir=") else f"--workdir={alone}" for a in argv[3:]]
+  runs.run_module("normstudy.main", *argv)
+  reproduced, original = runs.trajectory(alone), runs.trajectory(swept / second["name"])
+  assert [r["step"] for r in reproduced] == [r["step"] for r in original]
+  assert [r["loss"] for r in reproduced] == [r["loss"] for r in original]
+  assert [r["lr"] for r in reproduced] == [r["lr"] for r in original]
+  assert runs.read_json(alone / "run.json")["label"] == runs.read_json(
+      swept / second["name"] / "run.json")["label"]
+
+
+@pytest.mark.slow
+def test_mesh_runs_shards_a_sweep_over_host_devices_from_the_command_line(tmp_path):
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2"
+  args = ("--config=configs/seed_figure.py:pre_norm_clip1", "--axis=train.seed=0,1",
+          "--axis=optimizer.learning_rate=1e-3", *runs.tiny_args(tmp_path / "tfds", num_steps=4),
+          "--config.mesh.runs=2", "--config.mesh.data=1", f"--workdir={tmp_path / 'wd'}")
+  result = runs.run_module("normstudy.sweep", *args, env=env)
+  assert result.stdout.splitlines()[-1] == "runs: 2 finished"
+  assert "'runs': 2" in result.stderr  # the program's mesh put one run on each device
+  assert [r["step"] for r in runs.records(tmp_path / "wd" / "lr0.001_seed1")][-1] == 4

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from normstudy import life
 from normstudy import loss as loss_lib
 from normstudy import model as model_lib
 from normstudy import steps as steps_lib
@@ -132,11 +133,13 @@ def test_locator_names_the_first_non_finite_site(make_config, scan):
   else:
     blown = scaled(lambda path: in_layer(path, 1, "fc1"), 1e6)
   locate = jax.jit(steps_lib.make_locate_step(config))
-  assert _located(locate, blown, batch) == "layer 1 MLP pre-activation"
+  site = _located(locate, blown, batch)
+  assert site == life.Site(1, "MLP pre-activation")
+  assert site.sentence() == "layer 1 MLP pre-activation"
   # A NaN in the embedding table poisons the first site.
   nan_embedding = state.replace(params={**state.params, "embedding": jnp.full_like(
       state.params["embedding"], jnp.nan)})
-  assert _located(locate, nan_embedding, batch) == "embedding"
+  assert _located(locate, nan_embedding, batch) == life.Site(None, "embedding")
   # A finite forward pass (what an fp16 step whose scaled backward overflowed leaves): the
   # failure was in the backward pass only.
   assert _located(locate, state, batch) == telemetry.BACKWARD_ONLY

@@ -8,7 +8,6 @@ import os
 import numpy as np
 import pandas as pd
 
-from normstudy import grid
 from normstudy import metrics as metrics_lib
 from normstudy import rundir
 from normstudy import telemetry
@@ -77,7 +76,8 @@ def load_runs(workdir: str) -> pd.DataFrame:
   in the table as NaN or inf; a metric a record does not have is absent. Run-level facts are in
   `df.attrs["runs"][run]`: label, entropy floor, warm-up and planned steps, dtype, status
   (finished | halted | preempted | running), halt step and reason, where a halted run first went
-  non-finite, the sweep's overrides.
+  non-finite (`nonfinite_site`: layer and site), the sweep's axis values (`point`) and the
+  overrides that reproduce the run.
   """
   frames, infos = [], {}
   for run_dir in find_runs(workdir):
@@ -89,14 +89,12 @@ def load_runs(workdir: str) -> pd.DataFrame:
     info = rundir.read_json(os.path.join(run_dir, rundir.RUN))
     config = rundir.read_json(os.path.join(run_dir, rundir.CONFIG))
     label = info.get("label") or config.get("label") or run
-    overrides = info.get("overrides", {})
-    point = f" | {grid.point_label(overrides)}"
     infos[run] = {
         "label": label,
         "arm": info.get("arm"),
-        # The arm's label without the sweep point grid.points appended to it.
-        "arm_label": label[:-len(point)] if overrides and label.endswith(point) else label,
-        "overrides": overrides,
+        "arm_label": info.get("arm_label") or label,  # the arm's, without the sweep's point
+        "point": info.get("point") or {},  # the sweep's axis values
+        "overrides": info.get("overrides") or {},
         "entropy_floor": info.get("entropy_floor"),
         "warmup_steps": config.get("optimizer", {}).get("warmup_steps", 0),
         "num_steps": config.get("train", {}).get("num_steps"),
@@ -105,6 +103,7 @@ def load_runs(workdir: str) -> pd.DataFrame:
         "halt_step": info.get("halt_step"),
         "halt_reason": info.get("halt_reason"),
         "nonfinite_at": info.get("nonfinite_at"),
+        "nonfinite_site": info.get("nonfinite_site"),  # {"layer": int or None, "site": str}
     }
     rows = [(record["step"], key, value) for record in records for key, value in record.items()
             if key != "step" and isinstance(value, (int, float, bool))]

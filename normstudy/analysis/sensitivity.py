@@ -36,7 +36,7 @@ DEATH_KINDS = ("attention scores", "attention output", "residual stream", "MLP p
 
 def is_sweep(df: pd.DataFrame) -> bool:
   """Whether the runs below a directory vary the learning rate (a sensitivity sweep)."""
-  lrs = {info.get("overrides", {}).get(LR) for info in df.attrs.get("runs", {}).values()}
+  lrs = {info["point"].get(LR) for info in df.attrs.get("runs", {}).values()}
   return len(lrs - {None}) > 1
 
 
@@ -46,25 +46,23 @@ def _max_finite(values) -> float:
   return float(values.max()) if values.size else np.nan
 
 
-def _group_of(overrides: dict) -> str:
+def _group_of(point: dict) -> str:
   """The sweep's other axes (not learning rate, not seed) as text: "" or "layers=12"."""
-  rest = {k: v for k, v in overrides.items() if k not in (LR, SEED)}
+  rest = {k: v for k, v in point.items() if k not in (LR, SEED)}
   return grid.point_label(rest)
 
 
 def death_kind(site) -> str:
-  """"layer 3 residual stream" -> "residual stream"; "output logits" -> "output logits"."""
-  if not isinstance(site, str) or not site:
+  """The kind of place a run first went non-finite, from run.json's `nonfinite_site`
+  ({"layer": 3, "site": "residual stream"} -> "residual stream"); "not located" without one."""
+  if not isinstance(site, dict) or site.get("site") not in DEATH_KINDS:
     return "not located"
-  words = site.split(" ", 2)[2] if site.startswith("layer ") else site
-  return words if words in DEATH_KINDS else "not located"
+  return site["site"]
 
 
 def death_layer(site):
-  """The layer index of a located site, or None."""
-  if isinstance(site, str) and site.startswith("layer "):
-    return int(site.split(" ")[1])
-  return None
+  """The layer index of run.json's `nonfinite_site`, or None."""
+  return site.get("layer") if isinstance(site, dict) else None
 
 
 def table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
@@ -77,8 +75,8 @@ def table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
   status = dict(zip(summary.run, summary.status))
   rows = []
   for run, info in infos.items():
-    overrides = info.get("overrides", {})
-    if LR not in overrides:
+    point = info["point"]
+    if LR not in point:
       continue
     loss = runs_lib.series(df, run, "loss")
     eval_loss = runs_lib.series(df, run, "eval_loss")
@@ -88,17 +86,20 @@ def table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     logits = df[(df.run == run) & df.metric.str.startswith("attn_logit_max/layer_")].value
     rows.append({
         "run": run, "arm": info.get("arm") or run, "arm_label": info.get("arm_label", run),
-        "group": _group_of(overrides), "learning_rate": float(overrides[LR]),
-        "seed": overrides.get(SEED), "status": status.get(run, info.get("status")),
+        "group": _group_of(point), "learning_rate": float(point[LR]),
+        "seed": point.get(SEED), "status": status.get(run, info.get("status")),
         "final_eval_loss": final, "loss_init": init,
         "effective_loss": init if failed else min(final, init),
         "max_attn_logit": _max_finite(logits), "nonfinite_at": info.get("nonfinite_at"),
+        "nonfinite_kind": death_kind(info.get("nonfinite_site")),
+        "nonfinite_layer": death_layer(info.get("nonfinite_site")),
         "halt_reason": info.get("halt_reason"), "entropy_floor": info.get("entropy_floor"),
         "dtype": info.get("dtype"),
     })
   return pd.DataFrame(rows, columns=[
       "run", "arm", "arm_label", "group", "learning_rate", "seed", "status", "final_eval_loss",
-      "loss_init", "effective_loss", "max_attn_logit", "nonfinite_at", "halt_reason",
+      "loss_init", "effective_loss", "max_attn_logit", "nonfinite_at", "nonfinite_kind",
+      "nonfinite_layer", "halt_reason",
       "entropy_floor", "dtype"])
 
 
@@ -183,10 +184,13 @@ def deaths(runs: pd.DataFrame) -> pd.DataFrame:
       if failed.empty:
         rows.append({**base, "site": "", "kind": "", "layer": None, "count": 0})
         continue
-      sites = failed.nonfinite_at.where(failed.nonfinite_at.notna(), "not located")
-      for site, count in sites.value_counts(sort=False).items():
-        rows.append({**base, "site": site, "kind": death_kind(site), "layer": death_layer(site),
-                     "count": int(count)})
+      sites = failed.assign(site=failed.nonfinite_at.where(failed.nonfinite_at.notna(),
+                                                           "not located"),
+                            layer=failed.nonfinite_layer.astype("Int64"))
+      for (site, kind, layer), at in sites.groupby(["site", "nonfinite_kind", "layer"],
+                                                   sort=False, dropna=False):
+        rows.append({**base, "site": site, "kind": kind,
+                     "layer": None if pd.isna(layer) else int(layer), "count": len(at)})
   table_ = pd.DataFrame(rows, columns=["arm", "label", "group", "learning_rate", "runs",
                                        "halted", "diverged", "site", "kind", "layer", "count"])
   table_["layer"] = table_.layer.astype("Int64")

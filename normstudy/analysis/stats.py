@@ -1,0 +1,212 @@
+"""Exact and small-sample statistics for the studies: what a comparison of a few seeds can say.
+
+Every comparison the analysis writes goes through `verdict`, which names the test, the sample
+sizes and the p-value, and calls a difference a difference only at p < ALPHA; otherwise "not
+separated". Tests:
+
+  fisher_exact(a_failed, a_runs, b_failed, b_runs)   Fisher's exact test of two failure shares
+                                                     (two-sided: the sum of the probabilities of
+                                                     every table no more likely than the one
+                                                     observed, margins fixed; Fisher 1935)
+  welch(a, b)                                        Welch's t-test of two means (unequal
+                                                     variances, Welch-Satterthwaite degrees of
+                                                     freedom; Welch 1947)
+  fit_logistic(log_lr, failed)                       the logistic curve of failure against
+                                                     log10(learning rate), by maximum likelihood
+  same_curve_lrt(a, b)                               likelihood-ratio test of one curve for two
+                                                     arms against one each (chi-square, 2 df)
+  critical_lr(lrs, failed)                           the learning rate at 50% failure with a
+                                                     bootstrap 95% interval over runs
+
+Needs numpy and scipy only (scipy comes with jax), so the analysis stays free of the training
+stack.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+from scipy import special
+from scipy import stats as scipy_stats
+
+ALPHA = 0.05
+# Under complete separation (every run below some learning rate survives, every run above it
+# fails) the likelihood keeps rising with the slope; capping it (per decade of learning rate)
+# puts the curve's midpoint between the last learning rate without failures and the first with
+# only failures, and the interval is widened to that whole bracket (`critical_lr`).
+MAX_SLOPE = 40.0
+BOOTSTRAP_SAMPLES = 1000
+
+
+def verdict(test: str, n: str, p: float, what: str = "different") -> str:
+  """'different (Fisher's exact test, n = 9 and 6, p = 0.044)' when p < ALPHA, else
+  'not separated (...)': the one wording of every comparison."""
+  detail = f"{test}, n = {n}, p = {format_p(p)}"
+  if not np.isfinite(p):
+    return f"not tested ({test}, n = {n}: too few runs)"
+  return f"{what} ({detail})" if p < ALPHA else f"not separated ({detail})"
+
+
+def format_p(p: float) -> str:
+  if not np.isfinite(p):
+    return "n/a"
+  return f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
+
+
+def fisher_exact(a_failed: int, a_runs: int, b_failed: int, b_runs: int) -> float:
+  """Two-sided p-value of Fisher's exact test for the 2x2 table [[a_failed, a_runs - a_failed],
+  [b_failed, b_runs - b_failed]]: with the margins fixed, the failures in arm a follow the
+  hypergeometric law; p sums the probabilities of every table at most as likely as the one
+  seen (with a relative tolerance of 1e-7 for ties, as R and scipy use)."""
+  failed, total = a_failed + b_failed, a_runs + b_runs
+  if a_runs == 0 or b_runs == 0:
+    return math.nan
+
+  def probability(k):
+    return math.comb(a_runs, k) * math.comb(b_runs, failed - k) / math.comb(total, failed)
+
+  seen = probability(a_failed)
+  low, high = max(0, failed - b_runs), min(a_runs, failed)
+  p = sum(q for q in map(probability, range(low, high + 1)) if q <= seen * (1 + 1e-7))
+  return min(1.0, p)
+
+
+def welch(a, b) -> tuple[float, float, float]:
+  """(t, degrees of freedom, two-sided p) of Welch's t-test of mean(a) against mean(b); NaN
+  when either sample has fewer than 2 values. Equal samples with no spread give p = 1."""
+  a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+  if len(a) < 2 or len(b) < 2:
+    return math.nan, math.nan, math.nan
+  va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+  if va + vb == 0:
+    return 0.0 if a.mean() == b.mean() else math.copysign(math.inf, a.mean() - b.mean()), \
+        math.nan, 1.0 if a.mean() == b.mean() else 0.0
+  t = (a.mean() - b.mean()) / math.sqrt(va + vb)
+  df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+  return t, df, float(2 * scipy_stats.t.sf(abs(t), df))
+
+
+def mean_interval(values, level: float = 0.95) -> tuple[float, float, float]:
+  """(mean, low, high): the mean and its t interval over the values (NaN bounds for n < 2)."""
+  values = np.asarray(values, dtype=float)
+  mean = float(values.mean()) if len(values) else math.nan
+  if len(values) < 2:
+    return mean, math.nan, math.nan
+  half = scipy_stats.t.ppf(0.5 + level / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(
+      len(values))
+  return mean, mean - half, mean + half
+
+
+@dataclasses.dataclass(frozen=True)
+class Logistic:
+  """P(fail | lr) = sigmoid(intercept + slope * (log10(lr) - center)), and its log-likelihood."""
+  intercept: float
+  slope: float
+  center: float
+  loglik: float
+
+  @property
+  def critical_log_lr(self) -> float:
+    """log10 of the learning rate at 50% failure (NaN for a flat curve)."""
+    return self.center - self.intercept / self.slope if self.slope else math.nan
+
+
+def _loglik(a, b, x, y):
+  z = a + b * x
+  return float(np.sum(y * z - np.logaddexp(0.0, z)))
+
+
+def fit_logistic(log_lr, failed) -> Logistic:
+  """The maximum-likelihood logistic curve of `failed` (0/1 per run) against `log_lr` (log10 of
+  each run's learning rate), by Newton's method with step halving, the slope held within
+  +-MAX_SLOPE per decade (see MAX_SLOPE)."""
+  x0 = np.asarray(log_lr, dtype=float)
+  y = np.asarray(failed, dtype=float)
+  center = float(x0.mean())
+  x = x0 - center
+  share = min(max(y.mean(), 1e-3), 1 - 1e-3)
+  params = np.array([math.log(share / (1 - share)), 0.0])
+  best = _loglik(*params, x, y)
+  for _ in range(200):
+    p = special.expit(params[0] + params[1] * x)
+    w = p * (1 - p) + 1e-12
+    gradient = np.array([np.sum(y - p), np.sum((y - p) * x)])
+    hessian = np.array([[np.sum(w), np.sum(w * x)], [np.sum(w * x), np.sum(w * x * x)]])
+    step = np.linalg.lstsq(hessian + 1e-9 * np.eye(2), gradient, rcond=None)[0]
+    scale, improved = 1.0, False
+    while scale > 1e-6:
+      trial = params + scale * step
+      trial[1] = min(max(trial[1], -MAX_SLOPE), MAX_SLOPE)
+      value = _loglik(*trial, x, y)
+      if value > best + 1e-12:
+        params, best, improved = trial, value, True
+        break
+      scale /= 2
+    if not improved:
+      break
+  return Logistic(float(params[0]), float(params[1]), center, best)
+
+
+def same_curve_lrt(a: tuple, b: tuple) -> tuple[float, float]:
+  """(statistic, p) of the likelihood-ratio test that two arms' (log_lr, failed) outcomes
+  follow one logistic curve rather than one each: 2 (ll_a + ll_b - ll_pooled), chi-square with
+  2 degrees of freedom."""
+  pooled = fit_logistic(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+  separate = fit_logistic(*a).loglik + fit_logistic(*b).loglik
+  statistic = max(0.0, 2 * (separate - pooled.loglik))
+  return statistic, float(scipy_stats.chi2.sf(statistic, 2))
+
+
+def critical_lr(lrs, failed, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
+  """The learning rate at which half the runs fail, from one arm's runs (`lrs`, `failed`):
+
+    critical_lr           10^(the logistic fit's 50% point), or NaN when the grid does not
+                          bracket it
+    critical_lr_low/high  a 95% percentile-bootstrap interval (runs resampled with replacement,
+                          `samples` times), widened to the bracket [the highest learning rate
+                          with no failure below the first failure, the lowest with only
+                          failures] under complete separation
+    bound                 "" when estimated, else "> {max lr} (no run failed)" or
+                          "< {min lr} (every run failed)"
+  """
+  lrs = np.asarray(lrs, dtype=float)
+  y = np.asarray(failed, dtype=float)
+  x = np.log10(lrs)
+  out = {"runs": len(y), "failed": int(y.sum()), "critical_lr": math.nan,
+         "critical_lr_low": math.nan, "critical_lr_high": math.nan, "bound": ""}
+  if y.sum() == 0:
+    return {**out, "bound": f"> {lrs.max():g} (no run failed)"}
+  if y.sum() == len(y):
+    return {**out, "bound": f"< {lrs.min():g} (every run failed)"}
+  fit = fit_logistic(x, y)
+  centre = min(max(fit.critical_log_lr, x.min()), x.max()) if fit.slope > 0 else math.nan
+  rng = np.random.default_rng(seed)
+  draws = []
+  for _ in range(samples):
+    pick = rng.integers(0, len(y), len(y))
+    xs, ys = x[pick], y[pick]
+    if ys.sum() == 0:
+      draws.append(x.max())  # no failure in the sample: at least the grid's top
+    elif ys.sum() == len(ys):
+      draws.append(x.min())
+    else:
+      boot = fit_logistic(xs, ys)
+      draws.append(min(max(boot.critical_log_lr, x.min()), x.max()) if boot.slope > 0
+                   else np.nan)
+  draws = np.asarray(draws)
+  low, high = np.nanpercentile(draws, [2.5, 97.5]) if np.isfinite(draws).any() else (
+      math.nan, math.nan)
+  bracket = _separation_bracket(x, y)
+  if bracket is not None:
+    low, high = min(low, bracket[0]), max(high, bracket[1])
+  return {**out, "critical_lr": 10 ** centre, "critical_lr_low": 10 ** low,
+          "critical_lr_high": 10 ** high}
+
+
+def _separation_bracket(x, y):
+  """(highest log lr with no failure, lowest with only failures) when the outcomes are
+  completely separated by the learning rate, else None."""
+  survivors, failures = x[y == 0], x[y == 1]
+  if survivors.max() < failures.min():
+    return float(survivors.max()), float(failures.min())
+  return None

@@ -1,0 +1,129 @@
+"""A run's side effects while it trains: its records (metrics.jsonl), TensorBoard scalars and
+run.json (`Recorder`), and the program's progress line (`Progress`).
+
+Process 0 of a multi-process run keeps them; the others keep none.
+"""
+
+import time
+
+from absl import logging
+import numpy as np
+
+from normstudy import life
+from normstudy import metrics as metrics_lib
+from normstudy import rundir
+
+
+class _TensorBoard:
+  """A run's TensorBoard scalars (clu's SummaryWriter), written on the writer thread (`pool`)
+  and created there on first use: it imports TensorFlow (~4 s of CPU), which then overlaps with
+  compilation instead of delaying the start. `enabled` False (config.train.tensorboard) writes
+  no event file but still purges recomputed steps from earlier sessions' files."""
+
+  def __init__(self, directory: str, resume_step: int, pool, enabled: bool):
+    self.directory, self.pool, self.enabled = directory, pool, enabled
+    self._writer = None  # touched only on the writer thread
+    pool.submit(self._open, resume_step)
+
+  def _open(self, resume_step):
+    # Steps after the resumed one are recomputed: drop them from earlier sessions' event files,
+    # so TensorBoard shows one value per step.
+    rundir.purge_events_after(self.directory, resume_step)
+    if self.enabled:
+      from clu import metric_writers  # imports TensorFlow
+      self._writer = metric_writers.SummaryWriter(self.directory)
+
+  def write(self, step: int, record: dict) -> None:
+    if self.enabled:
+      scalars = {k: float(v) for k, v in record.items()
+                 if k != "step" and isinstance(v, (int, float))}
+      self.pool.submit(lambda: self._writer.write_scalars(step, scalars))
+
+  def _close(self):
+    if self._writer is not None:
+      self._writer.flush()
+      self._writer.close()
+
+  def close(self) -> None:
+    self.pool.submit(self._close).result()
+
+
+class Recorder:
+  """One run's side effects: its records (metrics.jsonl), TensorBoard scalars and run.json.
+  `run` has .name, .config and .directory; `info` goes into run.json with the run's status
+  (its recorded one if it stopped before `resume_step`, else running). Processes other than 0
+  (`is_writer` False) keep none of them."""
+
+  def __init__(self, run, resume_step, info: dict, writer_pool, is_writer: bool,
+               stopped: bool = False):
+    self.run = run
+    self.dir = rundir.RunDir(run.directory)
+    self.is_writer = is_writer
+    self.status = self.dir.status() if stopped else life.RUNNING
+    self.last_record = None
+    self.timer = (resume_step or 0, time.perf_counter())  # (step, time) of the last record
+    self._tensorboard = None
+    self.log = metrics_lib.NullLog()
+    if is_writer:
+      self.dir.write_config(rundir.config_json(run.config))
+      self.dir.update_info(**info, status=self.status)
+      self.log = metrics_lib.MetricsLog(run.directory, resume_step)
+      self._tensorboard = _TensorBoard(run.directory, resume_step or 0, writer_pool,
+                                       bool(run.config.train.tensorboard))
+
+  def write(self, record: dict) -> None:
+    self.last_record = {k: metrics_lib.plain(v) for k, v in record.items()}
+    if self.is_writer:
+      self.log.write(self.last_record)
+      self._tensorboard.write(record["step"], self.last_record)
+
+  def tokens_per_sec(self, step: int, tokens_per_step: int) -> float:
+    """Tokens per second since the last record; restarts the timer at `step`."""
+    last_step, last_time = self.timer
+    now = time.perf_counter()
+    self.timer = (step, now)
+    return (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
+
+  def set_status(self, status: str, **fields) -> None:
+    self.status = status
+    if self.is_writer:
+      self.dir.update_info(status=status, **fields)
+
+  def flush(self) -> None:
+    self.log.flush()
+
+  def close(self) -> None:
+    self.log.close()
+    if self.is_writer:
+      self._tensorboard.close()
+
+
+class Progress:
+  """One log line per interval for the whole program: step, rate and ETA (over the last
+  interval, so compilation does not distort them), runs alive and halted, best and worst loss."""
+
+  def __init__(self, runs, start_step, num_steps):
+    self.names = [run.name for run in runs]
+    self.num_steps = num_steps
+    self.every = max(1, num_steps // 20)
+    self.last = (start_step, time.perf_counter())
+
+  def report(self, step, losses: dict, stopped: dict):
+    if step % self.every and step != self.num_steps:
+      return
+    now = time.perf_counter()
+    rate = (step - self.last[0]) / max(now - self.last[1], 1e-9)
+    self.last = (step, now)
+    eta = (self.num_steps - step) / rate if rate > 0 else 0.0
+    halted = sum(1 for s in stopped.values() if s == life.HALTED)
+    parts = [f"step {step}/{self.num_steps}", f"{rate:.2f} steps/s", f"ETA {eta:.0f}s"]
+    if len(self.names) > 1:
+      parts.append(f"runs alive {len(self.names) - len(stopped)}/{len(self.names)}, "
+                   f"halted {halted}")
+    finite = {n: v for n, v in losses.items() if np.isfinite(v)}
+    if len(finite) == 1:
+      parts.append(f"loss {next(iter(finite.values())):.4f}")
+    elif finite:
+      best, worst = min(finite, key=finite.get), max(finite, key=finite.get)
+      parts.append(f"loss best {finite[best]:.4f} ({best}), worst {finite[worst]:.4f} ({worst})")
+    logging.info("%s", " | ".join(parts))
