@@ -136,13 +136,15 @@ class LayerNorm(nn.Module):
   eps: float
   dtype: Any
   axis_name: str = "embed"  # the logical axis of the normalised dimension
+  use_bias: bool = True  # False: a gain only (QK-norm: flax's normalize_qk, ViT-22B)
 
   @nn.compact
   def __call__(self, x):
     d = x.shape[-1]
     axes = (self.axis_name,)
     scale = _param(self, "scale", nn.initializers.ones, (d,), axes, decay=False)
-    bias = _param(self, "bias", nn.initializers.zeros, (d,), axes, decay=False)
+    bias = (_param(self, "bias", nn.initializers.zeros, (d,), axes, decay=False)
+            if self.use_bias else 0.0)
     # Statistics in float32: an fp16 variance of a large residual stream overflows.
     x = x.astype(jnp.float32)
     mean = jnp.mean(x, axis=-1, keepdims=True)
@@ -154,6 +156,7 @@ class RMSNorm(nn.Module):
   eps: float
   dtype: Any
   axis_name: str = "embed"
+  use_bias: bool = False  # RMSNorm has none; the field keeps make_norm's call uniform
 
   @nn.compact
   def __call__(self, x):
@@ -169,10 +172,13 @@ NORMS.register("layernorm", LayerNorm)
 NORMS.register("rmsnorm", RMSNorm)
 
 
-def make_norm(cfg, name: str, kind: str | None = None, axis_name: str = "embed") -> nn.Module:
-  """The config's norm (or `kind`) over the last axis, statistics in float32."""
-  return NORMS.get(kind or cfg.norm)(eps=cfg.norm_eps, dtype=cfg.compute_dtype,
-                                     axis_name=axis_name, name=name)
+def make_norm(cfg, name: str, kind: str | None = None, axis_name: str = "embed",
+              use_bias: bool = True) -> nn.Module:
+  """The config's norm (or `kind`) over the last axis, statistics in float32; `use_bias` False
+  drops LayerNorm's bias."""
+  norm = NORMS.get(kind or cfg.norm)
+  return norm(eps=cfg.norm_eps, dtype=cfg.compute_dtype, axis_name=axis_name, name=name,
+              use_bias=use_bias and norm is not RMSNorm)
 
 
 def softcap(x, cap: float):
@@ -288,9 +294,10 @@ class Attention(nn.Module):
     q, k, v = project("query", qk_init), project("key", qk_init), project("value", v_init)
     if cfg.qk_norm != "none":
       # QK-norm (Dehghani et al. 2023, ViT-22B; Wortsman et al. 2023): each head's q and k
-      # normalised over head_dim, one gain shared by the heads.
-      q = make_norm(cfg, "query_norm", cfg.qk_norm, axis_name="kv")(q)
-      k = make_norm(cfg, "key_norm", cfg.qk_norm, axis_name="kv")(k)
+      # normalised over head_dim, one gain shared by the heads and no bias (a bias on q would
+      # add a learned key-content term to every score; flax's normalize_qk has none either).
+      q = make_norm(cfg, "query_norm", cfg.qk_norm, axis_name="kv", use_bias=False)(q)
+      k = make_norm(cfg, "key_norm", cfg.qk_norm, axis_name="kv", use_bias=False)(k)
     logits, row_shift = attention_scores(
         q, k, cfg.attention_relax, cfg.attention_relax_form,
         jnp.float32 if cfg.attention_scores_dtype == "float32" else None)
@@ -362,13 +369,22 @@ class Block(nn.Module):
     placement = placements.get(cfg.placement)
     gain = placement.branch_gain(cfg.num_layers)
 
+    shared = {}  # the layer's own parameters, shared by its two sublayers
+
     def context(prefix):
       def param(name, shape, value):
         return _param(self, f"{prefix}_{name}", nn.initializers.constant(value), shape,
                       ("embed",) * len(shape), decay=False)
+
+      def layer_param(name, shape, value):
+        if name not in shared:
+          shared[name] = _param(self, name, nn.initializers.constant(value), shape,
+                                ("embed",) * len(shape), decay=False)
+        return shared[name]
       return placements.LayerContext(
           index=index, num_layers=cfg.num_layers, causal=cfg.causal,
-          alpha=placement.residual_alpha(cfg.num_layers), cfg=cfg, param=param)
+          alpha=placement.residual_alpha(cfg.num_layers), cfg=cfg, param=param,
+          layer_param=layer_param)
 
     def norms_of(prefix):
       return lambda slot: make_norm(cfg, f"{prefix}_norm" if slot == "in" else
@@ -440,7 +456,7 @@ class Transformer(nn.Module):
     x = x.astype(dtype)
     if cfg.position_embedding == "conv":
       x = x + ConvPositions(cfg, name="pos_conv")(x)
-    if placement.embedding_norm or cfg.input_norm:
+    if (placement.embedding_norm and cfg.peri_ln_embedding_norm) or cfg.input_norm:
       x = make_norm(cfg, "embedding_norm")(x)
     telemetry.sow_site(self, self.probe, "embedding", x)
     x = nn.Dropout(cfg.dropout)(x, deterministic=self.deterministic)

@@ -36,9 +36,10 @@ class LayerContext:
   causal: bool
   alpha: float  # this placement's residual weight for the stack
   cfg: Any = None  # the ModelConfig, for placement-specific fields
-  # param(name, shape, init value) -> a learned float32 parameter of this sublayer, not decayed
-  # (ReZero's scalar); created on first use.
+  # param(name, shape, init value) -> a learned float32 parameter of this sublayer, not decayed;
+  # created on first use. layer_param: the same, shared by the layer's two sublayers (ReZero).
   param: Callable[[str, tuple, float], Array] | None = None
+  layer_param: Callable[[str, tuple, float], Array] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +106,11 @@ def mix_ln_post_layers(num_layers: int, fraction: float) -> int:
 
 
 def _rezero(x, f, norm, ctx):
-  """x + a F(x), a a learned scalar initialised to 0, no norms (Bachlechner et al. 2020)."""
+  """x + a F(x), a a learned scalar initialised to 0, no norms (Bachlechner et al. 2020); one
+  `a` per layer, shared by its attention and MLP sublayers, as the authors' rztx.py does
+  (`self.resweight` in RZTXEncoderLayer)."""
   del norm
-  return x + ctx.param("rezero", (), 0.0).astype(x.dtype) * f(x)
+  return x + ctx.layer_param("rezero", (), 0.0).astype(x.dtype) * f(x)
 
 
 def sub_ln_gain(num_layers: int) -> float:

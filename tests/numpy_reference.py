@@ -44,8 +44,9 @@ def attention(x, p, causal, qk_norm=None, softcap=0.0, eps=1e-5):
   k = np.einsum("bld,dhk->blhk", x, p["key"]) + _bias(p, "key_bias", 1)
   v = np.einsum("bld,dhk->blhk", x, p["value"]) + _bias(p, "value_bias", 1)
   if qk_norm == "layernorm":
-    q = layernorm(q, p["query_norm"]["scale"], p["query_norm"]["bias"], eps)
-    k = layernorm(k, p["key_norm"]["scale"], p["key_norm"]["bias"], eps)
+    # No bias: ViT-22B normalises q and k with a gain only.
+    q = layernorm(q, p["query_norm"]["scale"], 0.0, eps)
+    k = layernorm(k, p["key_norm"]["scale"], 0.0, eps)
   elif qk_norm == "rmsnorm":
     q = rmsnorm(q, p["query_norm"]["scale"], eps)
     k = rmsnorm(k, p["key_norm"]["scale"], eps)
@@ -118,8 +119,9 @@ def mix_ln(x, params, n, causal, eps, activation, index=0, fraction=0.25):
 def rezero(x, params, n, causal, eps, activation):
   """ReZero (Bachlechner et al. 2020): x + a F(x), one learned scalar a per sublayer."""
   del n, eps
-  h = x + params["attention_rezero"] * attention(x, params["attention"], causal)
-  return h + params["mlp_rezero"] * mlp(h, params["mlp"], activation)
+  # One residual weight per layer, for both sublayers (Bachlechner et al. 2020; rztx.py).
+  h = x + params["rezero"] * attention(x, params["attention"], causal)
+  return h + params["rezero"] * mlp(h, params["mlp"], activation)
 
 
 # placement -> (block(x, params, num_layers, causal, eps, activation), has a final norm)

@@ -322,7 +322,7 @@ def test_decay_mask_is_declared_by_role(make_config):
       leaf = path.split("/")[-1]
       # Norm gains, biases and learned branch scales (ReZero, LayerScale) are not decayed.
       is_gain_or_bias = leaf in ("scale", "bias") or leaf.endswith(
-          ("_bias", "_rezero", "_layer_scale"))
+          ("_bias", "_rezero", "_layer_scale")) or leaf == "rezero"
       assert decays == (not is_gain_or_bias), (name, path)
 
 

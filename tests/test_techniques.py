@@ -227,13 +227,14 @@ def test_parameter_count_and_decay_mask(make_config, placement_or_option):
   if placement_or_option in ("qk_norm", "layer_scale"):
     config = make_config(scan_layers=False, **{placement_or_option: OPTIONS[
         placement_or_option][1]})
-    extra = n * 2 * 2 * hd if placement_or_option == "qk_norm" else n * 2 * d
+    # QK-norm: a gain over head_dim for q and one for k per layer, no bias.
+    extra = n * 2 * hd if placement_or_option == "qk_norm" else n * 2 * d
   else:
     config = make_config(scan_layers=False, placement=placement_or_option)
     extra = {"sub_ln": n * (2 * d + 2 * ff), "peri_ln": n * 2 * norm + norm,
              "mix_ln": 0,
-             # no norms (two per layer, and the final one), a scalar per sublayer
-             "rezero": -(n * 2 * norm) - norm + n * 2}[placement_or_option]
+             # no norms (two per layer, and the final one), one scalar per layer
+             "rezero": -(n * 2 * norm) - norm + n}[placement_or_option]
   assert _count(_shapes(config)) - _count(_shapes(base)) == extra
   mask = model_lib.decay_mask(config.model)
   base_paths = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
@@ -264,13 +265,16 @@ def test_sub_ln_gain_and_peri_ln_embedding_norm(make_config):
   names = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
       _shapes(make_config(placement="peri_ln")))}
   assert "['embedding_norm']['scale']" in names and "['final_norm']['scale']" in names
+  without = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
+      _shapes(make_config(placement="peri_ln", peri_ln_embedding_norm=False)))}
+  assert names - without == {"['embedding_norm']['scale']", "['embedding_norm']['bias']"}
 
 
 def test_rezero_starts_as_the_identity(make_config):
   config = make_config(placement="rezero", scan_layers=False)
   cfg = model_lib.ModelConfig.create(config.model)
   params = model_lib.init_params(cfg)
-  assert float(params["layer_0"]["attention_rezero"]) == 0.0
+  assert float(params["layer_0"]["rezero"]) == 0.0
   x = _x()
   out = model_lib.Block(cfg).apply({"params": params["layer_0"]}, x)
   np.testing.assert_array_equal(np.asarray(out), x)
