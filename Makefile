@@ -8,11 +8,14 @@ SENSITIVITY_DIR ?= runs/sensitivity
 # e.g. SENSITIVITY_ARGS=--axis=model.num_layers=4,12 (a depth axis; about 3x the time)
 SENSITIVITY_ARGS ?=
 TECHNIQUES_DIR ?= runs/techniques
+SURVIVAL_DIR ?= runs/survival
+SURVIVAL_DEPTH_DIR ?= runs/survival_depth
+SPEED_DIR ?= runs/speed
 # Almost all of the suite's time is XLA compilation, which runs on one core per process: one
 # test worker per core (pytest-xdist); an idle worker takes tests queued for a busy one.
 PYTEST_ARGS ?= -n auto --dist worksteal
 
-.PHONY: install study sensitivity techniques test test-fast benchmark clean
+.PHONY: install study sensitivity techniques survival survival-depth speed test test-fast benchmark clean
 
 install: $(STAMP)
 
@@ -30,6 +33,17 @@ sensitivity: install
 
 techniques: install
 	$(PY) -m normstudy.sweep --config=configs/techniques.py --workdir=$(TECHNIQUES_DIR)
+
+# Which learning rate kills each arm, with controls (configs/survival.py); the same for DeepNorm
+# and its Post-LN control at 12 layers; how fast each arm learns at the recipe's learning rate.
+survival: install
+	$(PY) -m normstudy.sweep --config=configs/survival.py --workdir=$(SURVIVAL_DIR)
+
+survival-depth: install
+	$(PY) -m normstudy.sweep --config=configs/survival_depth.py --workdir=$(SURVIVAL_DEPTH_DIR)
+
+speed: install
+	$(PY) -m normstudy.sweep --config=configs/speed.py --workdir=$(SPEED_DIR)
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

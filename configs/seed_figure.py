@@ -26,7 +26,16 @@ VARIANTS = {
     "post_norm_deepnorm_attn_relax_clip1": ("{auto}", {"model.placement": "deepnorm",
                                                        "model.input_norm": True,
                                                        "model.attention_relax": 32.0}),
+    # Controls for the DeepNorm arm, which differs from Pre-LN in three ways at once: the input
+    # LayerNorm on the embedding output, the Post-LN wiring, and DeepNorm's alpha/beta. Pre-LN
+    # with the input norm isolates the norm; Post-LN (alpha = beta = 1) with it, the wiring.
+    "pre_norm_input_norm_clip1": ("{auto} | Input Norm", {"model.input_norm": True}),
+    "post_norm_input_norm_clip1": ("{auto} | Input Norm", {"model.placement": "post_ln",
+                                                           "model.input_norm": True}),
 }
+# The seed figure's sensitivity sweep: the paper's four arms and DeepNorm with relax.
+SWEEP_VARIANTS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
+                  "pre_norm_attn_relax_clip1", "post_norm_deepnorm_attn_relax_clip1")
 # The seed figure's four runs.
 STUDY_VARIANTS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
                   "pre_norm_attn_relax_clip1")

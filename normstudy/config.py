@@ -39,6 +39,9 @@ def _model() -> ml_collections.ConfigDict:
   model.use_bias = False  # biases on q, k, v, out, fc1, fc2 and the position conv
   model.attention_relax_form = "pb_relax"  # pb_relax (CogView) | after_product (MERT's code)
   model.mix_ln_fraction = 0.25  # mix_ln: the share of layers (rounded up) that are Post-LN
+  # peri_ln: its LayerNorm on the embedding output (Kim et al. 2025); False keeps only the
+  # sublayers' input and output norms and the final norm.
+  model.peri_ln_embedding_norm = True
   model.dtype = "float32"  # Compute dtype: float32 | bfloat16 | float16. Parameters stay float32.
   # Run the layers with nn.scan (True), unrolled (False), or None: by the rule measured on
   # XLA:CPU (normstudy.model.scans): scan stacks deeper than 6 layers and 16-bit stacks whose

@@ -25,6 +25,12 @@ class TokenSplits:
   validation: np.ndarray  # int32 [rows, max_len]
   entropy_floor: Optional[float]  # nats per token; None when the source does not know it
   source: str
+  # The synthetic chain's reference losses (None elsewhere): the unigram entropy H(pi) (a model
+  # that uses no context), and for masked prediction the Bayes-optimal loss under the run's
+  # masking with its Monte Carlo standard error (normstudy.synthetic.masked_loss_floor).
+  unigram_entropy: Optional[float] = None
+  masked_loss_floor: Optional[float] = None
+  masked_loss_floor_stderr: Optional[float] = None
 
 
 def pack(documents, max_len: int) -> np.ndarray:
@@ -36,17 +42,32 @@ def pack(documents, max_len: int) -> np.ndarray:
   return stream[: rows * max_len].reshape(rows, max_len)
 
 
-def _synthetic(data_cfg, max_len: int, vocab_size: int) -> TokenSplits:
+# Validation rows the masked loss floor is estimated from (about a second at the seed figure's
+# size; standard error about 0.025 nats).
+FLOOR_ROWS = 512
+
+
+def _synthetic(config) -> TokenSplits:
   from normstudy import synthetic  # imports tensorflow_datasets; only needed here
+  data_cfg, max_len, vocab_size = config.data, config.model.max_len, config.model.vocab_size
   builder = synthetic.builder(data_cfg, vocab_size)
   builder.download_and_prepare(file_format="array_record")
   splits = {}
   for split in ("train", "validation"):
     source = builder.as_data_source(split=split)
     splits[split] = pack((source[i]["tokens"] for i in range(len(source))), max_len)
+  transitions = synthetic.transition_matrix(vocab_size, data_cfg.branching, data_cfg.seed)
+  floor = stderr = None
+  if not config.model.causal:
+    rows = splits["validation"][:FLOOR_ROWS]
+    masks = span_mask(np.random.default_rng(0), len(rows), max_len, data_cfg.mask_prob,
+                      data_cfg.mask_length)
+    floor, stderr = synthetic.masked_loss_floor(transitions, rows, masks)
   return TokenSplits(splits["train"], splits["validation"],
                      float(builder.info.metadata["entropy_rate"]),
-                     f"synthetic_markov/{builder.builder_config.name}")
+                     f"synthetic_markov/{builder.builder_config.name}",
+                     unigram_entropy=synthetic.unigram_entropy(transitions),
+                     masked_loss_floor=floor, masked_loss_floor_stderr=stderr)
 
 
 def _read_utf8(path: str) -> bytes:
@@ -175,7 +196,7 @@ def load_splits(config) -> TokenSplits:
   name = config.data.name
   check_name(name)
   if name == "synthetic":
-    return _synthetic(config.data, config.model.max_len, config.model.vocab_size)
+    return _synthetic(config)
   if name == "text_files":
     return _text_files(config.data, config.model.max_len)
   return _catalog(config)

@@ -10,6 +10,11 @@ The language, for vocabulary size V, branching k and seed s:
                                                         aperiodic, so it has one stationary law
   pi      = the stationary distribution (pi P = pi, by power iteration to 1e-12)
   H       = -sum_i pi_i sum_j P_ij log P_ij              entropy rate in nats per token
+  H(pi)   = -sum_i pi_i log pi_i                        unigram entropy: the loss of a model that
+                                                        uses no context (the early plateau)
+For masked prediction the floor is lower than H: a masked token sees both neighbours.
+`masked_loss_floor` estimates the Bayes-optimal loss under the run's masking by forward-backward
+(the posterior of each masked token given every visible one), by Monte Carlo over rows and masks.
 Documents are `DOC_LENGTH` tokens long and start from pi, so the whole corpus is stationary; only
 the first token of each document (1 in DOC_LENGTH) is unpredictable from its predecessor.
 """
@@ -52,6 +57,54 @@ def entropy_rate(transitions: np.ndarray) -> float:
   pi = stationary_distribution(transitions)
   logs = np.log(transitions, where=transitions > 0, out=np.zeros_like(transitions))
   return float(-(pi * (transitions * logs).sum(axis=1)).sum())
+
+
+def unigram_entropy(transitions: np.ndarray) -> float:
+  """H(pi) in nats: the loss of predicting every token from the token frequencies alone, the
+  plateau a model sits on before it uses any context."""
+  pi = stationary_distribution(transitions)
+  return float(-(pi * np.log(pi)).sum())
+
+
+def masked_posteriors(transitions: np.ndarray, tokens: np.ndarray,
+                      mask: np.ndarray) -> np.ndarray:
+  """float64 [rows, length, V]: p(x_t = v | the row's visible tokens) for every position, by
+  forward-backward over the chain (rows start from the stationary law, as `sample_documents`'s
+  do in the stream): a visible token is known, a masked one is summed over."""
+  rows, length = tokens.shape
+  vocab = len(transitions)
+  pi = stationary_distribution(transitions)
+  evidence = np.where(mask[..., None], 1.0, np.eye(vocab)[tokens])  # [rows, length, V]
+  forward = np.empty((rows, length, vocab))
+  message = np.broadcast_to(pi, (rows, vocab))
+  for t in range(length):
+    message = message * evidence[:, t]
+    message = message / message.sum(axis=1, keepdims=True)
+    forward[:, t] = message
+    message = message @ transitions
+  backward = np.empty_like(forward)
+  message = np.ones((rows, vocab))
+  for t in range(length - 1, -1, -1):
+    backward[:, t] = message
+    message = (evidence[:, t] * message) @ transitions.T
+    message = message / message.sum(axis=1, keepdims=True)
+  posterior = forward * backward
+  return posterior / posterior.sum(axis=2, keepdims=True)
+
+
+def masked_loss_floor(transitions: np.ndarray, tokens: np.ndarray,
+                      mask: np.ndarray) -> tuple[float, float]:
+  """(the Bayes-optimal masked-prediction loss, its standard error): the mean over masked
+  positions of -log p(true token | visible tokens), a Monte Carlo estimate over the given rows
+  and masks (the standard error from the rows' spread, as a ratio estimate)."""
+  posterior = masked_posteriors(transitions, tokens, mask)
+  truth = np.take_along_axis(posterior, tokens[..., None].astype(np.int64), axis=2)[..., 0]
+  losses = np.where(mask, -np.log(np.maximum(truth, 1e-300)), 0.0)
+  per_row, counts = losses.sum(axis=1), mask.sum(axis=1)
+  floor = per_row.sum() / counts.sum()
+  residual = per_row - floor * counts
+  stderr = np.sqrt(len(per_row) / max(len(per_row) - 1, 1) * np.sum(residual ** 2)) / counts.sum()
+  return float(floor), float(stderr)
 
 
 def sample_documents(transitions: np.ndarray, num_docs: int, length: int,

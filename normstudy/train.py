@@ -296,7 +296,9 @@ def open_recorders(program: Program) -> None:
     info = {"label": label, "name": run.name, "arm": run.arm or run.name,
             "arm_label": run.arm_label or label, "point": run.point,
             "overrides": run.overrides, "dataset": splits.source,
-            "entropy_floor": splits.entropy_floor, "num_params": num_params,
+            "entropy_floor": splits.entropy_floor, "unigram_entropy": splits.unigram_entropy,
+            "masked_loss_floor": splits.masked_loss_floor,
+            "masked_loss_floor_stderr": splits.masked_loss_floor_stderr, "num_params": num_params,
             "tokens_per_step": program.tokens_per_step, "schedule_steps": int(horizons[k])}
     program.recorders.append(recorder_lib.Recorder(
         run, resume_step, info, program.pool, is_writer, stopped=k in program.stopped))

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as scipy_stats
 
 from normstudy import analysis
 from normstudy.analysis import sensitivity
@@ -138,11 +139,20 @@ def test_sweep_summary_deaths_and_observations(tmp_path):
   assert len(runs) == 12 and {"status", "effective_loss", "learning_rate"} <= set(runs.columns)
 
   text = open(outputs["observations"]).read()
-  # steady's sensitivity is lower (fragile pays the whole init gap at 1e-1).
-  assert "Least sensitive: Post-Norm | DeepNorm" in text
+  # steady's sensitivity is lower (fragile pays the whole init gap at 1e-1); the two are compared
+  # by Welch's t-test on each seed's own sensitivity, computed here by hand.
+  assert "LR sensitivity of the arms that learned: Post-Norm | DeepNorm" in text
+  per_seed = {arm: [_hand_sensitivity(list(LRS), [
+      INIT if isinstance(by_lr[lr][seed], tuple) else by_lr[lr][seed] for lr in LRS], INIT)[0]
+      for seed in (0, 1)] for arm, by_lr in FINALS.items()}
+  p = scipy_stats.ttest_ind(per_seed["steady"], per_seed["fragile"], equal_var=False).pvalue
+  verdict = "different" if p < 0.05 else "not separated"
+  assert f"{verdict} (Welch's t-test, n = 2 and 2, p = {p:.2g})" in text
   assert "residual stream of layer 1 (1 run)" in text and "attention scores of layer 0" in text
-  assert "standard errors" in text
-  assert "Lowest loss: Pre-Norm (2.400 at lr 0.01)" in text
+  assert "standard errors" not in text and "meaningful" not in text
+  # The best learning rate of fragile (1e-2) is inside the grid; steady's (1e-1) is its edge.
+  assert "Optimum not bracketed: the best learning rate is at the grid's edge for " \
+         "Post-Norm | DeepNorm (0.1)" in text
 
 
 def test_halted_runs_are_drawn_at_the_top_not_dropped(tmp_path):

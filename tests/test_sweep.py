@@ -67,8 +67,8 @@ def test_a_sweep_of_the_seed_figure_takes_its_sweep_arms_and_settings():
   path = os.path.join(runs.REPO, "configs", "seed_figure.py")
   module = grid.load_config_module(path)
   swept = grid.points(path, None, {"train.seed": [0]}, {"train.log_every": 7}, sweep=True)
-  assert [p.arm for p in swept] == list(module.VARIANTS)  # five arms, the relax-DeepNorm one too
-  assert len(module.VARIANTS) == 5 and len(module.STUDY_VARIANTS) == 4
+  assert [p.arm for p in swept] == list(module.SWEEP_VARIANTS)  # the relax-DeepNorm one too
+  assert len(module.SWEEP_VARIANTS) == 5 and len(module.STUDY_VARIANTS) == 4
   for p in swept:
     # SWEEP_SETTINGS apply, then the command line's overrides win.
     assert p.config.train.num_steps == module.SWEEP_SETTINGS["train.num_steps"]
@@ -204,8 +204,12 @@ def test_a_sweep_point_is_reproduced_by_the_command_sweep_json_gives(tmp_path):
   runs.run_module("normstudy.main", *argv)
   reproduced, original = runs.trajectory(alone), runs.trajectory(swept / second["name"])
   assert [r["step"] for r in reproduced] == [r["step"] for r in original]
-  assert [r["loss"] for r in reproduced] == [r["loss"] for r in original]
+  # The same run: float32 losses to 1e-5 (a K-run vmapped program reduces in another order than
+  # one run's, so the last bits may differ: the sweep equivalence above), the learning rates
+  # (warm-up 20 from SWEEP_SETTINGS: without it the run would differ from step 1) exactly.
   assert [r["lr"] for r in reproduced] == [r["lr"] for r in original]
+  for a, b in zip(reproduced, original):
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
   assert runs.read_json(alone / "run.json")["label"] == runs.read_json(
       swept / second["name"] / "run.json")["label"]
 
@@ -218,6 +222,7 @@ def test_mesh_runs_shards_a_sweep_over_host_devices_from_the_command_line(tmp_pa
           "--axis=optimizer.learning_rate=1e-3", *runs.tiny_args(tmp_path / "tfds", num_steps=4),
           "--config.mesh.runs=2", "--config.mesh.data=1", f"--workdir={tmp_path / 'wd'}")
   result = runs.run_module("normstudy.sweep", *args, env=env)
-  assert result.stdout.splitlines()[-1] == "runs: 2 finished"
   assert "'runs': 2" in result.stderr  # the program's mesh put one run on each device
-  assert [r["step"] for r in runs.records(tmp_path / "wd" / "lr0.001_seed1")][-1] == 4
+  for name in ("lr0.001_seed0", "lr0.001_seed1"):
+    info = runs.read_json(tmp_path / "wd" / name / "run.json")
+    assert (info["status"], info["last_step"]) == ("finished", 4)

@@ -32,6 +32,9 @@ from normstudy.analysis.runs import series
 from normstudy.analysis.runs import smooth
 from normstudy.analysis import sensitivity
 from normstudy.analysis import sensitivity_plots
+from normstudy.analysis import speed
+from normstudy.analysis import stats
+from normstudy.analysis import survival
 
 # Above this many runs, per-step figures and per-run prose are unreadable: a sweep is read
 # through its sensitivity figures and tables instead.
@@ -55,8 +58,10 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, df=None) -> dict
   telemetry, layers_<metric>.png. A learning-rate sweep (runs that vary
   optimizer.learning_rate): lr_sensitivity.png, lr_attn_logit.png, deaths.png, summary.csv (one
   row per arm: sensitivity.summarize), deaths.csv (how runs die: sensitivity.deaths), runs.csv
-  (one row per run, as a study's summary.csv, plus the sweep's columns) and observations.md led
-  by the sensitivity; the per-step figures only when there are few enough runs to read them.
+  (one row per run, as a study's summary.csv, plus the sweep's columns), survival.csv,
+  survival_tests.csv and survival.png (analysis.survival) and observations.md led by survival
+  and sensitivity. A sweep of seeds at one learning rate: speed.csv and speed.png
+  (analysis.speed). The per-step figures only when there are few enough runs to read them.
   """
   if not os.path.isdir(workdir):
     raise NoRunsError(f"{workdir!r} is not a directory")
@@ -79,7 +84,15 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, df=None) -> dict
     outputs["deaths"] = os.path.join(workdir, "deaths.csv")
     died.to_csv(outputs["deaths"], index=False)
     outputs.update(sensitivity_plots.plot_all(runs, died, workdir))
+    survived, survival_text = survival.analyze(df, runs, workdir)
+    outputs.update(survived)
+    extra.append(("Survival", survival_text))
     extra.append(("Learning-rate sensitivity", sensitivity.observations(runs, by_arm, died)))
+  elif speed.is_speed_sweep(df):
+    summary.to_csv(table, index=False)
+    sped, speed_text = speed.analyze(df, summary, workdir)
+    outputs.update(sped)
+    extra.append(("Learning speed", speed_text))
   else:
     summary.to_csv(table, index=False)
   if df.run.nunique() <= MAX_RUNS_PER_FIGURE:

@@ -58,6 +58,23 @@ def plot_comparison(df: pd.DataFrame, path: str, smoothing: float = DEFAULT_SMOO
   return save(comparison_figure(df, smoothing), path)
 
 
+def reference_lines(info: dict) -> set:
+  """The reference losses that apply to a run, as (value, label, linestyle): the unigram
+  entropy H(pi) (a model that uses no context: the early plateau); for a causal model the
+  entropy rate (its floor), for masked prediction the Bayes-optimal masked loss (its floor)."""
+  lines = set()
+  if info.get("unigram_entropy") is not None:
+    value = round(info["unigram_entropy"], 6)
+    lines.add((value, f"unigram entropy H(pi), no context ({value:.3f})", ":"))
+  if not info.get("causal", True) and info.get("masked_loss_floor") is not None:
+    value = round(info["masked_loss_floor"], 6)
+    lines.add((value, f"Bayes-optimal masked loss ({value:.3f})", "--"))
+  elif info.get("entropy_floor") is not None:
+    value = round(info["entropy_floor"], 6)
+    lines.add((value, f"entropy rate ({value:.3f} nats/token)", "--"))
+  return lines
+
+
 def comparison_figure(df: pd.DataFrame, smoothing: float = DEFAULT_SMOOTHING):
   """The study's figure: training loss (with eval loss and the entropy floor), and, when any run
   trained in float16, the dynamic loss scale (log2). A run that halted or diverged ends with an
@@ -96,11 +113,9 @@ def comparison_figure(df: pd.DataFrame, smoothing: float = DEFAULT_SMOOTHING):
       scale = runs_lib.series(df, run, "loss_scale")
       scale_ax.plot(scale.index, scale.values, linewidth=1.0, **look)
       _mark_end(scale_ax, scale, look["color"], stopped)
-    if info.get("entropy_floor") is not None:
-      floors.add(round(info["entropy_floor"], 6))
-  for floor in sorted(floors):
-    loss_ax.axhline(floor, color="black", linestyle="--", linewidth=1.0,
-                    label=f"entropy floor ({floor:.3f} nats/token)")
+    floors.update(reference_lines(info))
+  for value, label, linestyle in sorted(floors):
+    loss_ax.axhline(value, color="black", linestyle=linestyle, linewidth=1.0, label=label)
   handles, _ = loss_ax.get_legend_handles_labels()
   handles.append(Line2D([], [], color="gray", linestyle="none", marker="o",
                         markerfacecolor="white", label="eval loss"))

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from normstudy import grid
+from normstudy.analysis import stats
 from normstudy.analysis import runs as runs_lib
 
 LR = "optimizer.learning_rate"
@@ -94,13 +95,15 @@ def table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         "nonfinite_kind": death_kind(info.get("nonfinite_site")),
         "nonfinite_layer": death_layer(info.get("nonfinite_site")),
         "halt_reason": info.get("halt_reason"), "entropy_floor": info.get("entropy_floor"),
+        "unigram_entropy": info.get("unigram_entropy"),
+        "floor": info.get("masked_loss_floor") or info.get("entropy_floor"),
         "dtype": info.get("dtype"),
     })
   return pd.DataFrame(rows, columns=[
       "run", "arm", "arm_label", "group", "learning_rate", "seed", "status", "final_eval_loss",
       "loss_init", "effective_loss", "max_attn_logit", "nonfinite_at", "nonfinite_kind",
       "nonfinite_layer", "halt_reason",
-      "entropy_floor", "dtype"])
+      "entropy_floor", "unigram_entropy", "floor", "dtype"])
 
 
 def lr_sensitivity(lrs, losses, loss_init: float) -> dict:
@@ -211,64 +214,101 @@ def _killers(dead: pd.DataFrame) -> str:
   return ", ".join(parts)
 
 
+def learned_threshold(runs: pd.DataFrame) -> float:
+  """The eval loss an arm must get below to count as having learned: halfway from the unigram
+  entropy (a model that uses no context: the plateau) to the loss floor; NaN without them."""
+  unigram, floor = runs.unigram_entropy.dropna(), runs.floor.dropna()
+  if unigram.empty or floor.empty:
+    return np.nan
+  return float((unigram.iloc[0] + floor.iloc[0]) / 2)
+
+
+def per_seed_sensitivity(curve: pd.DataFrame, loss_init: float) -> list:
+  """The LR sensitivity of each seed's own curve (seeds that ran the whole grid)."""
+  lrs = curve.learning_rate.nunique()
+  return [lr_sensitivity(rows.learning_rate, rows.effective_loss, loss_init)["lr_sensitivity"]
+          for _, rows in curve.groupby("seed") if rows.learning_rate.nunique() == lrs]
+
+
+def _ranking(runs, arms, group, threshold) -> list:
+  """Sentences ranking the arms that learned by LR sensitivity, the two least sensitive
+  compared by Welch's t-test over their seeds' values; arms that did not learn named apart."""
+  learned = arms[arms.best_loss < threshold] if np.isfinite(threshold) else arms
+  out = []
+  head = f"With {group}: " if group else ""
+  if np.isfinite(threshold):
+    idle = arms[~arms.index.isin(learned.index)]
+    if len(idle):
+      out.append(head + "Did not learn in this grid (best final eval loss at or above "
+                 f"{threshold:.3f}, halfway from the unigram entropy to the loss floor): "
+                 + ", ".join(f"{r.label} ({r.best_loss:.3f})" for r in idle.itertuples())
+                 + ". Their LR sensitivity measures when they die, not how well they train, "
+                 "and is not ranked.")
+  if learned.empty:
+    return out
+  ranked = learned.sort_values("lr_sensitivity")
+  first = ranked.iloc[0]
+  text = head + "LR sensitivity of the arms that learned: " + ", ".join(
+      f"{r.label} {r.lr_sensitivity:.3f}" for r in ranked.itertuples()) + "."
+  if len(ranked) > 1:
+    second = ranked.iloc[1]
+    seeds = [per_seed_sensitivity(runs[(runs.arm == r.arm) & (runs.group == group)],
+                                  r.loss_init) for r in (first, second)]
+    _, _, p = stats.welch(seeds[0], seeds[1])
+    text += (f" {first.label} against {second.label} (per-seed sensitivities): "
+             + stats.verdict("Welch's t-test", f"{len(seeds[0])} and {len(seeds[1])}", p) + ".")
+  out.append(text)
+  return out
+
+
+def _bracketing(arms: pd.DataFrame, lrs) -> str:
+  edge = arms[arms.best_lr.isin([min(lrs), max(lrs)])]
+  if edge.empty:
+    return ""
+  return ("Optimum not bracketed: the best learning rate is at the grid's edge for "
+          + ", ".join(f"{r.label} ({r.best_lr:g})" for r in edge.itertuples())
+          + "; the grid does not show where their loss turns up again.")
+
+
 def observations(runs: pd.DataFrame, by_arm: pd.DataFrame, died: pd.DataFrame) -> str:
-  """Sentences with the numbers: which arm is least sensitive and by how much, whether the seeds'
-  spread makes that meaningful, where each arm's best is, and what kills each arm."""
-  parts = [f"{len(runs)} runs: {runs.learning_rate.nunique()} learning rates "
-           f"({_lr_text(runs.learning_rate.min())} to {_lr_text(runs.learning_rate.max())}) x "
-           f"{runs.seed.nunique()} seed(s) per arm. LR sensitivity (Wortsman et al. 2023) is the "
-           f"mean over the grid of min(loss, loss at init) - best loss, with a halted or diverged "
-           f"run counted at its loss at init; lower is more robust."]
+  """Sentences with the numbers: the arms that learned ranked by LR sensitivity, with the test
+  that compares the two least sensitive; the arms that did not learn; where each arm's best is
+  and whether the grid brackets it; what kills each arm."""
+  threshold = learned_threshold(runs)
+  lrs = sorted(runs.learning_rate.unique())
+  parts = [f"{len(runs)} runs: {len(lrs)} learning rates ({_lr_text(lrs[0])} to "
+           f"{_lr_text(lrs[-1])}) x {runs.seed.nunique()} seed(s) per arm. LR sensitivity "
+           "(Wortsman et al. 2023) is the mean over the grid of min(loss, loss at init) - best "
+           "loss, with a halted or diverged run counted at its loss at init; lower is more "
+           f"robust. A difference is claimed only at p < {stats.ALPHA}."]
   for group, arms in by_arm.groupby("group", sort=False):
-    ranked = arms.sort_values("lr_sensitivity")
-    head = f"With {group}, least" if group else "Least"
-    first = ranked.iloc[0]
-    text = (f"{head} sensitive: {first.label} ({first.lr_sensitivity:.3f} nats"
-            + (f", seeds' std {first.lr_sensitivity_seed_std:.3f}"
-               if np.isfinite(first.lr_sensitivity_seed_std) else "") + ")")
-    if len(ranked) > 1:
-      second = ranked.iloc[1]
-      gap = second.lr_sensitivity - first.lr_sensitivity
-      spread = np.hypot(first.lr_sensitivity_seed_std, second.lr_sensitivity_seed_std)
-      text += (f", then {second.label} ({second.lr_sensitivity:.3f}), a gap of {gap:.3f}; most "
-               f"sensitive: {ranked.iloc[-1].label} ({ranked.iloc[-1].lr_sensitivity:.3f}).")
-      if np.isfinite(spread) and first.seeds > 1:
-        # The gap against the standard error of a difference of two means over the seeds.
-        error = spread / math.sqrt(first.seeds)
-        text += (f" Over {int(first.seeds)} seeds the gap between the two least sensitive is "
-                 + (f"{gap / error:.1f} standard errors: meaningful." if gap > 2 * error else
-                    f"within {gap / error:.1f} standard errors ({error:.3f} nats): the seeds' "
-                    f"spread does not separate them."))
-      else:
-        text += " One seed per point: the ordering is not tested against seed noise."
-    else:
-      text += "."
-    lowest = arms.sort_values("best_loss").iloc[0]
-    if lowest.arm != first.arm:
-      text += (f" Lowest loss: {lowest.label} ({lowest.best_loss:.3f} at lr "
-               f"{_lr_text(lowest.best_lr)}), {first.best_loss - lowest.best_loss:.3f} nats below "
-               f"the least sensitive arm's best: a flat curve can also mean an arm that learns "
-               f"equally little at every learning rate.")
-    parts.append(text)
-    for row in ranked.itertuples():
-      line = (f"{row.label}: best final eval loss {row.best_loss:.3f} at lr "
-              f"{_lr_text(row.best_lr)}"
-              + (f" (seeds' std {row.best_loss_seed_std:.3f})"
-                 if np.isfinite(row.best_loss_seed_std) else "")
-              + f"; within {NEAR_BEST_NATS:g} nats of it from lr {_lr_text(row.lr_range_low)} "
-              f"to {_lr_text(row.lr_range_high)} ({row.lr_range_decades:.2f} decades); "
-              f"{row.halted + row.diverged} of {row.runs} runs halted or diverged")
-      if np.isfinite(row.max_attn_logit):
-        line += f"; largest attention logit {row.max_attn_logit:.3g}"
-      dead = died[(died.arm == row.arm) & (died.group == row.group) & (died["count"] > 0)]
-      if len(dead):
-        lowest = dead.learning_rate.min()
-        line += f"; runs die from lr {_lr_text(lowest)} on, first non-finite at: " + _killers(
-            dead.groupby(["site", "kind", "layer"], dropna=False, as_index=False)["count"].sum())
-        failed = runs[(runs.arm == row.arm) & (runs.group == row.group)
-                      & runs.status.isin(FAILED)]
-        reasons = failed.halt_reason.fillna("diverged").value_counts()
-        line += "; halted by: " + ", ".join(f"{reason} ({count})"
-                                             for reason, count in reasons.items())
-      parts.append(line + ".")
+    parts += _ranking(runs, arms, group, threshold)
+    bracket = _bracketing(arms, lrs)
+    if bracket:
+      parts.append(bracket)
+    for row in arms.sort_values("lr_sensitivity").itertuples():
+      parts.append(_arm_line(runs, died, row))
   return "\n\n".join(parts)
+
+
+def _arm_line(runs, died, row) -> str:
+  line = (f"{row.label}: best final eval loss {row.best_loss:.3f} at lr "
+          f"{_lr_text(row.best_lr)}"
+          + (f" (seeds' std {row.best_loss_seed_std:.3f})"
+             if np.isfinite(row.best_loss_seed_std) else "")
+          + f"; within {NEAR_BEST_NATS:g} nats of it from lr {_lr_text(row.lr_range_low)} "
+          f"to {_lr_text(row.lr_range_high)} ({row.lr_range_decades:.2f} decades); "
+          f"{row.halted + row.diverged} of {row.runs} runs halted or diverged")
+  if np.isfinite(row.max_attn_logit):
+    line += f"; largest attention logit {row.max_attn_logit:.3g}"
+  dead = died[(died.arm == row.arm) & (died.group == row.group) & (died["count"] > 0)]
+  if len(dead):
+    lowest = dead.learning_rate.min()
+    line += f"; runs die from lr {_lr_text(lowest)} on, first non-finite at: " + _killers(
+        dead.groupby(["site", "kind", "layer"], dropna=False, as_index=False)["count"].sum())
+    failed = runs[(runs.arm == row.arm) & (runs.group == row.group)
+                  & runs.status.isin(FAILED)]
+    reasons = failed.halt_reason.fillna("diverged").value_counts()
+    line += "; halted by: " + ", ".join(f"{reason} ({count})"
+                                         for reason, count in reasons.items())
+  return line + "."

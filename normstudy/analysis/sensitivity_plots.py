@@ -78,16 +78,22 @@ def sensitivity_figure(runs: pd.DataFrame):
         offset = 10 ** (0.03 * (i - (len(arms) - 1) / 2))
         ax.plot([lr * offset] * len(dead), top - 0.06 * np.arange(len(dead)), marker="X",
                 linestyle="none", markersize=7, color=look["color"], markeredgecolor="black")
-    floors = in_group.entropy_floor.dropna().unique()
+    floors = in_group.floor.dropna().unique()
     for floor in floors:
       ax.axhline(floor, color="black", linestyle="--", linewidth=1.0)
+    unigram = in_group.unigram_entropy.dropna().unique()
+    for value in unigram:
+      ax.axhline(value, color="black", linestyle=":", linewidth=0.8)
     init = float(np.nanmean(in_group.loss_init))
     ax.axhline(init, color="gray", linestyle=":", linewidth=1.0)
     _lr_axis(ax, in_group)
     ax.set_title(group or "Final eval loss against learning rate", fontsize=10)
     handles, _ = ax.get_legend_handles_labels()
     handles += [Line2D([], [], color="black", linestyle="--",
-                       label=f"entropy floor ({floors[0]:.3f})" if len(floors) else "entropy floor"),
+                       label=f"loss floor ({floors[0]:.3f})" if len(floors) else "loss floor"),
+                Line2D([], [], color="black", linestyle=":",
+                       label=f"unigram entropy, no context ({unigram[0]:.3f})" if len(unigram)
+                       else "unigram entropy"),
                 Line2D([], [], color="gray", linestyle=":", label=f"loss at init ({init:.2f})"),
                 Line2D([], [], color="gray", marker="X", linestyle="none",
                        markeredgecolor="black", label="a halted / diverged run")]

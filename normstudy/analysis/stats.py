@@ -116,35 +116,37 @@ def _loglik(a, b, x, y):
   return float(np.sum(y * z - np.logaddexp(0.0, z)))
 
 
+def _newton(x, y, weights, iterations: int = 100):
+  """Maximum-likelihood (intercept, slope) of logistic curves of y against x, one per row of
+  `weights` [B, n] (case weights: a bootstrap resample is a row of counts), by Newton's method,
+  all rows at once. Steps are clipped to 5; the slope is held within +-MAX_SLOPE, and a row whose
+  slope sits at the cap takes Newton steps in the intercept alone."""
+  share = np.clip((weights * y).sum(1) / weights.sum(1), 1e-3, 1 - 1e-3)
+  a, b = np.log(share / (1 - share)), np.zeros(len(weights))
+  for _ in range(iterations):
+    p = special.expit(a[:, None] + b[:, None] * x)
+    r, h = weights * (y - p), weights * p * (1 - p) + 1e-12
+    g0, g1 = r.sum(1), (r * x).sum(1)
+    h00, h01, h11 = h.sum(1), (h * x).sum(1), (h * x * x).sum(1)
+    det = h00 * h11 - h01 ** 2 + 1e-12
+    da, db = (h11 * g0 - h01 * g1) / det, (h00 * g1 - h01 * g0) / det
+    capped = (np.abs(b) >= MAX_SLOPE - 1e-9) & (np.sign(db) == np.sign(b))
+    da, db = np.where(capped, g0 / h00, da), np.where(capped, 0.0, db)
+    da, db = np.clip(da, -5, 5), np.clip(db, -5, 5)
+    a, b = a + da, np.clip(b + db, -MAX_SLOPE, MAX_SLOPE)
+    if max(np.abs(da).max(), np.abs(db).max()) < 1e-10:
+      break
+  return a, b
+
+
 def fit_logistic(log_lr, failed) -> Logistic:
   """The maximum-likelihood logistic curve of `failed` (0/1 per run) against `log_lr` (log10 of
-  each run's learning rate), by Newton's method with step halving, the slope held within
-  +-MAX_SLOPE per decade (see MAX_SLOPE)."""
+  each run's learning rate), the slope held within +-MAX_SLOPE per decade (see MAX_SLOPE)."""
   x0 = np.asarray(log_lr, dtype=float)
   y = np.asarray(failed, dtype=float)
   center = float(x0.mean())
-  x = x0 - center
-  share = min(max(y.mean(), 1e-3), 1 - 1e-3)
-  params = np.array([math.log(share / (1 - share)), 0.0])
-  best = _loglik(*params, x, y)
-  for _ in range(200):
-    p = special.expit(params[0] + params[1] * x)
-    w = p * (1 - p) + 1e-12
-    gradient = np.array([np.sum(y - p), np.sum((y - p) * x)])
-    hessian = np.array([[np.sum(w), np.sum(w * x)], [np.sum(w * x), np.sum(w * x * x)]])
-    step = np.linalg.lstsq(hessian + 1e-9 * np.eye(2), gradient, rcond=None)[0]
-    scale, improved = 1.0, False
-    while scale > 1e-6:
-      trial = params + scale * step
-      trial[1] = min(max(trial[1], -MAX_SLOPE), MAX_SLOPE)
-      value = _loglik(*trial, x, y)
-      if value > best + 1e-12:
-        params, best, improved = trial, value, True
-        break
-      scale /= 2
-    if not improved:
-      break
-  return Logistic(float(params[0]), float(params[1]), center, best)
+  a, b = _newton(x0 - center, y, np.ones((1, len(y))))
+  return Logistic(float(a[0]), float(b[0]), center, _loglik(a[0], b[0], x0 - center, y))
 
 
 def same_curve_lrt(a: tuple, b: tuple) -> tuple[float, float]:
@@ -181,18 +183,15 @@ def critical_lr(lrs, failed, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) ->
   fit = fit_logistic(x, y)
   centre = min(max(fit.critical_log_lr, x.min()), x.max()) if fit.slope > 0 else math.nan
   rng = np.random.default_rng(seed)
-  draws = []
-  for _ in range(samples):
-    pick = rng.integers(0, len(y), len(y))
-    xs, ys = x[pick], y[pick]
-    if ys.sum() == 0:
-      draws.append(x.max())  # no failure in the sample: at least the grid's top
-    elif ys.sum() == len(ys):
-      draws.append(x.min())
-    else:
-      boot = fit_logistic(xs, ys)
-      draws.append(min(max(boot.critical_log_lr, x.min()), x.max()) if boot.slope > 0
-                   else np.nan)
+  counts = np.stack([np.bincount(rng.integers(0, len(y), len(y)), minlength=len(y))
+                     for _ in range(samples)]).astype(float)
+  boot_a, boot_b = _newton(x - fit.center, y, counts)
+  failures = counts @ y
+  with np.errstate(divide="ignore", invalid="ignore"):
+    crossing = fit.center - boot_a / boot_b
+  draws = np.where(failures == 0, x.max(), np.where(
+      failures == counts.sum(1), x.min(),
+      np.where(boot_b > 0, np.clip(crossing, x.min(), x.max()), np.nan)))
   draws = np.asarray(draws)
   low, high = np.nanpercentile(draws, [2.5, 97.5]) if np.isfinite(draws).any() else (
       math.nan, math.nan)

@@ -1,0 +1,42 @@
+"""Learning speed: how far and how fast does each arm learn at the recipe's learning rate?
+(`make speed`)
+
+The survival experiment (configs/survival.py) asks which learning rates kill an arm; this one
+asks, at the seed figure's own learning rate (3e-3, where no arm dies), how low each arm's eval
+loss gets and how soon it leaves the plateau (the unigram entropy, about 4.0 nats: a model that
+uses no context). The same six arms as the survival experiment, SEEDS seeds each, NUM_STEPS steps
+of the recipe's schedule (warm-up 80, polynomial decay to the end): long enough that the Pre-LN
+arms leave the plateau (the 1000-step study shows them at about 3.5 nats near step 400).
+
+The analysis writes speed.csv/png: the final eval loss per arm with its 95% interval over seeds,
+the first step below the threshold halfway from the unigram entropy to the masked loss floor, and
+each arm against the first (Pre-LN, clip 1) by Welch's t-test.
+"""
+
+import importlib.util
+import os
+
+_spec = importlib.util.spec_from_file_location(
+    "survival", os.path.join(os.path.dirname(os.path.abspath(__file__)), "survival.py"))
+survival = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(survival)
+
+VARIANTS = survival.VARIANTS
+SWEEP_VARIANTS = survival.SWEEP_VARIANTS
+STUDY_VARIANTS = SWEEP_VARIANTS
+
+NUM_STEPS = 600
+SEEDS = [0, 1, 2]
+SWEEP = {"train.seed": SEEDS}
+SWEEP_SETTINGS = {
+    "train.num_steps": NUM_STEPS,
+    "train.log_every": 10,
+    "train.eval_every": 50,
+    "train.telemetry_every": 0,
+    "train.checkpoint_every": 200,
+    "train.tensorboard": False,
+}
+
+
+def get_config(variant: str = "pre_norm_clip1"):
+  return survival.get_config(variant)

@@ -1,0 +1,171 @@
+"""Learning speed: how far and how fast each arm learns at one learning rate, over seeds.
+
+For a sweep whose arms share one learning rate and vary the seed (`make speed`), per arm (and
+value of the sweep's other axes):
+
+  speed.csv   arm, label, group, runs, finished, final_eval_loss (mean over seeds) with its 95% t
+              interval (final_eval_loss_low/high), threshold (eval loss), steps_to_threshold (the
+              mean over seeds of the first eval step below it; reached: how many seeds got there),
+              and against the reference arm (the first): the difference of final eval losses, its
+              test (Welch's t-test, two-sided), n and p, and the verdict
+  speed.png   eval loss against step, one line per seed, the reference lines (the unigram
+              entropy, the Bayes-optimal masked loss or the entropy rate) and the threshold
+
+The threshold defaults to halfway from the unigram entropy (a model that uses no context) to the
+loss floor (the masked loss floor for encoders, the entropy rate for causal models).
+"""
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from normstudy.analysis import runs as runs_lib
+from normstudy.analysis import stats
+
+TEST = "Welch's t-test"
+
+
+def is_speed_sweep(df: pd.DataFrame) -> bool:
+  """Whether the runs are a sweep of seeds (at one learning rate): some arm has runs of at least
+  two seeds."""
+  seeds = {}
+  for info in df.attrs.get("runs", {}).values():
+    point = info.get("point") or {}
+    if "train.seed" in point:
+      seeds.setdefault(info.get("arm"), set()).add(point["train.seed"])
+  return any(len(s) > 1 for s in seeds.values())
+
+
+def run_table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+  """One row per run: run, arm, arm_label, group (the point's axes other than the seed), seed,
+  status, final eval loss, and the run's reference losses."""
+  status = dict(zip(summary.run, summary.status))
+  rows = []
+  for run, info in df.attrs.get("runs", {}).items():
+    point = info.get("point") or {}
+    eval_loss = runs_lib.series(df, run, "eval_loss")
+    rest = {k: v for k, v in point.items() if k != "train.seed"}
+    rows.append({
+        "run": run, "arm": info.get("arm") or run, "arm_label": info.get("arm_label") or run,
+        "group": ", ".join(f"{k.split('.')[-1]}={v:g}" if isinstance(v, float) else
+                           f"{k.split('.')[-1]}={v}" for k, v in rest.items()),
+        "seed": point.get("train.seed"), "status": status.get(run),
+        "final_eval_loss": float(eval_loss.iloc[-1]) if len(eval_loss) else np.nan,
+        "unigram_entropy": info.get("unigram_entropy"), "floor": _floor(info)})
+  return pd.DataFrame(rows)
+
+
+def _floor(info: dict):
+  return info.get("masked_loss_floor") or info.get("entropy_floor")
+
+
+def threshold_of(runs: pd.DataFrame) -> float:
+  """Halfway from the unigram entropy to the loss floor; NaN without both."""
+  unigram, floor = runs.unigram_entropy.dropna(), runs.floor.dropna()
+  if unigram.empty or floor.empty:
+    return np.nan
+  return float((unigram.iloc[0] + floor.iloc[0]) / 2)
+
+
+def first_step_below(df: pd.DataFrame, run: str, threshold: float):
+  """The first eval step whose eval loss is below `threshold`, or None."""
+  eval_loss = runs_lib.series(df, run, "eval_loss")
+  below = eval_loss[eval_loss < threshold]
+  return int(below.index[0]) if len(below) else None
+
+
+def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame:
+  """The speed table described in the module's docstring; the reference arm is each group's
+  first."""
+  threshold = threshold_of(runs) if threshold is None else threshold
+  out = []
+  for group, in_group in runs.groupby("group", sort=False):
+    reference = None
+    for arm, rows in in_group.groupby("arm", sort=False):
+      finals = rows.final_eval_loss.dropna().to_numpy()
+      mean, low, high = stats.mean_interval(finals)
+      steps = [first_step_below(df, run, threshold) for run in rows.run]
+      reached = [s for s in steps if s is not None]
+      row = {"arm": arm, "label": rows.arm_label.iloc[0] + (f", {group}" if group else ""),
+             "group": group, "runs": len(rows), "finished": int((rows.status == "finished").sum()),
+             "final_eval_loss": mean, "final_eval_loss_low": low, "final_eval_loss_high": high,
+             "threshold": threshold, "reached": len(reached),
+             "steps_to_threshold": float(np.mean(reached)) if reached else np.nan}
+      if reference is None:
+        reference = (row["label"], finals)
+        row.update(reference_arm=row["label"], difference=0.0, test="", n="", p=np.nan,
+                   verdict="reference")
+      else:
+        _, _, p = stats.welch(finals, reference[1])
+        n = f"{len(finals)} and {len(reference[1])}"
+        row.update(reference_arm=reference[0],
+                   difference=float(np.mean(finals) - np.mean(reference[1])), test=TEST, n=n,
+                   p=p, verdict=stats.verdict(TEST, n, p))
+      out.append(row)
+  return pd.DataFrame(out)
+
+
+def observations(speed: pd.DataFrame) -> str:
+  parts = [f"Learning speed: final eval loss per arm, mean over seeds with its 95% t interval; "
+           f"each arm against the first ({TEST}, two-sided; a difference only at "
+           f"p < {stats.ALPHA}). Steps to threshold: the first eval step below "
+           f"{speed.threshold.iloc[0]:.3f} nats (halfway from the unigram entropy to the loss "
+           "floor), mean over the seeds that reached it."]
+  for row in speed.itertuples():
+    line = (f"{row.label}: {row.final_eval_loss:.3f} nats (95% CI {row.final_eval_loss_low:.3f} "
+            f"to {row.final_eval_loss_high:.3f}, {row.runs} runs); reached the threshold in "
+            f"{row.reached} of {row.runs}"
+            + (f", at step {row.steps_to_threshold:.0f} on average" if row.reached else ""))
+    if row.verdict != "reference":
+      line += (f"; against {row.reference_arm}: {row.difference:+.3f} nats, "
+               f"{row.verdict}")
+    parts.append(line + ".")
+  return "\n\n".join(parts)
+
+
+def figure(df: pd.DataFrame, runs: pd.DataFrame, threshold: float):
+  """Eval loss against step, one colour per arm, one line per seed; reference lines labelled."""
+  from matplotlib.figure import Figure
+  from normstudy.analysis.plots import style
+  fig = Figure(figsize=(8.5, 5.2), layout="constrained")
+  ax = fig.subplots()
+  for i, (arm, rows) in enumerate(runs.groupby("arm", sort=False)):
+    look = style(i)
+    for j, run in enumerate(rows.run):
+      series = runs_lib.series(df, run, "eval_loss")
+      ax.plot(series.index, series.to_numpy(), color=look["color"], linestyle=look["linestyle"],
+              marker="o", markersize=2.5, linewidth=1,
+              label=rows.arm_label.iloc[0] if j == 0 else None)
+  draw_reference_lines(ax, runs.unigram_entropy.dropna(), runs.floor.dropna(), threshold)
+  ax.set_xlabel("step")
+  ax.set_ylabel("eval loss (nats per predicted token)")
+  ax.set_title("Learning speed: eval loss of every seed")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  return fig
+
+
+def draw_reference_lines(ax, unigram, floor, threshold=np.nan):
+  """The unigram entropy, the loss floor and the threshold, each labelled."""
+  if len(unigram):
+    ax.axhline(unigram.iloc[0], color="gray", linestyle="--", linewidth=0.8,
+               label=f"unigram entropy H(pi) {unigram.iloc[0]:.3f} (no context)")
+  if len(floor):
+    ax.axhline(floor.iloc[0], color="black", linestyle="--", linewidth=0.8,
+               label=f"loss floor {floor.iloc[0]:.3f}")
+  if np.isfinite(threshold):
+    ax.axhline(threshold, color="gray", linestyle=":", linewidth=0.8,
+               label=f"threshold {threshold:.3f}")
+
+
+def analyze(df: pd.DataFrame, summary: pd.DataFrame, workdir: str) -> tuple[dict, str]:
+  """Writes speed.csv and speed.png (+ .svg); returns (paths, observations)."""
+  from normstudy.analysis.plots import save
+  runs = run_table(df, summary)
+  speed = table(df, runs)
+  outputs = {"speed": os.path.join(workdir, "speed.csv")}
+  speed.to_csv(outputs["speed"], index=False)
+  outputs["speed_figure"] = save(figure(df, runs, speed.threshold.iloc[0]),
+                                 os.path.join(workdir, "speed.png"))
+  return outputs, observations(speed)

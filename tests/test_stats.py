@@ -1,0 +1,260 @@
+"""The statistics of the studies against independent computations: Fisher's exact test and
+Welch's t-test against scipy's, the logistic fit against a general-purpose optimiser, the
+critical learning rate's bootstrap interval against the delta method and its coverage, the masked
+loss floor against brute-force enumeration, and the rule that p >= 0.05 is never a difference."""
+
+import itertools
+import math
+import re
+
+import numpy as np
+import pytest
+from scipy import optimize
+from scipy import special
+from scipy import stats as scipy_stats
+
+from normstudy import synthetic
+from normstudy.analysis import stats
+
+
+@pytest.mark.parametrize("table", [(0, 6, 5, 9), (2, 2, 0, 2), (1, 3, 3, 3), (4, 10, 4, 10),
+                                   (0, 3, 3, 3), (7, 12, 1, 12), (3, 5, 2, 9)])
+def test_fisher_exact_matches_scipy(table):
+  a_failed, a_runs, b_failed, b_runs = table
+  expected = scipy_stats.fisher_exact([[a_failed, a_runs - a_failed],
+                                       [b_failed, b_runs - b_failed]]).pvalue
+  assert stats.fisher_exact(*table) == pytest.approx(expected, rel=1e-9)
+
+
+def test_fisher_exact_on_the_issue_s_examples():
+  # Pre-LN dying at 3e-1 in 5 of 9 runs against DeepNorm's 0 of 6; 2 of 2 against 0 of 2.
+  assert stats.fisher_exact(5, 9, 0, 6) == pytest.approx(0.044, abs=5e-4)
+  assert stats.fisher_exact(2, 2, 0, 2) == pytest.approx(1 / 3, rel=1e-9)
+
+
+def test_welch_matches_scipy():
+  rng = np.random.default_rng(3)
+  for n_a, n_b in [(2, 2), (3, 3), (3, 5), (8, 4)]:
+    a, b = rng.normal(0, 1, n_a), rng.normal(0.5, 2, n_b)
+    t, df, p = stats.welch(a, b)
+    expected = scipy_stats.ttest_ind(a, b, equal_var=False)
+    assert t == pytest.approx(expected.statistic, rel=1e-9)
+    assert p == pytest.approx(expected.pvalue, rel=1e-9)
+  assert math.isnan(stats.welch([1.0], [2.0, 3.0])[2])
+
+
+def test_mean_interval_is_the_t_interval():
+  values = np.array([3.1, 3.4, 2.9, 3.3])
+  mean, low, high = stats.mean_interval(values)
+  half = scipy_stats.t.ppf(0.975, 3) * values.std(ddof=1) / 2
+  assert (mean, low, high) == pytest.approx((values.mean(), values.mean() - half,
+                                             values.mean() + half))
+
+
+def _synthetic_outcomes(rng, critical_log, slope, lrs, per_lr):
+  x = np.repeat(np.log10(lrs), per_lr)
+  y = (rng.random(len(x)) < special.expit(slope * (x - critical_log))).astype(int)
+  return x, y
+
+
+def _scipy_fit(x, y):
+  """The logistic MLE by a general-purpose optimiser (Nelder-Mead, then BFGS)."""
+  def nll(params):
+    z = params[0] + params[1] * x
+    return -np.sum(y * z - np.logaddexp(0, z))
+  start = optimize.minimize(nll, [0.0, 1.0], method="Nelder-Mead").x
+  return optimize.minimize(nll, start, method="BFGS").x
+
+
+def test_logistic_fit_and_critical_lr_match_an_independent_fit():
+  rng = np.random.default_rng(0)
+  lrs = 10 ** np.arange(-2, 0.26, 0.25)
+  x, y = _synthetic_outcomes(rng, critical_log=-1.0, slope=3.0, lrs=lrs, per_lr=20)
+  fit = stats.fit_logistic(x, y)
+  a, b = _scipy_fit(x, y)
+  assert fit.critical_log_lr == pytest.approx(-a / b, abs=1e-4)
+  assert fit.loglik == pytest.approx(-_nll_at(x, y, a, b), abs=1e-6)
+  estimate = stats.critical_lr(10 ** x, y, samples=400)
+  assert math.log10(estimate["critical_lr"]) == pytest.approx(-a / b, abs=1e-4)
+  # The bootstrap interval against the delta method on the observed information.
+  p = special.expit(a + b * x)
+  info = np.array([[np.sum(p * (1 - p)), np.sum(p * (1 - p) * x)],
+                   [np.sum(p * (1 - p) * x), np.sum(p * (1 - p) * x * x)]])
+  cov = np.linalg.inv(info)
+  gradient = np.array([-1 / b, a / b ** 2])
+  se = math.sqrt(gradient @ cov @ gradient)
+  low, high = math.log10(estimate["critical_lr_low"]), math.log10(estimate["critical_lr_high"])
+  assert low == pytest.approx(-a / b - 1.96 * se, abs=0.35 * 1.96 * se)
+  assert high == pytest.approx(-a / b + 1.96 * se, abs=0.35 * 1.96 * se)
+
+
+def _nll_at(x, y, a, b):
+  z = a + b * x
+  return -np.sum(y * z - np.logaddexp(0, z))
+
+
+def test_the_bootstrap_interval_covers_the_true_critical_lr():
+  rng = np.random.default_rng(1)
+  lrs = 10 ** np.arange(-1.5, 0.51, 0.25)
+  covered = 0
+  trials = 40
+  for trial in range(trials):
+    x, y = _synthetic_outcomes(rng, critical_log=-0.5, slope=2.5, lrs=lrs, per_lr=6)
+    estimate = stats.critical_lr(10 ** x, y, samples=200, seed=trial)
+    covered += estimate["critical_lr_low"] <= 10 ** -0.5 <= estimate["critical_lr_high"]
+  assert covered >= 0.85 * trials  # nominal 95%; a 40-trial binomial rarely falls below 85%
+
+
+def test_arms_that_never_or_always_fail_give_bounds_and_separation_a_bracket():
+  lrs = np.repeat([0.01, 0.1, 1.0], 3)
+  never = stats.critical_lr(lrs, np.zeros(9))
+  assert math.isnan(never["critical_lr"]) and never["bound"] == "> 1 (no run failed)"
+  always = stats.critical_lr(lrs, np.ones(9))
+  assert always["bound"] == "< 0.01 (every run failed)"
+  separated = stats.critical_lr(lrs, np.array([0, 0, 0, 0, 0, 0, 1, 1, 1]))
+  assert separated["critical_lr_low"] <= 0.1 and separated["critical_lr_high"] >= 1.0
+  assert 0.1 < separated["critical_lr"] < 1.0
+
+
+def test_same_curve_lrt_against_independent_fits():
+  rng = np.random.default_rng(2)
+  lrs = 10 ** np.arange(-2, 0.26, 0.25)
+  a = _synthetic_outcomes(rng, -1.5, 3.0, lrs, 8)
+  b = _synthetic_outcomes(rng, -0.5, 3.0, lrs, 8)
+  statistic, p = stats.same_curve_lrt(a, b)
+  pooled = _scipy_fit(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+  expected = 2 * (_nll_at(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]), *pooled)
+                  - _nll_at(*a, *_scipy_fit(*a)) - _nll_at(*b, *_scipy_fit(*b)))
+  assert statistic == pytest.approx(expected, rel=1e-3)
+  assert p == pytest.approx(scipy_stats.chi2.sf(expected, 2), rel=1e-2) and p < 0.05
+
+
+def test_a_p_value_at_or_above_alpha_is_never_called_a_difference():
+  for p in (0.05, 0.19, 0.33, 1.0):
+    text = stats.verdict("Welch's t-test", "2 and 2", p)
+    assert text.startswith("not separated") and "different" not in text
+  assert stats.verdict("Fisher's exact test", "9 and 6", 0.044).startswith("different")
+
+
+def _write_sweep_runs(tmp_path, outcomes):
+  """A learning-rate sweep on disk: arm -> {lr: [failed, ...]} (one run per seed)."""
+  import json
+  import os
+  for arm, by_lr in outcomes.items():
+    for lr, failures in by_lr.items():
+      for seed, failed in enumerate(failures):
+        directory = tmp_path / arm / f"lr{lr:g}_seed{seed}"
+        os.makedirs(directory)
+        info = {"label": f"{arm} | lr={lr:g}", "arm": arm, "arm_label": arm,
+                "point": {"optimizer.learning_rate": lr, "train.seed": seed},
+                "status": "halted" if failed else "finished", "entropy_floor": 1.9,
+                "unigram_entropy": 4.0, "masked_loss_floor": 1.8}
+        if failed:
+          info.update(halt_step=2, halt_reason="loss scale at its minimum (0.0001)",
+                      nonfinite_at="layer 0 attention scores",
+                      nonfinite_site={"layer": 0, "site": "attention scores"})
+        (directory / "run.json").write_text(json.dumps(info))
+        (directory / "config.json").write_text(json.dumps(
+            {"model": {"causal": False, "dtype": "float16"}, "optimizer": {"warmup_steps": 0}}))
+        records = [{"step": 1, "loss": 5.0, "loss_scale": 128.0},
+                   {"step": 2, "loss": float("nan") if failed else 4.0, "loss_scale": 128.0,
+                    **({} if failed else {"eval_loss": 3.9 + 0.01 * seed})}]
+        (directory / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+
+
+def test_survival_observations_state_test_n_and_p_and_claim_only_below_alpha(tmp_path):
+  from normstudy import analysis
+  _write_sweep_runs(tmp_path, {
+      "pre_ln": {0.01: [0, 0, 0], 0.1: [0, 1, 0], 0.3: [1, 1, 1], 1.0: [1, 1, 1]},
+      "deepnorm": {0.01: [0, 0, 0], 0.1: [0, 0, 0], 0.3: [0, 0, 0], 1.0: [1, 0, 1]},
+  })
+  outputs = analysis.analyze(str(tmp_path))
+  table = __import__("pandas").read_csv(outputs["survival"])
+  assert list(table.columns[:8]) == ["arm", "label", "group", "runs", "failed", "critical_lr",
+                                     "critical_lr_low", "critical_lr_high"]
+  tests = __import__("pandas").read_csv(outputs["survival_tests"])
+  at = tests[tests.learning_rate == 0.3].iloc[0]
+  assert at.p == pytest.approx(scipy_stats.fisher_exact([[3, 0], [0, 3]]).pvalue)
+  text = open(outputs["observations"], encoding="utf-8").read()
+  _check_claims(text)
+  assert "likelihood-ratio test" in text
+
+
+def _check_claims(text):
+  """Every 'different'/'differ' claim carries a p below 0.05; every stated p >= 0.05 is 'not
+  separated'."""
+  for match in re.finditer(r"(not separated|different|differ) \(([^)]*)p = ([0-9.e+-]+)\)", text):
+    p = float(match.group(3))
+    if match.group(1) == "not separated":
+      assert p >= stats.ALPHA, match.group(0)
+    else:
+      assert p < stats.ALPHA, match.group(0)
+  assert "meaningful" not in text and "standard errors" not in text
+
+
+def test_speed_table_uses_welch_against_the_reference_arm(tmp_path):
+  import pandas as pd
+  from normstudy import analysis
+  finals = {"pre_ln": [3.0, 3.1, 3.05], "deepnorm": [2.5, 2.6, 2.55], "post_ln": [3.02, 2.98, 3.1]}
+  import json
+  import os
+  for arm, values in finals.items():
+    for seed, final in enumerate(values):
+      directory = tmp_path / arm / f"seed{seed}"
+      os.makedirs(directory)
+      (directory / "run.json").write_text(json.dumps({
+          "label": arm, "arm": arm, "arm_label": arm, "point": {"train.seed": seed},
+          "status": "finished", "unigram_entropy": 4.0, "masked_loss_floor": 1.8}))
+      (directory / "config.json").write_text(json.dumps({"model": {"causal": False}}))
+      records = [{"step": 50, "loss": 3.9, "eval_loss": 3.95},
+                 {"step": 100, "loss": final, "eval_loss": final}]
+      (directory / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+  outputs = analysis.analyze(str(tmp_path))
+  table = pd.read_csv(outputs["speed"]).set_index("arm")
+  # The reference is the first arm found (a sweep's first arm; here by path: deepnorm).
+  assert table.loc["deepnorm", "verdict"] == "reference"
+  _, p = scipy_stats.ttest_ind(finals["pre_ln"], finals["deepnorm"], equal_var=False)
+  assert table.loc["pre_ln", "p"] == pytest.approx(p) and p < 0.05
+  _, p = scipy_stats.ttest_ind(finals["post_ln"], finals["deepnorm"], equal_var=False)
+  assert table.loc["post_ln", "p"] == pytest.approx(p)
+  assert table.loc["deepnorm", "threshold"] == pytest.approx(2.9)
+  assert table.loc["deepnorm", "steps_to_threshold"] == 100
+  assert table.loc["pre_ln", "reached"] == 0
+  text = open(outputs["observations"], encoding="utf-8").read()
+  _check_claims(text)
+  assert "Welch's t-test, n = 3 and 3" in text
+
+
+def _brute_force_posteriors(transitions, tokens, mask):
+  """p(x_t | visible tokens) by summing the chain's probability over every filling of the
+  masked positions."""
+  pi = synthetic.stationary_distribution(transitions)
+  vocab, length = len(transitions), len(tokens)
+  masked = np.flatnonzero(mask)
+  out = np.zeros((length, vocab))
+  for filling in itertools.product(range(vocab), repeat=len(masked)):
+    seq = tokens.copy()
+    seq[masked] = filling
+    prob = pi[seq[0]] * np.prod([transitions[seq[t - 1], seq[t]] for t in range(1, length)])
+    for t in masked:
+      out[t, seq[t]] += prob
+  return out / out.sum(axis=1, keepdims=True).clip(1e-300)
+
+
+def test_masked_posteriors_and_floor_match_brute_force_on_a_tiny_chain():
+  transitions = synthetic.transition_matrix(4, 2, seed=3)
+  rng = np.random.default_rng(0)
+  tokens = synthetic.sample_documents(transitions, 6, 7, seed=5)
+  mask = rng.random(tokens.shape) < 0.4
+  mask[:, 0] = True  # the row's first token (no left neighbour) and runs of masks too
+  mask[:, 2:4] = True
+  posterior = synthetic.masked_posteriors(transitions, tokens, mask)
+  for row in range(len(tokens)):
+    expected = _brute_force_posteriors(transitions, tokens[row], mask[row])
+    np.testing.assert_allclose(posterior[row][mask[row]], expected[mask[row]], atol=1e-12)
+  floor, _ = synthetic.masked_loss_floor(transitions, tokens, mask)
+  truth = posterior[np.arange(6)[:, None], np.arange(7)[None, :], tokens]
+  assert floor == pytest.approx(-np.log(truth[mask]).mean())
+  pi = synthetic.stationary_distribution(transitions)
+  assert synthetic.unigram_entropy(transitions) == pytest.approx(-(pi * np.log(pi)).sum())
+
