@@ -11,6 +11,7 @@ Validation is split by what it needs to know: `check_ranges` (here) checks each 
 """
 
 import contextlib
+import math
 
 import ml_collections
 
@@ -248,8 +249,20 @@ def apply_overrides(config, overrides: dict) -> None:
     override(config, dotted, value)
 
 
+def _float_fields(node, prefix=""):
+  for key, value in node.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from _float_fields(value, f"{prefix}{key}.")
+    elif isinstance(value, float):
+      yield f"{prefix}{key}", value
+
+
 def check_ranges(config) -> None:
-  """Raises ConfigError for the first field outside its fixed choices or its range."""
+  """Raises ConfigError for the first float field that is not finite (inf, NaN), then the
+  first field outside its fixed choices or its range."""
+  for field, value in _float_fields(config):
+    if not math.isfinite(value):
+      raise errors.not_allowed(field, value, "a finite number")
   for field, allowed in CHOICES.items():
     value = get_field(config, field)
     if value not in allowed:

@@ -130,15 +130,31 @@ def arms_of(path: str, variant, module=None, sweep: bool = False) -> dict:
 
 
 def axes_of(module, axis_flags) -> dict:
-  """The file's SWEEP axes, updated by --axis flags (a flag replaces a file axis of its field)."""
+  """The file's SWEEP axes, updated by --axis flags (a flag replaces a file axis of its field).
+  UserError for a field given by two --axis flags, and for an axis whose values repeat one
+  another by value (1 and 1.0 are one value: they would train one run twice)."""
   axes = {field: list(values) for field, values in getattr(module, "SWEEP", {}).items()}
+  flagged = set()
   for text in axis_flags:
     field, values = parse_axis(text)
+    if field in flagged:
+      raise errors.UserError(f"--axis={field}=... is given twice; give each axis once, with all "
+                             "its values")
+    flagged.add(field)
     axes[field] = values
   for field, values in axes.items():
-    if len(set(map(repr, values))) != len(values):
-      raise errors.UserError(f"axis {field} repeats a value: {values}")
+    for i, value in enumerate(values):
+      same = [other for other in values[i + 1:] if other == value]
+      if same:
+        raise errors.UserError(f"axis {field} repeats a value: {value!r} and {same[0]!r} are "
+                               f"the same {field} (values: {values})")
   return axes
+
+
+def file_axes(module, axis_flags) -> list:
+  """The fields of the file's SWEEP that no --axis flag replaces."""
+  flagged = {parse_axis(text)[0] for text in axis_flags}
+  return [field for field in getattr(module, "SWEEP", {}) if field not in flagged]
 
 
 def points(path: str, variant, axes: dict, overrides: dict, module=None,
@@ -167,7 +183,19 @@ def points(path: str, variant, axes: dict, overrides: dict, module=None,
         name = point_name(values) or arm
       spec = f"{path}:{arm}" if named_arms else path
       out.append(Point(name, arm, values, applied, spec, config, arm_template))
+  _check_distinct(out)
   return out
+
+
+def _check_distinct(points_: list) -> None:
+  """UserError if two points would share a run directory (values that differ but print alike)."""
+  seen = {}
+  for point in points_:
+    if point.name in seen:
+      raise errors.UserError(f"the grid points {seen[point.name]} and {point.point} would share "
+                             f"the run directory {point.name!r}; make the axis values differ "
+                             "in their first 6 significant digits")
+    seen[point.name] = point.point
 
 
 def write_sweep(workdir: str, spec: str, axes: dict, file_axes, settings: dict,

@@ -190,6 +190,25 @@ class Grid:
                        sweep=bool(self.axes))
 
 
+def describe(spec: Grid, max_runs: int = MAX_RUNS_PER_PROGRAM) -> list[str]:
+  """What a sweep will run, in lines for the terminal before anything trains: its axes (and
+  which came from the file's SWEEP), the number of runs and programs, and the settings the
+  file applies."""
+  points = spec.points()
+  programs = group_runs([Run(p.name, p.config, "") for p in points], max_runs)
+  arms = list(dict.fromkeys(p.arm for p in points))
+  axes = " x ".join(f"{field} ({len(values)}: {', '.join(map(grid.flag_value, values))}; "
+                    f"{'from the file' if field in spec.file_axes else '--axis'})"
+                    for field, values in spec.axes.items())
+  lines = [f"grid: {len(arms)} arm(s) x {axes} = {len(points)} runs in {len(programs)} "
+           "program(s)"]
+  settings = getattr(spec.module, "SWEEP_SETTINGS", {})
+  if settings:
+    lines.append(f"the file's SWEEP_SETTINGS, applied to every run before --config overrides: "
+                 + ", ".join(f"{k}={grid.flag_value(v)}" for k, v in settings.items()))
+  return lines
+
+
 def run_grid(spec: Grid, workdir: str, allow_config_change: bool = False,
              max_runs: int = MAX_RUNS_PER_PROGRAM):
   """Trains every point of a grid into `workdir` (checked before anything is written), then

@@ -54,10 +54,11 @@ def read_json(path: str) -> dict:
 
 
 def write_json(path: str, obj) -> None:
-  """Replaces `path` atomically (tmp + rename), so a reader never sees half a file."""
+  """Replaces `path` atomically (tmp + rename), so a reader never sees half a file. Strict JSON:
+  a NaN or infinity is a bug here (ValueError), never written as `NaN`/`Infinity`."""
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2, sort_keys=True, default=str)
+    json.dump(obj, f, indent=2, sort_keys=True, default=str, allow_nan=False)
   os.replace(tmp, path)
 
 

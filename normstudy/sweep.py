@@ -50,9 +50,19 @@ def main(argv):
   if not axes:
     raise errors.UserError(f"no axes: pass --axis=dotted.field=v1,v2,... or declare SWEEP in "
                            f"{path}")
-  spec = orchestrate.Grid(path, variant or None, axes,
-                          config_flags.get_override_values(FLAGS["config"]), module,
-                          file_axes=tuple(getattr(module, "SWEEP", {})))
+  overrides = config_flags.get_override_values(FLAGS["config"])
+  for field in overrides:
+    if field in axes:
+      origin = ("the file's SWEEP" if field in grid.file_axes(module, FLAGS.axis)
+                else "an --axis flag")
+      raise errors.UserError(
+          f"--config.{field}={overrides[field]!r} would be overwritten by the sweep's axis "
+          f"{field} ({origin}: {axes[field]}); drop --config.{field}, or sweep the values you "
+          f"want with --axis={field}=v1,v2,...")
+  spec = orchestrate.Grid(path, variant or None, axes, overrides, module,
+                          file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
+  for line in orchestrate.describe(spec, FLAGS.max_runs_per_program):
+    print(line, flush=True)
   _, statuses, outputs = orchestrate.run_grid(spec, FLAGS.workdir, FLAGS.allow_config_change,
                                               FLAGS.max_runs_per_program)
   counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}

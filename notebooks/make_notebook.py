@@ -11,7 +11,8 @@ The comparison figure, the summary table, the generated observations, the per-la
 and an overlay of any metrics you pick. Point `WORKDIR` at a study or sweep directory (local or
 `gs://`)."""),
     ("code", """# In Colab: install normstudy's analysis without touching Colab's own jax and TensorFlow
-# (`--no-deps`: the analysis needs only numpy, pandas and matplotlib, which Colab has).
+# (`--no-deps`: the analysis needs numpy, pandas, scipy and matplotlib, which Colab has, and
+# ml-collections and absl-py, which it installs here).
 # Elsewhere, install it with `pip install -e .` from a checkout.
 import os
 import sys
@@ -21,7 +22,8 @@ IN_COLAB = "google.colab" in sys.modules
 if IN_COLAB:
   if not NORMSTUDY_REPO:
     raise SystemExit("Set NORMSTUDY_REPO to the pip URL of your normstudy repository first.")
-  get_ipython().run_line_magic("pip", f"install -q --no-deps {NORMSTUDY_REPO}")"""),
+  get_ipython().run_line_magic("pip", f"install -q --no-deps {NORMSTUDY_REPO}")
+  get_ipython().run_line_magic("pip", "install -q ml-collections absl-py")"""),
     ("code", """# Reading gs:// from Colab needs your Google credentials (skipped outside Colab).
 if IN_COLAB:
   from google.colab import auth

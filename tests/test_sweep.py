@@ -28,6 +28,12 @@ def test_axes_parse_merge_and_name_points(tmp_path):
   assert axes == {"train.seed": [5, 6, 7], "optimizer.clip_norm": [1.0]}
   with pytest.raises(errors.UserError, match="repeats a value"):
     grid.axes_of(module, ["train.seed=1,1"])
+  # Values are compared as values: 1 and 1.0 are one clip norm (they would name one run twice).
+  with pytest.raises(errors.UserError, match="1 and 1.0 are the same optimizer.clip_norm"):
+    grid.axes_of(module, ["optimizer.clip_norm=1,1.0"])
+  with pytest.raises(errors.UserError, match="--axis=train.seed=... is given twice"):
+    grid.axes_of(module, ["train.seed=1,2", "train.seed=3"])
+  assert grid.file_axes(module, ["train.seed=5"]) == ["optimizer.clip_norm"]
   assert grid.point_name({"optimizer.learning_rate": 0.001, "train.seed": 1}) == "lr0.001_seed1"
   assert grid.point_name({"model.placement": "deepnorm"}) == "placement-deepnorm"
 
@@ -53,6 +59,10 @@ def test_grid_points_of_a_file_and_of_one_variant(tmp_path):
   assert len(every) == 8
   with pytest.raises(errors.ConfigError, match="unknown config field 'optimizer.lr'"):
     grid.points(path, "pre_norm_clip1", {"optimizer.lr": [1.0]}, {})
+  # Values that differ but print alike would share a run directory: refused before anything.
+  with pytest.raises(errors.UserError, match="would share the run directory 'lr0.000123457'"):
+    grid.points(path, "pre_norm_clip1", {"optimizer.learning_rate": [1.2345671e-4,
+                                                                      1.2345672e-4]}, {})
   # Arms that differ in data fields share a program; a structural axis splits them.
   assert len(orchestrate.group_runs([orchestrate.Run(p.name, p.config, "") for p in every])) == 3
   # A limit on runs per program splits a structure's runs into near-equal parts, in order.
@@ -168,6 +178,13 @@ def test_sweep_command_resumes_bit_exactly_after_sigkill(tmp_path):
                                                 "lr0.003_seed0", "lr0.003_seed1"]
   assert sweep["runs"][3]["point"] == {"optimizer.learning_rate": 0.003, "train.seed": 1}
   assert [r["status"] for r in sweep["runs"]] == ["finished"] * 4
+  # Before training, the terminal says what will run.
+  assert result.stdout.splitlines()[0].startswith(
+      "grid: 1 arm(s) x optimizer.learning_rate (2: 0.001, 0.003; --axis) x train.seed (2: 0, 1; "
+      "--axis) = 4 runs in 1 program(s)")
+  # Every JSON file the sweep wrote is strict JSON (no NaN, no Infinity).
+  for path in reference.rglob("*.json"):
+    json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{path}: {name}"))
   killed = tmp_path / "killed"
   proc = runs.start_module("normstudy.sweep", *args, f"--workdir={killed}")
   first = killed / "lr0.003_seed1"
@@ -226,3 +243,22 @@ def test_mesh_runs_shards_a_sweep_over_host_devices_from_the_command_line(tmp_pa
   for name in ("lr0.001_seed0", "lr0.001_seed1"):
     info = runs.read_json(tmp_path / "wd" / name / "run.json")
     assert (info["status"], info["last_step"]) == ("finished", 4)
+
+
+@pytest.mark.slow
+def test_sweep_arguments_that_clash_or_are_not_finite_are_refused_before_anything(tmp_path):
+  workdir = tmp_path / "wd"
+  base = ("--config=configs/seed_figure.py:pre_norm_clip1", f"--workdir={workdir}",
+          *runs.tiny_args(tmp_path / "tfds"))
+  # A --config.X that the file's SWEEP axis would overwrite: one line naming both, exit 2.
+  clash = runs.run_module("normstudy.sweep", *base, "--config.optimizer.learning_rate=-1e-3",
+                          check=False)
+  assert clash.returncode == 2 and "Traceback" not in clash.stderr
+  assert ("--config.optimizer.learning_rate=-0.001 would be overwritten by the sweep's axis "
+          "optimizer.learning_rate (the file's SWEEP") in clash.stderr
+  # A non-finite axis value: the field's one line.
+  inf = runs.run_module("normstudy.sweep", *base, "--axis=optimizer.learning_rate=1e999,1e-3",
+                        check=False)
+  assert inf.returncode == 2 and "Traceback" not in inf.stderr
+  assert "config.optimizer.learning_rate=inf is not allowed; allowed: a finite number" in inf.stderr
+  assert not workdir.exists()

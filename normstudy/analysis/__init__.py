@@ -6,7 +6,10 @@
   analyze("runs/seed_figure")             # everything above, written into the directory
 
 Modules: `runs` (loading), `detectors` (spikes, divergence, loss-scale collapse), `report`
-(summary and prose), `plots` (figures). Needs numpy, pandas and matplotlib, not the training
+(summary and prose), `plots` (figures), `sensitivity` (learning-rate sweeps), `survival`
+(failure against learning rate, the critical learning rate), `speed` (eval loss over seeds at
+one learning rate), `stats` (Fisher's exact test, Welch's t-test, the logistic fit, the
+likelihood-ratio test; every comparison's wording). Needs numpy, pandas and matplotlib, not the training
 stack, so a notebook can install normstudy without replacing its jax or TensorFlow. The command
 is `python -m normstudy.analyze`.
 """
