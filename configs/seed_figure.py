@@ -54,6 +54,9 @@ SWEEP = {
 # every 25. `--config.train.num_steps=1000 --config.optimizer.warmup_steps=80` restores the
 # recipe's length (about 2 hours).
 SWEEP_SETTINGS = {
+    # A curve of a sweep is many runs: its legend is the arm's description, without the seed
+    # figure's "Run 1"/"Run 2".
+    "label": "{auto}",
     "train.num_steps": 200,
     "optimizer.warmup_steps": 20,
     "train.log_every": 5,

@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import threading
+import traceback
 
 from absl import app
 from absl import flags
@@ -83,10 +84,28 @@ def flag_error_line(error: Exception, argv) -> str:
     overrides = [a for a in argv[1:] if name and f".{name[-1]}=" in a]
     return (f"unknown config field {name[-1]!r}" if name else "unknown config field") + (
         f" ({overrides[0]})" if overrides else "")
+  users = _users_frame(error)
+  if users is not None:
+    return users
   raised = [line.strip() for line in text.splitlines() if re.match(r"\s*\w+Error: ", line)]
   if raised:
     return raised[-1].split("Error: ", 1)[1]
   return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+
+
+def _users_frame(error: Exception):
+  """'KeyError 'v' in configs/x.py:6 (get_config)' for a bug raised in the user's own config
+  file (not a ValueError, which config files raise on purpose for a bad variant), else None."""
+  if isinstance(error, ValueError):
+    return None
+  frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+            if not any(part in frame.filename for part in ("site-packages", "/normstudy/",
+                                                            "<frozen"))]
+  if not frames:
+    return None
+  frame = frames[-1]
+  return (f"{type(error).__name__} {error} in {os.path.relpath(frame.filename)}:{frame.lineno} "
+          f"({frame.name})")
 
 
 def _missing_config_file(argv):

@@ -214,6 +214,7 @@ def run_grid(spec: Grid, workdir: str, allow_config_change: bool = False,
   """Trains every point of a grid into `workdir` (checked before anything is written), then
   analyses it. Returns (points, statuses by point name, analysis outputs)."""
   from normstudy import analysis  # the analysis package needs no training stack
+  rundir.check_writable(workdir, "--workdir")  # before its runs' directories are named
   points = spec.points()
   runs = [Run.of_point(p, workdir) for p in points]
   for group in group_runs(runs, max_runs):

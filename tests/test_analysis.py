@@ -167,3 +167,12 @@ def test_torn_and_damaged_lines(tmp_path, caplog):
   df = analysis.load_runs(str(tmp_path))  # the analysis skips a damaged line, naming it
   assert list(analysis.series(df, "run", "loss").index) == [1, 3]
   assert any("metrics.jsonl:2: skipping a damaged line" in r.getMessage() for r in caplog.records)
+
+
+def test_min_loss_scale_is_the_lowest_after_the_scale_first_grew():
+  from normstudy.analysis import detectors
+  grew = pd.Series([128.0, 256.0, 512.0, 256.0, 512.0], index=[1, 2, 3, 4, 5])
+  assert detectors.lowest_scale_after_growth(grew) == 256.0  # not the initial 128
+  fell = pd.Series([128.0, 64.0, 32.0, 64.0], index=[1, 2, 3, 4])
+  assert detectors.lowest_scale_after_growth(fell) == 32.0  # never grew: the lowest overall
+  assert np.isnan(detectors.lowest_scale_after_growth(pd.Series([], dtype=float)))

@@ -10,6 +10,7 @@ import pytest
 
 from normstudy import errors
 from normstudy import grid
+from normstudy import labels
 from normstudy import rundir
 from normstudy import orchestrate
 import runs
@@ -83,6 +84,9 @@ def test_a_sweep_of_the_seed_figure_takes_its_sweep_arms_and_settings():
     # SWEEP_SETTINGS apply, then the command line's overrides win.
     assert p.config.train.num_steps == module.SWEEP_SETTINGS["train.num_steps"]
     assert p.config.train.log_every == 7
+  # A curve of a sweep is many runs: no "Run 1"/"Run 2" of the seed figure in its legend.
+  assert [labels.resolve(p.config, template=p.arm_template) for p in swept][:2] == [
+      "Pre-Norm | Gradient Clip=10", "Pre-Norm | Gradient Clip=1"]
   relax_deepnorm = swept[-1].config.model
   assert (relax_deepnorm.placement, relax_deepnorm.attention_relax) == ("deepnorm", 32.0)
   # A study of the file is its four arms with their recipe untouched.
@@ -262,3 +266,18 @@ def test_sweep_arguments_that_clash_or_are_not_finite_are_refused_before_anythin
   assert inf.returncode == 2 and "Traceback" not in inf.stderr
   assert "config.optimizer.learning_rate=inf is not allowed; allowed: a finite number" in inf.stderr
   assert not workdir.exists()
+  # A --workdir that is a file is reported as itself, not under a run's subdirectory.
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  on_file = runs.run_module("normstudy.sweep", *base, f"--workdir={a_file}", check=False)
+  assert on_file.returncode == 2
+  assert on_file.stderr.strip().splitlines()[-1] == (
+      f"error: --workdir={str(a_file)!r} exists and is not a directory")
+  # A bug in the user's own get_config is shown with its place, not as a bare 'v'.
+  buggy = tmp_path / "buggy.py"
+  buggy.write_text("from normstudy import config\n\n\ndef get_config(arg=None):\n"
+                   "  table = {}\n  return table['v']\n")
+  broken = runs.run_module("normstudy.main", f"--config={buggy}", f"--workdir={workdir}",
+                           check=False)
+  assert broken.returncode == 2 and "Traceback" not in broken.stderr
+  assert f"KeyError 'v' in {os.path.relpath(buggy, runs.REPO)}:6 (get_config)" in broken.stderr

@@ -83,6 +83,17 @@ def scale_collapses(scale: pd.Series) -> dict:
           "lowest_scale_step": lowest[1] if lowest else None}
 
 
+def lowest_scale_after_growth(scale: pd.Series) -> float:
+  """The lowest fp16 loss scale from the first step the scale grew above its initial value on
+  (the initial scale, 128 by fairseq's default, is a starting point, not a level reached); the
+  lowest overall when it never grew, NaN without a scale."""
+  values = scale.to_numpy(dtype=float)
+  if not len(values):
+    return np.nan
+  grown = np.flatnonzero(values > values[0])
+  return float(np.nanmin(values[grown[0]:] if len(grown) else values))
+
+
 def status(info: dict, diverged_at) -> str:
   """finished | halted | diverged | preempted | running: the run's recorded status, with a
   finished run that the divergence detector flags reported as diverged."""

@@ -23,7 +23,8 @@ def _last(values: pd.Series):
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
   """One row per run: label, status (finished | halted | diverged | preempted | running), steps
   taken, halt step and reason, final/min loss, max loss after warm-up, final eval loss, skipped
-  steps, lowest and final loss scale, and the observation counts (detectors.observe)."""
+  steps, lowest loss scale after it first grew (detectors.lowest_scale_after_growth) and final
+  loss scale, and the observation counts (detectors.observe)."""
   infos = df.attrs.get("runs", {})
   rows = []
   for run in df.run.unique():
@@ -47,7 +48,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         "final_eval_loss": _last(runs_lib.series(df, run, "eval_loss")),
         "skipped_steps": int(_last(runs_lib.series(df, run, "skipped_total")) or 0)
         if len(runs_lib.series(df, run, "skipped_total")) else 0,
-        "min_loss_scale": scale.min(),
+        "min_loss_scale": detectors.lowest_scale_after_growth(scale),
         "final_loss_scale": _last(scale),
         "entropy_floor": info.get("entropy_floor"),
         "loss_spikes": seen["loss_spikes"],
