@@ -1,12 +1,14 @@
 """Train a grid of runs, K at a time in one compiled program, then the analysis.
 
-  python -m normstudy.sweep --config=configs/seed_figure.py:pre_norm_clip1 --workdir=DIR \
+  python -m normstudy.sweep --config=configs/seed_figure.py:pre_norm_clip1 --workdir=DIR \\
       --axis=optimizer.learning_rate=1e-3,3e-3,1e-2 --axis=train.seed=0,1,2 [--config.x=y ...]
 
 The grid is the product of the axes (normstudy.grid): with --config=FILE:VARIANT, of that
 variant; with --config=FILE, of every variant the file lists (each an arm, DIR/<variant>/...).
 A file may declare its own axes, `SWEEP = {dotted.field: [values]}`; --axis adds to them or
-replaces an axis of the same field. Points that differ only in data fields (learning rate, clip
+replaces an axis of the same field (the same --axis twice, or a --config.X of an axis's field,
+is refused). A run's config is its arm's, then the file's SWEEP_SETTINGS, then --config.X, then
+the point's values; the grid is printed before anything trains. Points that differ only in data fields (learning rate, clip
 norm, weight decay, warm-up, Adam's betas and eps, seed, limits, loss-scale settings) train in
 one vmapped program; fields that change the program (placement, depth, dtype, ...) make one
 program per structural point, trained one after another. Each run writes DIR/<run>/ as a single

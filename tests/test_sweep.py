@@ -273,6 +273,11 @@ def test_sweep_arguments_that_clash_or_are_not_finite_are_refused_before_anythin
   assert on_file.returncode == 2
   assert on_file.stderr.strip().splitlines()[-1] == (
       f"error: --workdir={str(a_file)!r} exists and is not a directory")
+  # The usage line reads as a command: a continuation, then the next line.
+  usage = runs.run_module("normstudy.sweep", "--help").stdout.splitlines()
+  first = next(i for i, line in enumerate(usage) if "python -m normstudy.sweep" in line)
+  assert usage[first].endswith("--workdir=DIR \\") and usage[first + 1].strip().startswith(
+      "--axis=optimizer.learning_rate=")
   # A bug in the user's own get_config is shown with its place, not as a bare 'v'.
   buggy = tmp_path / "buggy.py"
   buggy.write_text("from normstudy import config\n\n\ndef get_config(arg=None):\n"
