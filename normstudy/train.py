@@ -98,6 +98,7 @@ class Program:
   eval_batches: list
   start_step: int
   splits: Any  # the data's splits (normstudy.data.TokenSplits): source and entropy floor
+  last_steps: frozenset  # each run's num_steps (runs of a program may differ)
   recorders: list = dataclasses.field(default_factory=list)
   steps: CompiledSteps | None = None
   pool: Any = None
@@ -112,12 +113,11 @@ class Program:
 
   @property
   def num_steps(self) -> int:
-    return max(run.config.train.num_steps for run in self.runs)
+    return max(self.last_steps)
 
   def due(self, every: int, step: int) -> bool:
     """Every `every`-th step (0: never) and each run's last step."""
-    return bool(every and step % every == 0) or step in {
-        run.config.train.num_steps for run in self.runs}
+    return bool(every and step % every == 0) or step in self.last_steps
 
   def batch(self, step: int):
     return sharding.global_batch(self.mesh, _stack([ds[step - 1] for ds in self.train_data]))
@@ -214,7 +214,8 @@ def _setup(runs, checkpoint_dir, single) -> Program:
       train_data=[data_lib.train_batches(c, splits) for c in configs],
       eval_batches=[sharding.global_batch(mesh, jax.tree.map(lambda x: x[:, i], eval_data))
                     for i in range(config.train.eval_steps)],
-      start_step=0, splits=splits)
+      start_step=0, splits=splits,
+      last_steps=frozenset(c.train.num_steps for c in configs))
   return program
 
 

@@ -125,6 +125,22 @@ def load_runs(workdir: str) -> pd.DataFrame:
   return df
 
 
+def loss_floor(info: dict):
+  """The lowest loss a run's objective can reach, from its run.json: the Bayes-optimal masked
+  loss for masked prediction, else the entropy rate; None when the data do not know it."""
+  return info.get("masked_loss_floor") or info.get("entropy_floor")
+
+
+def learning_threshold(table: pd.DataFrame) -> float:
+  """The eval loss a run must get below to count as having learned: halfway from the unigram
+  entropy (a model that uses no context: the early plateau) to the loss floor, from a table
+  with `unigram_entropy` and `floor` columns; NaN without them."""
+  unigram, floor = table.unigram_entropy.dropna(), table.floor.dropna()
+  if unigram.empty or floor.empty:
+    return np.nan
+  return float((unigram.iloc[0] + floor.iloc[0]) / 2)
+
+
 def series(df: pd.DataFrame, run: str, metric: str) -> pd.Series:
   """One run's metric as a Series indexed by step (non-finite values kept)."""
   rows = df[(df.run == run) & (df.metric == metric)]

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from normstudy import grid
+from normstudy import life
 from normstudy.analysis import stats
 from normstudy.analysis import runs as runs_lib
 
@@ -29,7 +30,7 @@ LR = "optimizer.learning_rate"
 SEED = "train.seed"
 # A learning-rate range "within reach" of the best: Wortsman et al.'s plots read 0.1 nats.
 NEAR_BEST_NATS = 0.1
-FAILED = ("halted", "diverged")
+FAILED = life.FAILED
 # Where a run first went non-finite, in coarse kinds (telemetry.first_nonfinite's words).
 DEATH_KINDS = ("attention scores", "attention output", "residual stream", "MLP pre-activation",
                "MLP output", "output logits", "embedding", "backward pass only", "not located")
@@ -96,7 +97,7 @@ def table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         "nonfinite_layer": death_layer(info.get("nonfinite_site")),
         "halt_reason": info.get("halt_reason"), "entropy_floor": info.get("entropy_floor"),
         "unigram_entropy": info.get("unigram_entropy"),
-        "floor": info.get("masked_loss_floor") or info.get("entropy_floor"),
+        "floor": runs_lib.loss_floor(info),
         "dtype": info.get("dtype"),
     })
   return pd.DataFrame(rows, columns=[
@@ -214,15 +215,6 @@ def _killers(dead: pd.DataFrame) -> str:
   return ", ".join(parts)
 
 
-def learned_threshold(runs: pd.DataFrame) -> float:
-  """The eval loss an arm must get below to count as having learned: halfway from the unigram
-  entropy (a model that uses no context: the plateau) to the loss floor; NaN without them."""
-  unigram, floor = runs.unigram_entropy.dropna(), runs.floor.dropna()
-  if unigram.empty or floor.empty:
-    return np.nan
-  return float((unigram.iloc[0] + floor.iloc[0]) / 2)
-
-
 def per_seed_sensitivity(curve: pd.DataFrame, loss_init: float) -> list:
   """The LR sensitivity of each seed's own curve (seeds that ran the whole grid)."""
   lrs = curve.learning_rate.nunique()
@@ -274,7 +266,7 @@ def observations(runs: pd.DataFrame, by_arm: pd.DataFrame, died: pd.DataFrame) -
   """Sentences with the numbers: the arms that learned ranked by LR sensitivity, with the test
   that compares the two least sensitive; the arms that did not learn; where each arm's best is
   and whether the grid brackets it; what kills each arm."""
-  threshold = learned_threshold(runs)
+  threshold = runs_lib.learning_threshold(runs)
   lrs = sorted(runs.learning_rate.unique())
   parts = [f"{len(runs)} runs: {len(lrs)} learning rates ({_lr_text(lrs[0])} to "
            f"{_lr_text(lrs[-1])}) x {runs.seed.nunique()} seed(s) per arm. LR sensitivity "

@@ -20,6 +20,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from normstudy import grid
 from normstudy.analysis import runs as runs_lib
 from normstudy.analysis import stats
 
@@ -48,24 +49,11 @@ def run_table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     rest = {k: v for k, v in point.items() if k != "train.seed"}
     rows.append({
         "run": run, "arm": info.get("arm") or run, "arm_label": info.get("arm_label") or run,
-        "group": ", ".join(f"{k.split('.')[-1]}={v:g}" if isinstance(v, float) else
-                           f"{k.split('.')[-1]}={v}" for k, v in rest.items()),
+        "group": grid.point_label(rest),
         "seed": point.get("train.seed"), "status": status.get(run),
         "final_eval_loss": float(eval_loss.iloc[-1]) if len(eval_loss) else np.nan,
-        "unigram_entropy": info.get("unigram_entropy"), "floor": _floor(info)})
+        "unigram_entropy": info.get("unigram_entropy"), "floor": runs_lib.loss_floor(info)})
   return pd.DataFrame(rows)
-
-
-def _floor(info: dict):
-  return info.get("masked_loss_floor") or info.get("entropy_floor")
-
-
-def threshold_of(runs: pd.DataFrame) -> float:
-  """Halfway from the unigram entropy to the loss floor; NaN without both."""
-  unigram, floor = runs.unigram_entropy.dropna(), runs.floor.dropna()
-  if unigram.empty or floor.empty:
-    return np.nan
-  return float((unigram.iloc[0] + floor.iloc[0]) / 2)
 
 
 def first_step_below(df: pd.DataFrame, run: str, threshold: float):
@@ -78,7 +66,7 @@ def first_step_below(df: pd.DataFrame, run: str, threshold: float):
 def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame:
   """The speed table described in the module's docstring; the reference arm is each group's
   first."""
-  threshold = threshold_of(runs) if threshold is None else threshold
+  threshold = runs_lib.learning_threshold(runs) if threshold is None else threshold
   out = []
   for group, in_group in runs.groupby("group", sort=False):
     reference = None

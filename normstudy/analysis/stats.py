@@ -78,9 +78,9 @@ def welch(a, b) -> tuple[float, float, float]:
   if len(a) < 2 or len(b) < 2:
     return math.nan, math.nan, math.nan
   va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-  if va + vb == 0:
-    return 0.0 if a.mean() == b.mean() else math.copysign(math.inf, a.mean() - b.mean()), \
-        math.nan, 1.0 if a.mean() == b.mean() else 0.0
+  if va + vb == 0:  # no spread: the means are equal (p = 1) or nothing could separate more
+    same = a.mean() == b.mean()
+    return (0.0 if same else math.copysign(math.inf, a.mean() - b.mean())), math.nan, float(same)
   t = (a.mean() - b.mean()) / math.sqrt(va + vb)
   df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
   return t, df, float(2 * scipy_stats.t.sf(abs(t), df))
@@ -192,7 +192,6 @@ def critical_lr(lrs, failed, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) ->
   draws = np.where(failures == 0, x.max(), np.where(
       failures == counts.sum(1), x.min(),
       np.where(boot_b > 0, np.clip(crossing, x.min(), x.max()), np.nan)))
-  draws = np.asarray(draws)
   low, high = np.nanpercentile(draws, [2.5, 97.5]) if np.isfinite(draws).any() else (
       math.nan, math.nan)
   bracket = _separation_bracket(x, y)
