@@ -181,6 +181,31 @@ def make_norm(cfg, name: str, kind: str | None = None, axis_name: str = "embed",
               use_bias=use_bias and norm is not RMSNorm)
 
 
+@jax.custom_vjp
+def fusion_boundary(x):
+  """The identity, forward and backward, that XLA may not fuse across (`optimization_barrier`).
+
+  Placed on each projection's output, the logits and each block's output. Without it XLA:CPU
+  fuses elementwise work into the layout copies before the weight-gradient dots and computes
+  it there in transposed order, several inputs read with a stride; between the layers of an
+  unrolled stack it fuses the residual stream's gradient, a sum over every later layer's
+  branch, into each consumer and recomputes it there (benchmarks/profile.py: such copies were
+  36% of a step at size S, jaxlib 0.10.2). XLA:CPU drops barriers before fusion unless its
+  `cse_barrier_expander` pass is off (sharding.COMPILER_OPTIONS). Values are unchanged."""
+  return jax.lax.optimization_barrier(x)
+
+
+def _boundary_forward(x):
+  return jax.lax.optimization_barrier(x), None
+
+
+def _boundary_backward(_, cotangent):
+  return (jax.lax.optimization_barrier(cotangent),)
+
+
+fusion_boundary.defvjp(_boundary_forward, _boundary_backward)
+
+
 def softcap(x, cap: float):
   """Gemma 2's soft-capping, cap * tanh(x / cap) (Gemma Team 2024, "Gemma 2", section 2): smooth,
   close to x for |x| << cap, bounded by cap. `cap` 0 leaves x as it is."""
@@ -289,7 +314,7 @@ class Attention(nn.Module):
       # Heads-major [batch, heads, length, head_dim]: the score and context products then need
       # no transposes (measurably faster on CPU than [batch, length, heads, head_dim]).
       y = jnp.einsum("bld,dhk->bhlk", x, w.astype(dtype))
-      return _plus_bias(self, f"{name}_bias", y, qkv_axes[1:], dims=(1, 3))
+      return fusion_boundary(_plus_bias(self, f"{name}_bias", y, qkv_axes[1:], dims=(1, 3)))
 
     q, k, v = project("query", qk_init), project("key", qk_init), project("value", v_init)
     if cfg.qk_norm != "none":
@@ -327,7 +352,7 @@ class Attention(nn.Module):
                        wo.reshape(cfg.d_model, cfg.d_model).astype(dtype))
     else:
       out = jnp.einsum("bhlk,hkd->bld", context, wo.astype(dtype))
-    out = _plus_bias(self, "out_bias", out, ("embed",))
+    out = fusion_boundary(_plus_bias(self, "out_bias", out, ("embed",)))
     telemetry.sow_site(self, self.probe, "attn_out", out)
     return out
 
@@ -345,14 +370,15 @@ class Mlp(nn.Module):
     init = projection_init(cfg, self.branch_gain)
     w1 = _param(self, "fc1", init, (cfg.d_model, cfg.d_ff), ("embed", "mlp"))
     w2 = _param(self, "fc2", init, (cfg.d_ff, cfg.d_model), ("mlp", "embed"))
-    h = _plus_bias(self, "fc1_bias", jnp.einsum("bld,df->blf", x, w1.astype(dtype)), ("mlp",))
+    h = fusion_boundary(
+        _plus_bias(self, "fc1_bias", jnp.einsum("bld,df->blf", x, w1.astype(dtype)), ("mlp",)))
     telemetry.sow_site(self, self.probe, "mlp_preact", h)
     telemetry.sow_stat(self, self.probe, "mlp_preact_absmax", lambda: telemetry.absmax(h))
     h = ACTIVATIONS.get(cfg.activation)(h)
     if self.inner_norm:
       h = make_norm(cfg, "inner_norm", axis_name="mlp")(h)
-    out = _plus_bias(self, "fc2_bias", jnp.einsum("blf,fd->bld", h, w2.astype(dtype)),
-                     ("embed",))
+    out = fusion_boundary(_plus_bias(self, "fc2_bias", jnp.einsum("blf,fd->bld", h, w2.astype(dtype)),
+                                     ("embed",)))
     telemetry.sow_site(self, self.probe, "mlp_out", out)
     return out
 
@@ -410,7 +436,7 @@ class Block(nn.Module):
     telemetry.sow_site(self, self.probe, "resid_mlp", x)
     telemetry.sow_stat(self, self.probe, "act_rms", lambda: telemetry.rms(x))
     telemetry.sow_stat(self, self.probe, "resid_absmax", lambda: telemetry.absmax(x))
-    return x
+    return fusion_boundary(x)
 
 
 class _ScanBlock(Block):
@@ -480,7 +506,8 @@ class Transformer(nn.Module):
     else:
       head = _param(self, "head", projection_init(cfg), (cfg.d_model, cfg.vocab_size),
                     ("embed", "vocab"))
-    logits = jnp.einsum("bld,dv->blv", x, head.astype(dtype)).astype(jnp.float32)
+    logits = fusion_boundary(
+        jnp.einsum("bld,dv->blv", x, head.astype(dtype)).astype(jnp.float32))
     telemetry.sow_site(self, self.probe, "logits", logits)
     return softcap(logits, cfg.output_softcap)
 

@@ -136,23 +136,35 @@ def over_runs(fn, num_runs: int):
   return one_run
 
 
+# XLA:CPU removes optimization barriers before fusion (its `cse_barrier_expander` pass), which
+# would undo model.fusion_boundary; with the pass off they stay as no-ops that end fusions
+# (jaxlib 0.10.2). Other backends keep barriers through fusion already.
+CPU_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+
+
+def compiler_options(mesh) -> dict:
+  """XLA options for the steps compiled on `mesh`'s devices."""
+  return dict(CPU_COMPILER_OPTIONS) if mesh.devices.flat[0].platform == "cpu" else {}
+
+
 def jit_train_step(config, mesh, shardings, num_runs: int, telemetry_on: bool = False):
   """The train step of `num_runs` stacked runs, compiled for the mesh: state donated."""
   step = over_runs(steps_lib.make_train_step(config, telemetry_on), num_runs)
   return jax.jit(step, in_shardings=(shardings, batch_sharding(mesh)),
-                 out_shardings=(shardings, runs_sharding(mesh)), donate_argnums=0)
+                 out_shardings=(shardings, runs_sharding(mesh)), donate_argnums=0,
+                 compiler_options=compiler_options(mesh))
 
 
 def jit_eval_step(config, mesh, shardings, num_runs: int):
   step = over_runs(steps_lib.make_eval_step(config), num_runs)
   return jax.jit(step, in_shardings=(shardings.params, batch_sharding(mesh)),
-                 out_shardings=runs_sharding(mesh))
+                 out_shardings=runs_sharding(mesh), compiler_options=compiler_options(mesh))
 
 
 def jit_locate_step(config, mesh, shardings, num_runs: int):
   step = over_runs(steps_lib.make_locate_step(config), num_runs)
   return jax.jit(step, in_shardings=(shardings, batch_sharding(mesh)),
-                 out_shardings=runs_sharding(mesh))
+                 out_shardings=runs_sharding(mesh), compiler_options=compiler_options(mesh))
 
 
 def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
