@@ -136,10 +136,15 @@ def over_runs(fn, num_runs: int):
   return one_run
 
 
-# XLA:CPU removes optimization barriers before fusion (its `cse_barrier_expander` pass), which
-# would undo model.fusion_boundary; with the pass off they stay as no-ops that end fusions
-# (jaxlib 0.10.2). Other backends keep barriers through fusion already.
-CPU_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+# XLA:CPU options, measured with benchmarks/ab.py and benchmarks/profile.py (jaxlib 0.10.2):
+# - XLA:CPU removes optimization barriers before fusion (its `cse_barrier_expander` pass), which
+#   would undo model.fusion_boundary; with the pass off they stay as no-ops that end fusions.
+#   Other backends keep barriers through fusion already.
+# - With the boundaries in place, dots through Eigen are as fast as through XNNPACK/YNN at size M
+#   and 1.1-1.2x faster at S and at the seed figure's size (small dots, where YNN's per-call
+#   cost dominates), so YNN fusion and XNNPACK are off.
+CPU_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander",
+                        "xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_xnnpack": False}
 
 
 def compiler_options(mesh) -> dict:
