@@ -95,12 +95,14 @@ def _batch(config):
 
 def step_seconds(config, steps: int) -> list[float]:
   """Seconds per train step of normstudy's engine for one run (what normstudy.main runs: the
-  vmapped step over a run axis of size 1, sharded on a one-device mesh), after compilation."""
+  vmapped step over a run axis of size 1, sharded on a one-device mesh), after compilation;
+  decoders get tokens, encoders tokens and a mask."""
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
   state, shardings = sharding.create_states([config], mesh)
   train_step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
-  batch = sharding.global_batch(mesh, jax.tree.map(lambda x: np.asarray(x)[None],
-                                                   _batch(config)))
+  local = (jax.tree.map(lambda x: np.asarray(x)[None], _batch(config)) if config.model.causal
+           else _encoder_batch(config))
+  batch = sharding.global_batch(mesh, local)
   return _time(train_step, state, batch, steps)
 
 

@@ -70,6 +70,13 @@ def quiet_library_logs():
   logging.set_verbosity(logging.INFO)
 
 
+def define_workers_flag():
+  flags.DEFINE_integer(
+      "workers", 0, "Programs trained at a time, each in a worker process on an equal share of "
+      "the cores (0: one per core, up to one per program; 1: one after another in this "
+      "process). Keep it the same when resuming: the share of cores changes the last bits.")
+
+
 def flag_error_line(error: Exception, argv) -> str:
   """One line for a flag-parsing failure (config_flags reports config-file errors with the
   file's whole traceback inside the message, and an unknown section as a KeyError repr)."""

@@ -2,7 +2,8 @@
 
   train_and_evaluate(config, workdir)   normstudy.main's one run (K = 1)
   run_grid(path, variant, axes, ...)    a study's or sweep's runs, then the analysis
-  train_programs(runs, root)            runs grouped into programs, one program after another
+  train_programs(runs, root)            runs grouped into programs, one after another or side
+                                        by side in worker processes (normstudy.workers)
 
 Runs whose configs differ only in per-run fields (normstudy.per_run) share one compiled program
 (`group_runs`); normstudy.train trains one program. Every check that can fail (`preflight`) runs
@@ -27,6 +28,7 @@ from normstudy import rundir
 from normstudy import sharding
 from normstudy import train
 from normstudy import validation
+from normstudy import workers as workers_lib
 from normstudy.errors import UserError
 
 # Runs per program beyond which a sweep is split into several programs of the same structure;
@@ -148,25 +150,51 @@ def needs_training(run: Run) -> bool:
 
 
 def train_programs(runs: list, root: str, allow_config_change: bool = False,
-                   max_runs: int = MAX_RUNS_PER_PROGRAM) -> dict:
-  """Trains every run (grouped into programs, one program after another) with stacked
-  checkpoints under `root/checkpoints/<program>/`; returns {run name: status}. A run that halts
-  is a result: the others go on. Runs recorded as finished or halted are not trained again."""
+                   max_runs: int = MAX_RUNS_PER_PROGRAM, workers: int = 1) -> dict:
+  """Trains every run (grouped into programs) with stacked checkpoints under
+  `root/checkpoints/<program>/`; returns {run name: status}. `workers` > 1: that many programs
+  at a time, each in a worker process on its share of the cores (normstudy.workers); else one
+  program after another in this process. A run that halts is a result: the others go on. Runs
+  recorded as finished or halted are not trained again."""
   groups = group_runs(runs, max_runs)
   for group in groups:  # every run checked before any starts
     preflight(group, program_checkpoints(root, group), allow_config_change)
+  calls = []
   for i, group in enumerate(groups, start=1):
     names = ", ".join(run.name for run in group)
-    if not any(needs_training(run) for run in group):
+    if any(needs_training(run) for run in group):
+      calls.append((i, len(groups), group, root))
+    else:
       logging.info("[program %d/%d] %s: finished earlier, skipped", i, len(groups), names)
-      continue
-    logging.info("[program %d/%d] %d run(s): %s", i, len(groups), len(group), names)
-    with contextlib.ExitStack() as locks:
-      for run in group:
-        rundir.ensure_directory(run.directory)
-        locks.enter_context(lock(run.directory))
-      train.train_program(group, program_checkpoints(root, group))
+  if workers > 1 and calls:  # a lone program left still gets its worker's share: same bits
+    _prepare_data([call[2] for call in calls])
+    workers_lib.run(_train_group, calls, workers)
+  else:
+    for call in calls:
+      _train_group(*call)
   return {run.name: rundir.RunDir(run.directory).status() for run in runs}
+
+
+def _prepare_data(groups: list) -> None:
+  """Builds (or finds) each program's dataset here, once: worker processes building the same
+  one at the same time would race for its directory."""
+  seen = set()
+  for group in groups:
+    config = group[0].config
+    key = repr((config.data.to_dict(), config.model.vocab_size, config.model.max_len))
+    if key not in seen:
+      seen.add(key)
+      data_lib.load_splits(config)
+
+
+def _train_group(index: int, total: int, group: list, root: str) -> None:
+  names = ", ".join(run.name for run in group)
+  logging.info("[program %d/%d] %d run(s): %s", index, total, len(group), names)
+  with contextlib.ExitStack() as locks:
+    for run in group:
+      rundir.ensure_directory(run.directory)
+      locks.enter_context(lock(run.directory))
+    train.train_program(group, program_checkpoints(root, group))
 
 
 @dataclasses.dataclass
@@ -190,10 +218,10 @@ class Grid:
                        sweep=bool(self.axes))
 
 
-def describe(spec: Grid, max_runs: int = MAX_RUNS_PER_PROGRAM) -> list[str]:
+def describe(spec: Grid, max_runs: int = MAX_RUNS_PER_PROGRAM, workers: int = 0) -> list[str]:
   """What a sweep will run, in lines for the terminal before anything trains: its axes (and
-  which came from the file's SWEEP), the number of runs and programs, and the settings the
-  file applies."""
+  which came from the file's SWEEP), the number of runs and programs, how many programs train
+  at a time, and the settings the file applies."""
   points = spec.points()
   programs = group_runs([Run(p.name, p.config, "") for p in points], max_runs)
   arms = list(dict.fromkeys(p.arm for p in points))
@@ -202,6 +230,10 @@ def describe(spec: Grid, max_runs: int = MAX_RUNS_PER_PROGRAM) -> list[str]:
                     for field, values in spec.axes.items())
   lines = [f"grid: {len(arms)} arm(s) x {axes} = {len(points)} runs in {len(programs)} "
            "program(s)"]
+  side_by_side = worker_count(len(programs), workers)
+  if side_by_side > 1:
+    lines.append(f"programs: {side_by_side} at a time, each in a worker process on "
+                 f"{len(workers_lib.available_cores()) // side_by_side} core(s) (--workers)")
   settings = getattr(spec.module, "SWEEP_SETTINGS", {})
   if settings:
     lines.append(f"the file's SWEEP_SETTINGS, applied to every run before --config overrides: "
@@ -209,10 +241,22 @@ def describe(spec: Grid, max_runs: int = MAX_RUNS_PER_PROGRAM) -> list[str]:
   return lines
 
 
+def check_workers(requested: int) -> None:
+  if requested < 0:
+    raise UserError(f"--workers={requested} is not allowed; allowed: 0 (one per core, up to one "
+                    "per program) or an integer >= 1")
+
+
+def worker_count(num_programs: int, requested: int = 0) -> int:
+  """Programs trained at a time for a grid of `num_programs` (normstudy.workers.count)."""
+  return workers_lib.count(num_programs, requested, jax.devices()[0].platform)
+
+
 def run_grid(spec: Grid, workdir: str, allow_config_change: bool = False,
-             max_runs: int = MAX_RUNS_PER_PROGRAM):
+             max_runs: int = MAX_RUNS_PER_PROGRAM, workers: int = 0):
   """Trains every point of a grid into `workdir` (checked before anything is written), then
-  analyses it. Returns (points, statuses by point name, analysis outputs)."""
+  analyses it. `workers`: programs at a time (0: one per core, up to one per program). Returns
+  (points, statuses by point name, analysis outputs)."""
   from normstudy import analysis  # the analysis package needs no training stack
   rundir.check_writable(workdir, "--workdir")  # before its runs' directories are named
   points = spec.points()
@@ -232,7 +276,9 @@ def run_grid(spec: Grid, workdir: str, allow_config_change: bool = False,
 
   with lock(workdir):
     record({})
-    train_programs(runs, workdir, allow_config_change, max_runs)
+    num_programs = len(group_runs(runs, max_runs))
+    train_programs(runs, workdir, allow_config_change, max_runs,
+                   worker_count(num_programs, workers))
     df = analysis.load_runs(workdir)  # read once, for the analysis and the statuses
     outputs = analysis.analyze(workdir, df=df)
     statuses = analysis.statuses(workdir, df)

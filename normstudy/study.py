@@ -29,6 +29,7 @@ def define_flags():
   flags.DEFINE_string("workdir", None, "Study directory; one subdirectory per variant.")
   flags.DEFINE_bool("allow_config_change", False,
                     "Continue runs whose saved config differs in model, optimizer or data.")
+  cli.define_workers_flag()
   flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -46,7 +47,9 @@ def main(argv):
     raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
   spec = orchestrate.Grid(path, None, {}, config_flags.get_override_values(FLAGS["config"]),
                           module)
-  _, _, outputs = orchestrate.run_grid(spec, FLAGS.workdir, FLAGS.allow_config_change)
+  orchestrate.check_workers(FLAGS.workers)
+  _, _, outputs = orchestrate.run_grid(spec, FLAGS.workdir, FLAGS.allow_config_change,
+                                       workers=FLAGS.workers)
   for name, out in outputs.items():
     print(f"{name}: {out}")
 

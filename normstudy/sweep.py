@@ -36,6 +36,7 @@ def define_flags():
   flags.DEFINE_integer("max_runs_per_program", orchestrate.MAX_RUNS_PER_PROGRAM,
                        "Split a program of more runs into equal parts (0 = no limit); keep it "
                        "the same when resuming.")
+  cli.define_workers_flag()
   flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -49,6 +50,7 @@ def main(argv):
   if FLAGS.max_runs_per_program < 0:
     raise errors.UserError(f"--max_runs_per_program={FLAGS.max_runs_per_program} is not allowed;"
                            " allowed: 0 (no limit) or an integer >= 1")
+  orchestrate.check_workers(FLAGS.workers)
   if not axes:
     raise errors.UserError(f"no axes: pass --axis=dotted.field=v1,v2,... or declare SWEEP in "
                            f"{path}")
@@ -63,10 +65,10 @@ def main(argv):
           f"want with --axis={field}=v1,v2,...")
   spec = orchestrate.Grid(path, variant or None, axes, overrides, module,
                           file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
-  for line in orchestrate.describe(spec, FLAGS.max_runs_per_program):
+  for line in orchestrate.describe(spec, FLAGS.max_runs_per_program, FLAGS.workers):
     print(line, flush=True)
   _, statuses, outputs = orchestrate.run_grid(spec, FLAGS.workdir, FLAGS.allow_config_change,
-                                              FLAGS.max_runs_per_program)
+                                              FLAGS.max_runs_per_program, FLAGS.workers)
   counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}
   for name, out in outputs.items():
     print(f"{name}: {out}")

@@ -17,6 +17,7 @@ CORE = {"errors", "registry", "config", "placements", "precision", "optimizer", 
         "telemetry", "steps", "labels", "life", "per_run", "techniques"}
 # Side effects: files, devices, processes, flags.
 EDGES = {"data", "synthetic", "sharding", "checkpoints", "rundir", "metrics", "recorder", "train",
+         "workers",
          "orchestrate", "study", "sweep", "grid", "main", "analyze", "cli", "validation",
          "analysis"}
 # Entry modules: flags and a call. None imports another.

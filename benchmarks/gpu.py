@@ -1,0 +1,127 @@
+"""Throughput on one GPU: a 125M-parameter causal LM in bfloat16 (tokens/s, MFU), the seed
+figure's arms at the paper's size in float16, and a K-run vmapped sweep against K runs one after
+another at the seed figure's size. Run by benchmarks/gpu.sh; see there.
+
+  python benchmarks/gpu.py [--steps 20] [--ks 8,64] [--json docs/gpu/results.json]
+
+MFU = model FLOPs per step (benchmarks/throughput.py's count: every matmul of the forward pass,
+3x for forward and backward) / step time / the GPU's dense peak for the dtype (PEAK_TFLOPS, by
+the device's name; a bf16 matmul's measured rate is printed beside it).
+"""
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
+
+import sweep  # noqa: E402
+import throughput  # noqa: E402
+
+# Dense bfloat16/float16 tensor-core peak, TFLOP/s (vendor data sheets, SXM parts).
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
+SEED_ARMS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
+             "pre_norm_attn_relax_clip1")
+
+
+def peak_flops(device) -> float | None:
+  for name, tflops in PEAK_TFLOPS.items():
+    if name in device.device_kind:
+      return tflops * 1e12
+  return None
+
+
+def bf16_matmul_flops_per_second(n: int = 8192, repeats: int = 20) -> float:
+  a = jnp.ones((n, n), jnp.bfloat16)
+  matmul = jax.jit(lambda x: x @ x)
+  matmul(a).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return 2 * n**3 / statistics.median(times)
+
+
+def gpt_125m():
+  """GPT-2 small's shape (12 layers, width 768, 12 heads, 1024 tokens, vocab 50304), bf16."""
+  config = throughput.size_config("S")
+  config.model.update(d_model=768, num_heads=12, num_layers=12, d_ff=3072, max_len=1024,
+                      vocab_size=50304, dtype="bfloat16", tie_embeddings=True)
+  config.train.batch_size = 16
+  return config
+
+
+def paper_size(arm: str):
+  """A seed figure arm at the paper's size: 24 layers, width 1024, 16 heads, float16."""
+  config = throughput.seed_config(arm)
+  config.model.update(num_layers=24, d_model=1024, num_heads=16, d_ff=4096, max_len=512)
+  config.train.batch_size = 16
+  return config
+
+
+def timed(config, steps: int) -> dict:
+  seconds = statistics.median(throughput.step_seconds(config, steps))
+  tokens = config.train.batch_size * config.model.max_len
+  return {"ms_per_step": 1e3 * seconds, "tokens_per_s": tokens / seconds,
+          "model_flops_per_s": throughput.model_flops_per_step(config) / seconds}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--ks", default="8,64", help="sweep sizes K (even)")
+  parser.add_argument("--json", default=os.path.join(ROOT, "docs", "gpu", "results.json"))
+  args = parser.parse_args(argv)
+  device = jax.devices()[0]
+  if device.platform != "gpu":
+    sys.exit(f"error: no GPU here (JAX's first device is {device}); this benchmark needs one")
+  peak = peak_flops(device)
+  matmul = bf16_matmul_flops_per_second()
+  results = {"device": device.device_kind, "jax": jax.__version__,
+             "peak_flops": peak, "bf16_matmul_flops_per_s": matmul}
+  print(f"{device.device_kind}: peak {peak and peak / 1e12} TFLOP/s, "
+        f"bf16 8192^3 matmul {matmul / 1e12:.0f} TFLOP/s")
+  row = timed(gpt_125m(), args.steps)
+  row["mfu"] = row["model_flops_per_s"] / peak if peak else None
+  results["gpt_125m_bf16"] = row
+  print(f"125M causal LM, bf16: {row['tokens_per_s']:.0f} tokens/s, MFU "
+        f"{row['mfu']:.1%}" if peak else f"{row['tokens_per_s']:.0f} tokens/s")
+  results["paper_size_fp16"] = {}
+  for arm in SEED_ARMS:
+    row = timed(paper_size(arm), args.steps)
+    row["mfu"] = row["model_flops_per_s"] / peak if peak else None
+    results["paper_size_fp16"][arm] = row
+    print(f"{arm} (24 x 1024, fp16): {row['tokens_per_s']:.0f} tokens/s, "
+          f"{row['ms_per_step']:.1f} ms/step")
+  data_dir = tempfile.mkdtemp(prefix="normstudy_gpu_bench_")
+  results["sweep"] = []
+  for k in (int(k) for k in args.ks.split(",")):
+    configs = sweep.run_configs("seed", k, data_dir)
+    stacked = sweep.train(configs, args.steps)
+    # Every run alone costs the same: two stand for the K.
+    alone = [sweep.train([copy.deepcopy(c)], args.steps) for c in configs[:2]]
+    alone_step = statistics.median(t["step_s"] for t in alone)
+    row = {"runs": k, "vmapped_run_steps_per_s": k / stacked["step_s"],
+           "sequential_run_steps_per_s": 1 / alone_step}
+    row["ratio"] = row["vmapped_run_steps_per_s"] / row["sequential_run_steps_per_s"]
+    results["sweep"].append(row)
+    print(f"K = {k}: vmapped {row['vmapped_run_steps_per_s']:.0f} run-steps/s, sequential "
+          f"{row['sequential_run_steps_per_s']:.0f}: {row['ratio']:.1f}x")
+  os.makedirs(os.path.dirname(args.json), exist_ok=True)
+  with open(args.json, "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2)
+  print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,81 @@
+"""A sweep's programs side by side in worker processes (normstudy.workers): how many, and that a
+sweep trained that way, stopped by SIGTERM and resumed, gives the uninterrupted trajectories."""
+
+import os
+import signal
+
+import pytest
+
+from normstudy import errors
+from normstudy import workers
+import runs
+
+
+def test_worker_count_follows_the_grid_and_the_cores(monkeypatch):
+  monkeypatch.setattr(workers, "available_cores", lambda: [0, 1, 2, 3])
+  assert workers.count(1, 0, "cpu") == 1          # one program: this process
+  assert workers.count(3, 0, "cpu") == 3          # one per program ...
+  assert workers.count(9, 0, "cpu") == 4          # ... up to one per core
+  assert workers.count(9, 2, "cpu") == 2          # as asked
+  assert workers.count(9, 1, "cpu") == 1
+  assert workers.count(9, 16, "cpu") == 4         # never more than the cores
+  assert workers.count(9, 0, "gpu") == 1          # one accelerator: one process
+
+
+def test_the_first_failure_is_raised_and_later_programs_do_not_start(tmp_path):
+  started = tmp_path / "started"
+  calls = [(str(started), "first"), (str(started), "second")]
+  with pytest.raises(ValueError, match="first"):
+    workers.run(_fail, calls, 1)
+  assert started.read_text() == "first"
+
+
+def _fail(started, name):
+  with open(started, "a", encoding="utf-8") as f:
+    f.write(name)
+  raise ValueError(name)
+
+
+@pytest.mark.slow
+def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(tmp_path):
+  # Two programs (two placements), one worker each; the same --workers when resuming, so each
+  # program runs on the same share of the cores and the bits agree exactly.
+  args = ("--config=configs/seed_figure.py:pre_norm_clip1", "--axis=model.placement=pre_ln,post_ln",
+          "--axis=optimizer.learning_rate=1e-3", "--axis=train.seed=0", "--workers=2",
+          *runs.tiny_args(tmp_path / "tfds", num_steps=300, every=100))
+  names = ("lr0.001_seed0_placement-pre_ln", "lr0.001_seed0_placement-post_ln")
+  reference = tmp_path / "reference"
+  result = runs.run_module("normstudy.sweep", *args, f"--workdir={reference}")
+  assert "programs: 2 at a time, each in a worker process" in result.stdout
+  assert result.stdout.splitlines()[-1] == "runs: 2 finished"
+  stopped = tmp_path / "stopped"
+  proc = runs.start_module("normstudy.sweep", *args, f"--workdir={stopped}")
+  assert runs.wait_for_records(proc, stopped / names[1], 3)  # records every 5 steps
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 0, stderr[-3000:]
+  assert "SIGTERM received: passing it to the workers" in stderr
+  assert stderr.strip().splitlines()[-1].startswith("preempted: SIGTERM at step ")
+  statuses = {runs.read_json(stopped / n / "run.json")["status"] for n in names}
+  assert "preempted" in statuses
+  runs.run_module("normstudy.sweep", *args, f"--workdir={stopped}")
+  for name in names:
+    resumed, uninterrupted = runs.trajectory(stopped / name), runs.trajectory(reference / name)
+    steps = {r["step"] for r in uninterrupted}
+    # Bit-equal at every recorded step; a stopped run also recorded the step it stopped at.
+    assert [r for r in resumed if r["step"] in steps] == uninterrupted, name
+    assert len(resumed) - len(uninterrupted) <= 1
+    assert runs.read_json(stopped / name / "run.json")["status"] == "finished"
+  # No worker outlives its sweep.
+  assert not [p for p in os.popen("ps -eo args").read().splitlines()
+              if "multiprocessing.spawn" in p and str(tmp_path) in p]
+
+
+def test_workers_flag_is_checked_before_anything_is_written(tmp_path):
+  result = runs.run_module("normstudy.sweep", "--config=configs/seed_figure.py:pre_norm_clip1",
+                           f"--workdir={tmp_path / 'wd'}", "--workers=-1", check=False)
+  assert result.returncode == 2
+  assert result.stderr.strip() == ("error: --workers=-1 is not allowed; allowed: 0 (one per core, "
+                                   "up to one per program) or an integer >= 1")
+  assert not (tmp_path / "wd").exists()
+  assert issubclass(workers.NotStarted, errors.Preempted)
