@@ -1,10 +1,13 @@
 """`metrics.jsonl`: one JSON object per logged step, the record every analysis reads.
 
-Non-finite values are written as JSON's common extensions `NaN` / `Infinity` (Python's json and
-pandas read them): a diverged run's record must show the divergence, not hide it.
+Every line is strict JSON. A non-finite value is written as the string "NaN", "Infinity" or
+"-Infinity" (a diverged run's record must show the divergence, not hide it) and read back as
+the float by `read_records`; JSON itself has no literal for them, and the `NaN` extension of
+Python's json is refused by strict parsers.
 """
 
 import json
+import math
 import os
 from typing import Iterator
 
@@ -13,9 +16,30 @@ from absl import logging
 from normstudy import rundir
 
 
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
 def plain(value):
   """numpy/jax scalars -> Python scalars (bools stay bools, so JSON shows true/false)."""
   return value.item() if hasattr(value, "item") else value
+
+
+def encode(record: dict) -> str:
+  """One strict-JSON line for a record; non-finite floats as the strings of _NONFINITE."""
+  def finite_or_name(value):
+    value = plain(value)
+    if isinstance(value, float) and not math.isfinite(value):
+      return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+  return json.dumps({k: finite_or_name(v) for k, v in record.items()}, allow_nan=False)
+
+
+def decode(line: str) -> dict:
+  """A record from its line: the strings of _NONFINITE back to floats."""
+  record = json.loads(line)
+  if isinstance(record, dict):
+    record = {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in record.items()}
+  return record
 
 
 class DamagedRecords(ValueError):
@@ -32,7 +56,7 @@ def read_records(path: str, skip_damaged: bool = False) -> Iterator[dict]:
     lines.pop()
   for i, line in enumerate(lines):
     try:
-      record = json.loads(line)
+      record = decode(line)
       if not isinstance(record, dict) or "step" not in record:
         raise ValueError("not a record")
     except ValueError:
@@ -87,12 +111,12 @@ class MetricsLog:
                 if r["step"] <= resume_step]
       tmp = self.path + ".tmp"
       with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in keep)
+        f.writelines(encode(r) + "\n" for r in keep)
       os.replace(tmp, self.path)
     self._file = open(self.path, "a", encoding="utf-8")
 
   def write(self, record: dict) -> None:
-    self._file.write(json.dumps({k: plain(v) for k, v in record.items()}) + "\n")
+    self._file.write(encode(record) + "\n")
     self._file.flush()  # visible to a notebook watching the run; fsync waits for flush()
 
   def flush(self) -> None:

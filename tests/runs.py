@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+from normstudy import metrics
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A model small enough that a subprocess run is dominated by start-up, not training.
@@ -35,8 +37,15 @@ def run_module(module, *args, check=True, timeout=600, env=None, **kwargs):
 
 
 def records(run_dir):
+  """The records of a run, each line parsed as strict JSON (no NaN or Infinity literals), the
+  non-finite values' strings read back as floats (normstudy.metrics)."""
+  def strict(name):
+    raise AssertionError(f"{run_dir}/metrics.jsonl holds the non-JSON literal {name}")
   with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
-    return [json.loads(line) for line in f]
+    lines = f.read().splitlines()
+  for line in lines:
+    json.loads(line, parse_constant=strict)
+  return [metrics.decode(line) for line in lines]
 
 
 def read_json(path):

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from normstudy import analysis
+import fresh_env
 import runs
 
 pytestmark = pytest.mark.slow
@@ -128,16 +129,9 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
 
 
 def _execute_notebook(study, tmp_path):
-  """Runs notebooks/compare_runs.ipynb headless against the study; any failing cell fails."""
-  import nbclient
-  import nbformat
-  nb = nbformat.read(os.path.join(runs.REPO, "notebooks", "compare_runs.ipynb"), as_version=4)
-  os.environ["NORMSTUDY_WORKDIR"] = str(study)
-  try:
-    nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
-  finally:
-    del os.environ["NORMSTUDY_WORKDIR"]
+  """Runs notebooks/compare_runs.ipynb headless against the study, in a fresh environment with
+  only what its install cell installs and what Colab has (tests/fresh_env.py)."""
+  nb = fresh_env.execute_notebook(study, tmp_path)
   text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
   assert "4 runs" in text
   images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs

@@ -13,6 +13,7 @@ from normstudy import grid
 from normstudy import labels
 from normstudy import rundir
 from normstudy import orchestrate
+import fresh_env
 import runs
 
 
@@ -187,8 +188,14 @@ def test_sweep_command_resumes_bit_exactly_after_sigkill(tmp_path):
       "grid: 1 arm(s) x optimizer.learning_rate (2: 0.001, 0.003; --axis) x train.seed (2: 0, 1; "
       "--axis) = 4 runs in 1 program(s)")
   # Every JSON file the sweep wrote is strict JSON (no NaN, no Infinity).
-  for path in reference.rglob("*.json"):
-    json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{path}: {name}"))
+  for path in [*reference.rglob("*.json"), *reference.rglob("*.jsonl")]:
+    for line in path.read_text().splitlines() if path.suffix == ".jsonl" else [path.read_text()]:
+      json.loads(line, parse_constant=lambda name: pytest.fail(f"{path}: {name}"))
+  # The notebook runs on the sweep in a fresh environment with only what its install cell
+  # installs (and what Colab has).
+  nb = fresh_env.execute_notebook(reference, tmp_path)
+  text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+  assert "4 runs" in text
   killed = tmp_path / "killed"
   proc = runs.start_module("normstudy.sweep", *args, f"--workdir={killed}")
   first = killed / "lr0.003_seed1"

@@ -71,6 +71,7 @@ def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(t
               if "multiprocessing.spawn" in p and str(tmp_path) in p]
 
 
+@pytest.mark.slow
 def test_workers_flag_is_checked_before_anything_is_written(tmp_path):
   result = runs.run_module("normstudy.sweep", "--config=configs/seed_figure.py:pre_norm_clip1",
                            f"--workdir={tmp_path / 'wd'}", "--workers=-1", check=False)
