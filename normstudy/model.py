@@ -181,8 +181,14 @@ def make_norm(cfg, name: str, kind: str | None = None, axis_name: str = "embed",
               use_bias=use_bias and norm is not RMSNorm)
 
 
-@jax.custom_vjp
 def fusion_boundary(x):
+  """`_cpu_fusion_boundary` on XLA:CPU, where it was measured; the identity elsewhere (GPU
+  compilers fuse a dot's epilogue across it otherwise, and keep their own layouts)."""
+  return _cpu_fusion_boundary(x) if jax.default_backend() == "cpu" else x
+
+
+@jax.custom_vjp
+def _cpu_fusion_boundary(x):
   """The identity, forward and backward, that XLA may not fuse across (`optimization_barrier`).
 
   Placed on each projection's output, the logits and each block's output. Without it XLA:CPU
@@ -191,7 +197,8 @@ def fusion_boundary(x):
   unrolled stack it fuses the residual stream's gradient, a sum over every later layer's
   branch, into each consumer and recomputes it there (benchmarks/profile.py: such copies were
   36% of a step at size S, jaxlib 0.10.2). XLA:CPU drops barriers before fusion unless its
-  `cse_barrier_expander` pass is off (sharding.COMPILER_OPTIONS). Values are unchanged."""
+  `cse_barrier_expander` pass is off (sharding.CPU_COMPILER_OPTIONS). Values are unchanged up to
+  the rounding of a different fusion."""
   return jax.lax.optimization_barrier(x)
 
 
@@ -203,7 +210,7 @@ def _boundary_backward(_, cotangent):
   return (jax.lax.optimization_barrier(cotangent),)
 
 
-fusion_boundary.defvjp(_boundary_forward, _boundary_backward)
+_cpu_fusion_boundary.defvjp(_boundary_forward, _boundary_backward)
 
 
 def softcap(x, cap: float):
