@@ -54,8 +54,9 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
   study = tmp_path / "study"
   data_dir = tmp_path / "tfds"
   config = _halting_study(tmp_path)
+  # One process: worker processes have their own test (test_workers.py) and cost start-ups here.
   args = (f"--config={config}", f"--workdir={study}", *runs.tiny_args(data_dir, num_steps=6),
-          "--config.train.telemetry_every=2")
+          "--config.train.telemetry_every=2", "--workers=1")
   result = runs.run_module("normstudy.study", *args)  # exit 0: a halted arm is a result
   assert f"figure: {study}/loss_comparison.png" in result.stdout
   for variant, label in zip(VARIANTS[:3], LABELS):
@@ -115,7 +116,7 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
   # and the halted arm stays a result.
   first = {v: runs.records(study / v) for v in VARIANTS}
   extended = (f"--config={config}", f"--workdir={study}", *runs.tiny_args(data_dir, num_steps=9),
-              "--config.train.telemetry_every=2")
+              "--config.train.telemetry_every=2", "--workers=1")
   result = runs.run_module("normstudy.study", *extended)
   for variant in VARIANTS[:3]:
     recs = runs.records(study / variant)
