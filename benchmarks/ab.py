@@ -24,7 +24,7 @@ SIZES = ("seed", "S", "M")
 
 # Runs in the tree under test, with only APIs both trees share.
 _TIMER = r"""
-import json, statistics, sys, time
+import json, statistics, sys
 tree, size, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path[:0] = [tree, tree + "/benchmarks"]
 import jax, numpy as np
@@ -32,22 +32,15 @@ import throughput
 from normstudy import sharding
 config = throughput.seed_config() if size == "seed" else throughput.size_config(size)
 m, rng = config.model, np.random.default_rng(0)
-batch = {"tokens": rng.integers(0, m.vocab_size, (1, config.train.batch_size, m.max_len)).astype(np.int32)}
+shape = (1, config.train.batch_size, m.max_len)
+batch = {"tokens": rng.integers(0, m.vocab_size, shape).astype(np.int32)}
 if not m.causal:
   batch["mask"] = rng.random(batch["tokens"].shape) < config.data.mask_prob
 mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
 state, shardings = sharding.create_states([config], mesh)
 step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
 batch = sharding.global_batch(mesh, batch)
-state, metrics = step(state, batch)
-jax.block_until_ready(metrics)
-times = []
-for _ in range(steps):
-  start = time.perf_counter()
-  state, metrics = step(state, batch)
-  jax.block_until_ready(metrics)
-  times.append(time.perf_counter() - start)
-print(json.dumps({"ms": 1e3 * statistics.median(times)}))
+print(json.dumps({"ms": 1e3 * statistics.median(throughput._time(step, state, batch, steps))}))
 """
 
 

@@ -384,8 +384,8 @@ class Mlp(nn.Module):
     h = ACTIVATIONS.get(cfg.activation)(h)
     if self.inner_norm:
       h = make_norm(cfg, "inner_norm", axis_name="mlp")(h)
-    out = fusion_boundary(_plus_bias(self, "fc2_bias", jnp.einsum("blf,fd->bld", h, w2.astype(dtype)),
-                                     ("embed",)))
+    out = fusion_boundary(
+        _plus_bias(self, "fc2_bias", jnp.einsum("blf,fd->bld", h, w2.astype(dtype)), ("embed",)))
     telemetry.sow_site(self, self.probe, "mlp_out", out)
     return out
 

@@ -152,11 +152,12 @@ def needs_training(run: Run) -> bool:
 def train_programs(runs: list, root: str, allow_config_change: bool = False,
                    max_runs: int = MAX_RUNS_PER_PROGRAM, workers: int = 1) -> dict:
   """Trains every run (grouped into programs) with stacked checkpoints under
-  `root/checkpoints/<program>/`; returns {run name: status}. `workers` > 1: that many programs
-  at a time, each in a worker process on its share of the cores (normstudy.workers); else one
-  program after another in this process. A run that halts is a result: the others go on. Runs
-  recorded as finished or halted are not trained again."""
+  `root/checkpoints/<program>/`; returns {run name: status}. `workers`: programs at a time, each
+  in a worker process on its share of the cores (normstudy.workers; 0: one per core, up to one
+  per program; 1: one after another in this process). A run that halts is a result: the others
+  go on. Runs recorded as finished or halted are not trained again."""
   groups = group_runs(runs, max_runs)
+  num_workers = worker_count(len(groups), workers)  # from the grid, not from what is left
   for group in groups:  # every run checked before any starts
     preflight(group, program_checkpoints(root, group), allow_config_change)
   calls = []
@@ -166,9 +167,9 @@ def train_programs(runs: list, root: str, allow_config_change: bool = False,
       calls.append((i, len(groups), group, root))
     else:
       logging.info("[program %d/%d] %s: finished earlier, skipped", i, len(groups), names)
-  if workers > 1 and calls:  # a lone program left still gets its worker's share: same bits
+  if num_workers > 1 and calls:  # a lone program left still gets its worker's share: same bits
     _prepare_data([call[2] for call in calls])
-    workers_lib.run(_train_group, calls, workers)
+    workers_lib.run(_train_group, calls, num_workers)
   else:
     for call in calls:
       _train_group(*call)
@@ -276,9 +277,7 @@ def run_grid(spec: Grid, workdir: str, allow_config_change: bool = False,
 
   with lock(workdir):
     record({})
-    num_programs = len(group_runs(runs, max_runs))
-    train_programs(runs, workdir, allow_config_change, max_runs,
-                   worker_count(num_programs, workers))
+    train_programs(runs, workdir, allow_config_change, max_runs, workers)
     df = analysis.load_runs(workdir)  # read once, for the analysis and the statuses
     outputs = analysis.analyze(workdir, df=df)
     statuses = analysis.statuses(workdir, df)
