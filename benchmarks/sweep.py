@@ -1,16 +1,19 @@
-"""K runs in one vmapped program against the same K runs one after another.
+"""K runs in one program (as the sweep trains them) against the same K runs one after another.
 
   python benchmarks/sweep.py [--runs 8] [--steps 40] [--sizes seed,S] [--json out.json]
                              [--memory_runs 16] [--program_sizes 2,18,36]
 
 For each size, K runs (learning rates 1e-3 and 3e-3 times seeds 0..K/2-1) are trained:
-  sweep        one program: the K states stacked, one vmapped step (normstudy.sweep)
+  sweep        one program as normstudy.sweep trains it: on the CPU its runs step one at a time
+               through the one-run program (sharding.one_at_a_time), elsewhere vmapped
+  vmapped      one program, the K states stacked, one vmapped K-run step (forced)
   sequential   K programs one after another, each a single run (normstudy.main's step)
-Both read their batches from the data pipeline, as the commands do. Printed per size: the
+All read their batches from the data pipeline, as the commands do. Printed per size: the
 steady-state throughput in run-steps per second (median step time after compilation) and the
-wall time of the whole job including each program's compilation, and their ratios. Then the
-peak memory (max RSS) of a K = --memory_runs sweep at the seed figure's size, measured in a
-subprocess. Compilation here is cold: no persistent compilation cache.
+wall time of the whole job including each program's compilation, with ratios to sequential.
+Then the peak memory (max RSS) of a K = --memory_runs sweep at the seed figure's size, as the
+sweep trains it and vmapped, each measured in a subprocess. Compilation here is cold: no
+persistent compilation cache.
 """
 
 import argparse
@@ -18,7 +21,6 @@ import copy
 import importlib.util
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -64,13 +66,15 @@ def run_configs(size: str, k: int, data_dir: str) -> list:
   return configs
 
 
-def train(configs, steps: int) -> dict:
-  """Trains `configs` as one program for `steps` steps: wall time (compilation included) and
-  the median step time after compilation."""
+def train(configs, steps: int, vmapped=None) -> dict:
+  """Trains `configs` as one program for `steps` steps (`vmapped`: sharding.jit_train_step's):
+  wall time (compilation included) and the median step time after compilation."""
   start = time.perf_counter()
   mesh = sharding.make_mesh(configs[0].mesh, jax.devices()[:1])
   state, shardings = sharding.create_states(configs, mesh)
-  step = sharding.jit_train_step(configs[0], mesh, shardings, num_runs=len(configs))
+  step = sharding.jit_train_step(configs[0], mesh, shardings, num_runs=len(configs),
+                                 vmapped=vmapped)
+  state = sharding.stepping_state(state, shardings, mesh, len(configs), vmapped)
   splits = data_lib.load_splits(configs[0])
   datasets = [data_lib.train_batches(c, splits) for c in configs]
   times = []
@@ -86,15 +90,21 @@ def train(configs, steps: int) -> dict:
 def compare(size: str, k: int, steps: int, data_dir: str) -> dict:
   configs = run_configs(size, k, data_dir)
   swept = train(configs, steps)
+  vmapped = train(configs, steps, vmapped=True)
   alone = [train([config], steps) for config in configs]
   sequential = {"wall_s": sum(a["wall_s"] for a in alone),
                 "step_s": statistics.median(a["step_s"] for a in alone)}
   row = {"size": size, "runs": k, "steps": steps,
          "sweep_run_steps_per_s": k / swept["step_s"],
+         "vmapped_run_steps_per_s": k / vmapped["step_s"],
          "sequential_run_steps_per_s": 1 / sequential["step_s"],
-         "sweep_wall_s": swept["wall_s"], "sequential_wall_s": sequential["wall_s"]}
+         "sweep_wall_s": swept["wall_s"], "vmapped_wall_s": vmapped["wall_s"],
+         "sequential_wall_s": sequential["wall_s"]}
   row["throughput_ratio"] = row["sweep_run_steps_per_s"] / row["sequential_run_steps_per_s"]
+  row["vmapped_throughput_ratio"] = (row["vmapped_run_steps_per_s"]
+                                     / row["sequential_run_steps_per_s"])
   row["wall_ratio"] = row["sequential_wall_s"] / row["sweep_wall_s"]
+  row["vmapped_wall_ratio"] = row["sequential_wall_s"] / row["vmapped_wall_s"]
   return row
 
 
@@ -109,12 +119,17 @@ def program_sizes(size: str, ks: list, steps: int, data_dir: str) -> list:
   return rows
 
 
-def peak_memory(k: int, data_dir: str) -> float:
+def peak_memory(k: int, data_dir: str, vmapped=None) -> float:
   """Max RSS (GiB) of a process training a K-run sweep at the seed figure's size for 5 steps."""
   code = (f"import sys; sys.path.insert(0, {os.path.join(ROOT, 'benchmarks')!r}); "
-          f"import sweep; sweep.train(sweep.run_configs('seed', {k}, {data_dir!r}), 5)")
-  subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
-  return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+          f"import sweep; sweep.train(sweep.run_configs('seed', {k}, {data_dir!r}), 5, "
+          f"vmapped={vmapped})")
+  process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  _, status, usage = os.wait4(process.pid, 0)  # this child's own peak, not the largest child's
+  if os.waitstatus_to_exitcode(status):
+    raise RuntimeError(f"the {k}-run memory check failed: {code}")
+  return usage.ru_maxrss / 2**20
 
 
 def main(argv=None):
@@ -143,20 +158,26 @@ def main(argv=None):
     sys.exit("error: --runs must be even and >= 2, --steps >= 3")
   data_dir = tempfile.mkdtemp(prefix="normstudy_sweep_bench_")
   rows = []
-  print(f"{'size':<6}{'K':>3}{'sweep run-steps/s':>19}{'sequential':>12}{'ratio':>7}"
-        f"{'sweep wall s':>14}{'sequential':>12}{'ratio':>7}")
+  print("run-steps per second (ratio to sequential), then wall seconds (sequential / it)")
+  print(f"{'size':<6}{'K':>3}{'sweep':>16}{'vmapped':>16}{'sequential':>11}"
+        f"{'sweep wall':>17}{'vmapped':>16}{'sequential':>11}")
   for size in args.sizes.split(","):
     row = compare(size, args.runs, args.steps, data_dir)
     rows.append(row)
-    print(f"{size:<6}{args.runs:>3}{row['sweep_run_steps_per_s']:>19.1f}"
-          f"{row['sequential_run_steps_per_s']:>12.1f}{row['throughput_ratio']:>6.2f}x"
-          f"{row['sweep_wall_s']:>14.1f}{row['sequential_wall_s']:>12.1f}"
-          f"{row['wall_ratio']:>6.2f}x", flush=True)
+    print(f"{size:<6}{args.runs:>3}"
+          f"{row['sweep_run_steps_per_s']:>9.1f} ({row['throughput_ratio']:.2f}x)"
+          f"{row['vmapped_run_steps_per_s']:>9.1f} ({row['vmapped_throughput_ratio']:.2f}x)"
+          f"{row['sequential_run_steps_per_s']:>11.1f}"
+          f"{row['sweep_wall_s']:>10.1f} ({row['wall_ratio']:.2f}x)"
+          f"{row['vmapped_wall_s']:>9.1f} ({row['vmapped_wall_ratio']:.2f}x)"
+          f"{row['sequential_wall_s']:>11.1f}", flush=True)
   results = {"device": str(jax.devices()[0]), "jax": jax.__version__, "rows": rows}
   if args.memory_runs:
     results["peak_rss_gib"] = peak_memory(args.memory_runs, data_dir)
+    results["vmapped_peak_rss_gib"] = peak_memory(args.memory_runs, data_dir, vmapped=True)
     print(f"peak memory of a {args.memory_runs}-run sweep at the seed size: "
-          f"{results['peak_rss_gib']:.2f} GiB (max RSS)")
+          f"{results['peak_rss_gib']:.2f} GiB as the sweep trains it, "
+          f"{results['vmapped_peak_rss_gib']:.2f} GiB vmapped (max RSS)")
   with open(args.json, "w", encoding="utf-8") as f:
     json.dump(results, f, indent=2)
   print(f"wrote {args.json}")

@@ -8,13 +8,16 @@ the remaining devices):
   tensor  attention heads and the MLP hidden dimension
 Every state leaf carries a leading run axis of size K (K = 1 for a single run). Parameters carry
 logical axis names (normstudy.model); RULES map them to mesh axes. The steps are `jax.jit` of
-`jax.vmap` over the run axis, with these shardings on inputs and outputs and the state donated.
+`jax.vmap` over the run axis, with these shardings on inputs and outputs and the state donated;
+on XLA:CPU with the runs axis unsplit, K runs step one after another through the one-run program
+instead (`one_at_a_time`), so that each run of a sweep is bit for bit the run alone.
 """
 
 import math
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
@@ -116,10 +119,86 @@ def create_states(configs, mesh):
   alone on one device), created directly in its shards; returns (state, shardings)."""
   config = configs[0]
   shardings = state_shardings(config, mesh)
-  init = jax.vmap(lambda values: _one_run_state(config, values, boxed=False))
+  init = jax.jit(jax.vmap(lambda values: _one_run_state(config, values, boxed=False)),
+                 out_shardings=shardings)
   with jax.set_mesh(mesh):
-    state = jax.jit(init, out_shardings=shardings)(per_run.stacked_values(configs))
+    if one_at_a_time(mesh, len(configs)):  # each run from the one-run program, as alone
+      parts = [init(per_run.stacked_values([c])) for c in configs]
+      state = jax.jit(_join, out_shardings=shardings)(parts)
+    else:
+      state = init(per_run.stacked_values(configs))
   return state, shardings
+
+
+def one_at_a_time(mesh, num_runs: int) -> bool:
+  """Whether a program's `num_runs` stacked runs step one after another through the compiled
+  one-run program (the one normstudy.main runs) rather than as one vmapped K-run program: on
+  XLA:CPU with the runs axis unsplit. There a vmapped program is no faster per run-step
+  (benchmarks/sweep.py: 1.06x at the seed size, 1.00x at S, jaxlib 0.10.2) and rounds the last
+  bits differently from the one-run program, while one after another every run of a sweep
+  computes bit for bit what it computes alone. On accelerators stacking is the speed: vmapped."""
+  return (num_runs > 1 and mesh.shape["runs"] == 1
+          and mesh.devices.flat[0].platform == "cpu")
+
+
+def _join(parts):
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
+
+
+def _take(tree, k):
+  return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, k, 1), tree)
+
+
+def per_run_states(state, shardings, num_runs: int) -> list:
+  """The stacked state [K, ...] as K one-run states [1, ...]: how one_at_a_time steps hold a
+  program's runs between steps (each run's state donated to and returned by its own step, so no
+  stacked copy is made per step)."""
+  take = jax.jit(_take, out_shardings=shardings)
+  return [take(state, k) for k in range(num_runs)]
+
+
+def stepping_state(state, shardings, mesh, num_runs: int, vmapped=None):
+  """The stacked state as the steps of jit_train_step(..., num_runs, vmapped) take it:
+  per_run_states when its runs step one at a time, else the state itself."""
+  if _looped(mesh, num_runs, vmapped):
+    return per_run_states(state, shardings, num_runs)
+  return state
+
+
+def _looped(mesh, num_runs: int, vmapped) -> bool:
+  if vmapped is not None:
+    return num_runs > 1 and not vmapped
+  return one_at_a_time(mesh, num_runs)
+
+
+def stacked_state(state, shardings):
+  """The stacked state [K, ...] of `state`, stacked or per_run_states (a copy then: for
+  checkpoints)."""
+  if not isinstance(state, list):
+    return state
+  return jax.jit(_join, out_shardings=shardings)(state)
+
+
+def params_of(state):
+  """The parameters of a stacked state, or the list of each run's for per_run_states."""
+  return [s.params for s in state] if isinstance(state, list) else state.params
+
+
+def _run_by_run(one_run, batch_sharding_, updates_first: bool):
+  """fn(firsts, batch) for K runs held as a list of one-run values `firsts` ([1, ...] each, as
+  per_run_states) and the stacked batch: K calls of `one_run` (the jitted one-run program),
+  their outputs joined on the run axis. `updates_first`: one_run returns (new first, outputs)
+  and fn returns (the list of new firsts, joined outputs)."""
+  take_batch = jax.jit(_take, out_shardings=batch_sharding_)
+  join = jax.jit(_join)
+
+  def step(firsts, batch):
+    outs = [one_run(first, take_batch(batch, k)) for k, first in enumerate(firsts)]
+    if updates_first:
+      return [out[0] for out in outs], join([out[1] for out in outs])
+    return join(outs)
+
+  return step
 
 
 def over_runs(fn, num_runs: int):
@@ -152,24 +231,39 @@ def compiler_options(mesh) -> dict:
   return dict(CPU_COMPILER_OPTIONS) if mesh.devices.flat[0].platform == "cpu" else {}
 
 
-def jit_train_step(config, mesh, shardings, num_runs: int, telemetry_on: bool = False):
-  """The train step of `num_runs` stacked runs, compiled for the mesh: state donated."""
-  step = over_runs(steps_lib.make_train_step(config, telemetry_on), num_runs)
-  return jax.jit(step, in_shardings=(shardings, batch_sharding(mesh)),
-                 out_shardings=(shardings, runs_sharding(mesh)), donate_argnums=0,
+def _jit_steps(fn, mesh, first_sharding, num_runs: int, updates_first: bool, vmapped=None):
+  """fn(first, batch) of one run, compiled for K stacked runs on the mesh: one vmapped program
+  on the stacked `first`, or (`vmapped` False; None: one_at_a_time decides) the one-run
+  program called per run on the list of per_run_states. `updates_first`: fn returns (new
+  first, metrics) and `first` (the state) is donated."""
+  outputs = runs_sharding(mesh)
+  looped = _looped(mesh, num_runs, vmapped)
+  step = jax.jit(over_runs(fn, 1 if looped else num_runs),
+                 in_shardings=(first_sharding, batch_sharding(mesh)),
+                 out_shardings=(first_sharding, outputs) if updates_first else outputs,
+                 donate_argnums=0 if updates_first else (),
                  compiler_options=compiler_options(mesh))
+  if looped:
+    return _run_by_run(step, batch_sharding(mesh), updates_first)
+  return step
+
+
+def jit_train_step(config, mesh, shardings, num_runs: int, telemetry_on: bool = False,
+                   vmapped=None):
+  """The train step of `num_runs` stacked runs, compiled for the mesh: state donated.
+  `vmapped`: True or False to choose how K runs step (benchmarks); None: `one_at_a_time`."""
+  return _jit_steps(steps_lib.make_train_step(config, telemetry_on), mesh, shardings, num_runs,
+                    updates_first=True, vmapped=vmapped)
 
 
 def jit_eval_step(config, mesh, shardings, num_runs: int):
-  step = over_runs(steps_lib.make_eval_step(config), num_runs)
-  return jax.jit(step, in_shardings=(shardings.params, batch_sharding(mesh)),
-                 out_shardings=runs_sharding(mesh), compiler_options=compiler_options(mesh))
+  return _jit_steps(steps_lib.make_eval_step(config), mesh, shardings.params, num_runs,
+                    updates_first=False)
 
 
 def jit_locate_step(config, mesh, shardings, num_runs: int):
-  step = over_runs(steps_lib.make_locate_step(config), num_runs)
-  return jax.jit(step, in_shardings=(shardings, batch_sharding(mesh)),
-                 out_shardings=runs_sharding(mesh), compiler_options=compiler_options(mesh))
+  return _jit_steps(steps_lib.make_locate_step(config), mesh, shardings, num_runs,
+                    updates_first=False)
 
 
 def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):

@@ -326,6 +326,8 @@ def _loop(program: Program, stop: dict):
   train_cfg = program.config.train
   progress = recorder_lib.Progress(program.runs, program.start_step, program.num_steps)
   step = program.start_step
+  program.state = sharding.stepping_state(program.state, program.shardings, program.mesh,
+                                          len(program.runs))
   batch = program.batch(step + 1)
   while len(program.stopped) < len(program.runs) and program.halted_line is None:
     resolved = None
@@ -356,7 +358,7 @@ def _loop(program: Program, stop: dict):
 
 def evaluate(program: Program):
   """Each run's mean loss per predicted token over its fixed validation batches."""
-  totals = jax.device_get([program.steps.eval(program.state.params, b)
+  totals = jax.device_get([program.steps.eval(sharding.params_of(program.state), b)
                            for b in program.eval_batches])
   loss_sum = sum(t["loss_sum"] for t in totals)
   count = sum(t["count"] for t in totals)
@@ -457,5 +459,5 @@ def save_checkpoint(program: Program, step: int, progress=None) -> None:
     return
   for recorder in program.recorders:
     recorder.flush()
-  checkpoints.save(program.mngr, step, program.state)
+  checkpoints.save(program.mngr, step, sharding.stacked_state(program.state, program.shardings))
   program.last_saved = step

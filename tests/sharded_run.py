@@ -75,6 +75,7 @@ def sweep_trajectories(tmp, shape, steps=4):
   mesh = sharding.make_mesh(base.mesh, jax.devices()[: int(np.prod(shape))])
   state, shardings = sharding.create_states(configs, mesh)
   step = sharding.jit_train_step(base, mesh, shardings, num_runs=len(configs))
+  state = sharding.stepping_state(state, shardings, mesh, len(configs))
   splits = data.load_splits(base)
   datasets = [data.train_batches(c, splits) for c in configs]
   losses = []
@@ -82,6 +83,7 @@ def sweep_trajectories(tmp, shape, steps=4):
     batch = {k: np.stack([d[i][k] for d in datasets]) for k in datasets[0][i]}
     state, metrics = step(state, sharding.global_batch(mesh, batch))
     losses.append(np.asarray(metrics["loss"]).tolist())
+  state = sharding.stacked_state(state, shardings)
   return losses, str(state.params["layers"]["mlp"]["fc1"].sharding.spec)
 
 
