@@ -74,7 +74,7 @@ def define_workers_flag():
   flags.DEFINE_integer(
       "workers", 0, "Programs trained at a time, each in a worker process on an equal share of "
       "the cores (0: one per core, up to one per program; 1: one after another in this "
-      "process). Keep it the same when resuming: the share of cores changes the last bits.")
+      "process). The runs' bits do not depend on it.")
 
 
 def flag_error_line(error: Exception, argv) -> str:

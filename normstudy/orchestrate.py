@@ -157,7 +157,6 @@ def train_programs(runs: list, root: str, allow_config_change: bool = False,
   per program; 1: one after another in this process). A run that halts is a result: the others
   go on. Runs recorded as finished or halted are not trained again."""
   groups = group_runs(runs, max_runs)
-  num_workers = worker_count(len(groups), workers)  # from the grid, not from what is left
   for group in groups:  # every run checked before any starts
     preflight(group, program_checkpoints(root, group), allow_config_change)
   calls = []
@@ -167,7 +166,8 @@ def train_programs(runs: list, root: str, allow_config_change: bool = False,
       calls.append((i, len(groups), group, root))
     else:
       logging.info("[program %d/%d] %s: finished earlier, skipped", i, len(groups), names)
-  if num_workers > 1 and calls:  # a lone program left still gets its worker's share: same bits
+  num_workers = worker_count(len(calls), workers)  # the bits do not depend on it
+  if num_workers > 1:
     _prepare_data([call[2] for call in calls])
     workers_lib.run(_train_group, calls, num_workers)
   else:

@@ -4,10 +4,10 @@ On XLA:CPU one process does not keep two cores busy with programs this small; tw
 two processes, each pinned to one core, train 1.5x the run-steps per second of the same programs
 one after another in one two-core process (benchmarks/workers.py, the seed figure's size).
 
-Determinism: XLA:CPU's results depend on the number of threads a program runs on (the last bits
-of a dot's sums), so the number of workers, and with it each program's share of the cores,
-depends only on the grid (`count`), never on how many programs are left: a resumed sweep trains
-every program on the same share as the sweep it resumes.
+Determinism: XLA:CPU's results depend on the size of its thread pool (how it splits a dot's
+sums), so each worker starts XLA on all of the sweep's cores and only then pins itself to its
+share: its programs compute bit for bit what they compute in one process, with any number of
+workers, and what normstudy.main computes for each run alone.
 
 Stops: a worker dies with the sweep's process (PR_SET_PDEATHSIG). SIGTERM or SIGINT to the sweep
 is passed on to the workers, whose programs checkpoint and stop (errors.Preempted) as in one
@@ -21,6 +21,7 @@ import os
 import signal
 
 from absl import logging
+import jax
 
 from normstudy import cli
 from normstudy.errors import Preempted
@@ -47,7 +48,11 @@ def _start_worker(shares, claimed, stop, verbosity):
   with claimed.get_lock():
     index = claimed.value
     claimed.value += 1
-  # Before XLA's first use, which sizes its thread pools by the cores this process may use.
+  # XLA:CPU splits work by the size of its thread pool, fixed when its client starts, and its
+  # results' last bits follow that split, not the cores the threads run on. The client starts
+  # here, on the sweep's cores, before the worker is pinned to its share: a program computes
+  # bit for bit what it computes in one process on the whole machine (normstudy.main's run).
+  jax.devices()
   os.sched_setaffinity(0, shares[index % len(shares)])
   try:
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
