@@ -548,7 +548,12 @@ def _is_box(x):
 def decay_mask(model_cfg: Any) -> dict:
   """Parameter-shaped tree of bools: True where weight decay applies, as each parameter declared
   where it was created (projections and embeddings yes; norm gains and biases no)."""
-  cfg = ModelConfig.create(model_cfg)
+  return jax.tree.map(lambda decays: decays, _decay_mask(ModelConfig.create(model_cfg)))
+
+
+@functools.lru_cache(maxsize=32)
+def _decay_mask(cfg):
+  # Traced once per model config: every step a program compiles asks for it.
   boxed = jax.eval_shape(boxed_init(cfg), jax.random.PRNGKey(0))
   return jax.tree.map(lambda box: box.decay, boxed, is_leaf=_is_box)
 
