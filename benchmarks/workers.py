@@ -1,7 +1,7 @@
 """Programs of a sweep side by side in worker processes against one after another in one process.
 
   python benchmarks/workers.py [--size seed] [--runs 2] [--steps 60] [--workers 2]
-                               [--pin late|early]
+                               [--pin late|early|none]
 
 Two ways to train --workers programs of --runs runs each (benchmarks/sweep.py's `train`: the data
 pipeline, one program per group of runs as the sweep trains it):
@@ -9,7 +9,8 @@ pipeline, one program per group of runs as the sweep trains it):
   workers       one process per program, all at once, each pinned to its own share of the cores
                 (os.sched_setaffinity), each compiling its program and training it; --pin late
                 (normstudy.workers): pinned after XLA started on every core, so its thread pool
-                and its results are one process's; early: pinned before, a pool per share
+                and its results are one process's; early: pinned before, a pool per share;
+                none: not pinned (each pool as large as the machine, the threads unbound)
 Printed: steady-state run-steps per second (from the median step time of every program; for the
 workers, summed over the programs training together) and the wall time including compilation,
 and the ratio workers / one process. normstudy.sweep would gain from workers where the ratio is
@@ -31,7 +32,8 @@ def _worker(cores, size, runs, steps, data_dir, index, out, pin):
   if pin == "late":
     import jax  # noqa: PLC0415
     jax.devices()  # XLA sizes its thread pool by the cores this process may use now
-  os.sched_setaffinity(0, cores)
+  if pin != "none":
+    os.sched_setaffinity(0, cores)
   sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
   import sweep  # noqa: PLC0415 (imported after pinning)
   configs = sweep.run_configs(size, 2 * runs, data_dir)[index * runs:(index + 1) * runs]
@@ -70,8 +72,8 @@ def main(argv=None):
   parser.add_argument("--runs", type=int, default=2, help="runs per program")
   parser.add_argument("--steps", type=int, default=60, help="timed steps per program")
   parser.add_argument("--workers", type=int, default=2, help="programs, one per worker")
-  parser.add_argument("--pin", default="late", choices=("late", "early"),
-                      help="pin each worker after XLA starts (normstudy.workers) or before")
+  parser.add_argument("--pin", default="late", choices=("late", "early", "none"),
+                      help="pin each worker after XLA starts (normstudy.workers), before, or not")
   parser.add_argument("--json", default=None, help="also write the figures to this file")
   args = parser.parse_args(argv)
   cores = len(os.sched_getaffinity(0))

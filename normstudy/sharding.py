@@ -133,10 +133,11 @@ def create_states(configs, mesh):
 def one_at_a_time(mesh, num_runs: int) -> bool:
   """Whether a program's `num_runs` stacked runs step one after another through the compiled
   one-run program (the one normstudy.main runs) rather than as one vmapped K-run program: on
-  XLA:CPU with the runs axis unsplit. There a vmapped program is no faster per run-step
-  (benchmarks/sweep.py: 1.06x at the seed size, 1.00x at S, jaxlib 0.10.2) and rounds the last
-  bits differently from the one-run program, while one after another every run of a sweep
-  computes bit for bit what it computes alone. On accelerators stacking is the speed: vmapped."""
+  XLA:CPU with the runs axis unsplit. There a vmapped program is little faster per run-step
+  (benchmarks/sweep.py, jaxlib 0.10.2: 1.06-1.15x at the seed size, 0.9-1.1x at S) and rounds
+  the last bits differently from the one-run program, while one after another every run of a
+  sweep computes bit for bit what it computes alone, and its sweep.json command reproduces it.
+  On accelerators stacking is the speed: vmapped."""
   return (num_runs > 1 and mesh.shape["runs"] == 1
           and mesh.devices.flat[0].platform == "cpu")
 
