@@ -1,9 +1,7 @@
 """A sweep's programs side by side in worker processes (normstudy.workers): how many, and that a
 sweep trained that way, stopped by SIGTERM and resumed, gives the uninterrupted trajectories."""
 
-import json
 import os
-import shlex
 import signal
 
 import pytest
@@ -41,7 +39,8 @@ def _fail(started, name):
 @pytest.mark.slow
 def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(tmp_path):
   # Two programs (two placements), one worker each, stopped; resumed in one process: a worker
-  # computes what one process on the whole machine computes, so the bits agree exactly.
+  # computes what one process on the whole machine computes (so normstudy.main reproduces a
+  # worker-trained run: test_sweep.py), and the bits agree exactly.
   args = ("--config=configs/seed_figure.py:pre_norm_clip1", "--axis=model.placement=pre_ln,post_ln",
           "--axis=optimizer.learning_rate=1e-3", "--axis=train.seed=0",
           *runs.tiny_args(tmp_path / "tfds", num_steps=300, every=100),
@@ -53,14 +52,6 @@ def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(t
   result = runs.run_module("normstudy.sweep", *args, "--workers=2", f"--workdir={reference}")
   assert "programs: 2 at a time, each in a worker process" in result.stdout
   assert result.stdout.splitlines()[-1] == "runs: 2 finished"
-  # The Pre-LN run, trained in a worker, is bit for bit the run normstudy.main trains alone in
-  # one process from its sweep.json command. Compiled anew, not loaded from the tests' shared
-  # compilation cache: XLA:CPU bakes its thread pool's size into what it compiles.
-  command = json.loads((reference / "sweep.json").read_text())["runs"][0]["command"]
-  argv = [a for a in shlex.split(command)[3:] if not a.startswith("--workdir=")]
-  runs.run_module("normstudy.main", *argv, f"--workdir={tmp_path / 'alone'}",
-                  env=dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false"))
-  assert runs.trajectory(tmp_path / "alone") == runs.trajectory(reference / names[0])
   stopped = tmp_path / "stopped"
   proc = runs.start_module("normstudy.sweep", *args, "--workers=2", f"--workdir={stopped}")
   assert runs.wait_for_records(proc, stopped / names[0], 3)  # records every 5 steps
@@ -71,7 +62,11 @@ def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(t
   assert stderr.strip().splitlines()[-1].startswith("preempted: SIGTERM at step ")
   statuses = {runs.read_json(stopped / n / "run.json")["status"] for n in names}
   assert "preempted" in statuses
-  runs.run_module("normstudy.sweep", *args, "--workers=1", f"--workdir={stopped}")
+  # Resumed in one process, its programs compiled anew rather than loaded from the tests' shared
+  # compilation cache (XLA:CPU bakes its thread pool's size into what it compiles): the
+  # worker-trained steps before the stop and the one-process steps after it are one trajectory.
+  runs.run_module("normstudy.sweep", *args, "--workers=1", f"--workdir={stopped}",
+                  env=dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false"))
   for name in names:
     resumed, uninterrupted = runs.trajectory(stopped / name), runs.trajectory(reference / name)
     steps = {r["step"] for r in uninterrupted}
