@@ -48,12 +48,6 @@ def _start_worker(shares, claimed, stop, verbosity):
   with claimed.get_lock():
     index = claimed.value
     claimed.value += 1
-  # XLA:CPU splits work by the size of its thread pool, fixed when its client starts, and its
-  # results' last bits follow that split, not the cores the threads run on. The client starts
-  # here, on the sweep's cores, before the worker is pinned to its share: a program computes
-  # bit for bit what it computes in one process on the whole machine (normstudy.main's run).
-  jax.devices()
-  os.sched_setaffinity(0, shares[index % len(shares)])
   try:
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
   except (OSError, AttributeError):  # not Linux: a killed sweep may leave its workers running
@@ -65,6 +59,12 @@ def _start_worker(shares, claimed, stop, verbosity):
   logging.use_absl_handler()
   cli.quiet_library_logs()
   logging.set_verbosity(verbosity)
+  # XLA:CPU splits work by the size of its thread pool, fixed when its client starts, and its
+  # results' last bits follow that split, not the cores the threads run on. The client starts
+  # here, on the sweep's cores, before the worker is pinned to its share: a program computes
+  # bit for bit what it computes in one process on the whole machine (normstudy.main's run).
+  jax.devices()
+  os.sched_setaffinity(0, shares[index % len(shares)])
 
 
 class NotStarted(Preempted):
