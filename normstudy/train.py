@@ -91,7 +91,7 @@ class Program:
   checkpoint_dir: str
   single: bool  # normstudy.main's one run: it stops with RunHalted when the run halts
   mesh: Any
-  state: Any
+  state: Any  # stacked [K, ...]; in the loop as its steps take it (sharding.stepping_state)
   shardings: Any
   mngr: Any
   train_data: list
