@@ -123,8 +123,7 @@ def create_states(configs, mesh):
                  out_shardings=shardings)
   with jax.set_mesh(mesh):
     if one_at_a_time(mesh, len(configs)):  # each run from the one-run program, as alone
-      parts = [init(per_run.stacked_values([c])) for c in configs]
-      state = jax.jit(_join, out_shardings=shardings)(parts)
+      state = stacked_state([init(per_run.stacked_values([c])) for c in configs], shardings)
     else:
       state = init(per_run.stacked_values(configs))
   return state, shardings
