@@ -110,7 +110,7 @@ def compare(size: str, k: int, steps: int, data_dir: str) -> dict:
 
 def program_sizes(size: str, ks: list, steps: int, data_dir: str) -> list:
   """The cost of one run-step (step time / K) of a single program of K runs, for each K: where
-  stacking more runs stops paying (normstudy.orchestrate.MAX_RUNS_PER_PROGRAM)."""
+  stacking more runs stops paying (normstudy.grid.MAX_RUNS_PER_PROGRAM)."""
   rows = []
   for k in ks:
     timing = train(run_configs(size, k, data_dir), steps)

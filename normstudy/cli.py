@@ -77,6 +77,12 @@ def define_workers_flag():
       "process). The runs' bits do not depend on it.")
 
 
+def check_workers(requested: int) -> None:
+  if requested < 0:
+    raise UserError(f"--workers={requested} is not allowed; allowed: 0 (one per core, up to one "
+                    "per program) or an integer >= 1")
+
+
 def flag_error_line(error: Exception, argv) -> str:
   """One line for a flag-parsing failure (config_flags reports config-file errors with the
   file's whole traceback inside the message, and an unknown section as a KeyError repr)."""

@@ -8,8 +8,6 @@ from ml_collections import config_flags
 
 from normstudy import cli
 from normstudy import errors
-from normstudy import sharding
-from normstudy import orchestrate
 
 FLAGS = flags.FLAGS
 
@@ -30,6 +28,10 @@ def define_flags():
 def main(argv):
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+  # The training stack (JAX, Flax, Orbax: a second to import) loads after the flags parsed:
+  # a mistyped flag or config field is answered at once.
+  from normstudy import orchestrate
+  from normstudy import sharding
   sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                   FLAGS.process_id)
   orchestrate.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)

@@ -31,13 +31,6 @@ from normstudy import validation
 from normstudy import workers as workers_lib
 from normstudy.errors import UserError
 
-# Runs per program beyond which a sweep is split into several programs of the same structure;
-# 0 = no limit. On XLA:CPU a run-step costs about the same whatever K (the seed figure's size:
-# 52, 59 and 59 ms at K = 2, 18, 36; benchmarks/sweep.py --program_sizes), so by default one
-# program takes every run of a structure; a limit bounds a program's memory.
-MAX_RUNS_PER_PROGRAM = 0
-
-
 @dataclasses.dataclass
 class Run:
   """One run: its name (in logs and sweep.json), its config and its directory; for a run of a
@@ -120,7 +113,7 @@ def program_key(config) -> str:
   return json.dumps(flat, sort_keys=True, default=str)
 
 
-def group_runs(runs: list, max_runs: int = MAX_RUNS_PER_PROGRAM) -> list:
+def group_runs(runs: list, max_runs: int = grid.MAX_RUNS_PER_PROGRAM) -> list:
   """The runs split into programs (lists of runs), in order of first appearance: runs that
   differ only in per-run fields share one, split into equal parts of at most `max_runs` runs
   (0 = no limit)."""
@@ -150,7 +143,7 @@ def needs_training(run: Run) -> bool:
 
 
 def train_programs(runs: list, root: str, allow_config_change: bool = False,
-                   max_runs: int = MAX_RUNS_PER_PROGRAM, workers: int = 1) -> dict:
+                   max_runs: int = grid.MAX_RUNS_PER_PROGRAM, workers: int = 1) -> dict:
   """Trains every run (grouped into programs) with stacked checkpoints under
   `root/checkpoints/<program>/`; returns {run name: status}. `workers`: programs at a time, each
   in a worker process on its share of the cores (normstudy.workers; 0: one per core, up to one
@@ -219,7 +212,8 @@ class Grid:
                        sweep=bool(self.axes))
 
 
-def describe(spec: Grid, max_runs: int = MAX_RUNS_PER_PROGRAM, workers: int = 0) -> list[str]:
+def describe(spec: Grid, max_runs: int = grid.MAX_RUNS_PER_PROGRAM,
+             workers: int = 0) -> list[str]:
   """What a sweep will run, in lines for the terminal before anything trains: its axes (and
   which came from the file's SWEEP), the number of runs and programs, how many programs train
   at a time, and the settings the file applies."""
@@ -242,19 +236,13 @@ def describe(spec: Grid, max_runs: int = MAX_RUNS_PER_PROGRAM, workers: int = 0)
   return lines
 
 
-def check_workers(requested: int) -> None:
-  if requested < 0:
-    raise UserError(f"--workers={requested} is not allowed; allowed: 0 (one per core, up to one "
-                    "per program) or an integer >= 1")
-
-
 def worker_count(num_programs: int, requested: int = 0) -> int:
   """Programs trained at a time for a grid of `num_programs` (normstudy.workers.count)."""
   return workers_lib.count(num_programs, requested, jax.devices()[0].platform)
 
 
 def run_grid(spec: Grid, workdir: str, allow_config_change: bool = False,
-             max_runs: int = MAX_RUNS_PER_PROGRAM, workers: int = 0):
+             max_runs: int = grid.MAX_RUNS_PER_PROGRAM, workers: int = 0):
   """Trains every point of a grid into `workdir` (checked before anything is written), then
   analyses it. `workers`: programs at a time (0: one per core, up to one per program). Returns
   (points, statuses by point name, analysis outputs)."""

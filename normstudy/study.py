@@ -18,7 +18,6 @@ from ml_collections import config_flags
 from normstudy import cli
 from normstudy import errors
 from normstudy import grid
-from normstudy import orchestrate
 
 FLAGS = flags.FLAGS
 
@@ -45,9 +44,10 @@ def main(argv):
   module = grid.load_config_module(path)
   if not getattr(module, "VARIANTS", None):
     raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
+  cli.check_workers(FLAGS.workers)
+  from normstudy import orchestrate  # the training stack, once the command line is known good
   spec = orchestrate.Grid(path, None, {}, config_flags.get_override_values(FLAGS["config"]),
                           module)
-  orchestrate.check_workers(FLAGS.workers)
   _, _, outputs = orchestrate.run_grid(spec, FLAGS.workdir, FLAGS.allow_config_change,
                                        workers=FLAGS.workers)
   for name, out in outputs.items():

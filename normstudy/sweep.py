@@ -22,7 +22,6 @@ from ml_collections import config_flags
 from normstudy import cli
 from normstudy import errors
 from normstudy import grid
-from normstudy import orchestrate
 
 FLAGS = flags.FLAGS
 
@@ -33,7 +32,7 @@ def define_flags():
   flags.DEFINE_multi_string("axis", [], "dotted.field=value1,value2,... (repeatable).")
   flags.DEFINE_bool("allow_config_change", False,
                     "Continue runs whose saved config differs in model, optimizer or data.")
-  flags.DEFINE_integer("max_runs_per_program", orchestrate.MAX_RUNS_PER_PROGRAM,
+  flags.DEFINE_integer("max_runs_per_program", grid.MAX_RUNS_PER_PROGRAM,
                        "Split a program of more runs into equal parts (0 = no limit); keep it "
                        "the same when resuming.")
   cli.define_workers_flag()
@@ -50,7 +49,7 @@ def main(argv):
   if FLAGS.max_runs_per_program < 0:
     raise errors.UserError(f"--max_runs_per_program={FLAGS.max_runs_per_program} is not allowed;"
                            " allowed: 0 (no limit) or an integer >= 1")
-  orchestrate.check_workers(FLAGS.workers)
+  cli.check_workers(FLAGS.workers)
   if not axes:
     raise errors.UserError(f"no axes: pass --axis=dotted.field=v1,v2,... or declare SWEEP in "
                            f"{path}")
@@ -63,6 +62,7 @@ def main(argv):
           f"--config.{field}={overrides[field]!r} would be overwritten by the sweep's axis "
           f"{field} ({origin}: {axes[field]}); drop --config.{field}, or sweep the values you "
           f"want with --axis={field}=v1,v2,...")
+  from normstudy import orchestrate  # the training stack, once the command line is known good
   spec = orchestrate.Grid(path, variant or None, axes, overrides, module,
                           file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
   for line in orchestrate.describe(spec, FLAGS.max_runs_per_program, FLAGS.workers):

@@ -38,35 +38,38 @@ def _fail(started, name):
 
 @pytest.mark.slow
 def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(tmp_path):
-  # Two programs (two placements), one worker each, stopped; resumed in one process: a worker
-  # computes what one process on the whole machine computes (so normstudy.main reproduces a
-  # worker-trained run: test_sweep.py), and the bits agree exactly.
+  # Two programs (two placements): trained in one process, and trained one per worker, stopped
+  # and resumed in one process: the worker-trained steps before the stop and the one-process
+  # steps after it are the one-process trajectory, bit for bit (so normstudy.main reproduces a
+  # worker-trained run: test_sweep.py).
   args = ("--config=configs/seed_figure.py:pre_norm_clip1", "--axis=model.placement=pre_ln,post_ln",
           "--axis=optimizer.learning_rate=1e-3", "--axis=train.seed=0",
           *runs.tiny_args(tmp_path / "tfds", num_steps=300, every=100),
           # A size at which XLA:CPU's results depend on its thread pool (a worker pinned before
           # XLA starts computes other last bits than one process on two cores).
-          "--config.model.d_model=32", "--config.model.d_ff=64", "--config.train.batch_size=8")
+          "--config.model.d_model=32", "--config.model.d_ff=64", "--config.train.batch_size=8",
+          "--config.train.telemetry_every=0")  # the file's SWEEP_SETTINGS turn it on
   names = ("lr0.001_seed0_placement-pre_ln", "lr0.001_seed0_placement-post_ln")
+  # The workers start from a compilation cache of their own: XLA:CPU bakes its thread pool's
+  # size into what it compiles, so programs the one-process reference compiled (and stored in
+  # the tests' shared cache) would hide a worker that computes with other bits.
+  worker_env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "worker_cache"))
   reference = tmp_path / "reference"
-  result = runs.run_module("normstudy.sweep", *args, "--workers=2", f"--workdir={reference}")
-  assert "programs: 2 at a time, each in a worker process" in result.stdout
+  result = runs.run_module("normstudy.sweep", *args, "--workers=1", f"--workdir={reference}")
   assert result.stdout.splitlines()[-1] == "runs: 2 finished"
   stopped = tmp_path / "stopped"
-  proc = runs.start_module("normstudy.sweep", *args, "--workers=2", f"--workdir={stopped}")
+  proc = runs.start_module("normstudy.sweep", *args, "--workers=2", f"--workdir={stopped}",
+                           env=worker_env)
   assert runs.wait_for_records(proc, stopped / names[0], 3)  # records every 5 steps
   proc.send_signal(signal.SIGTERM)
-  _, stderr = proc.communicate(timeout=120)
+  stdout, stderr = proc.communicate(timeout=120)
   assert proc.returncode == 0, stderr[-3000:]
+  assert "programs: 2 at a time, each in a worker process" in stdout
   assert "SIGTERM received: passing it to the workers" in stderr
   assert stderr.strip().splitlines()[-1].startswith("preempted: SIGTERM at step ")
   statuses = {runs.read_json(stopped / n / "run.json")["status"] for n in names}
   assert "preempted" in statuses
-  # Resumed in one process, its programs compiled anew rather than loaded from the tests' shared
-  # compilation cache (XLA:CPU bakes its thread pool's size into what it compiles): the
-  # worker-trained steps before the stop and the one-process steps after it are one trajectory.
-  runs.run_module("normstudy.sweep", *args, "--workers=1", f"--workdir={stopped}",
-                  env=dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false"))
+  runs.run_module("normstudy.sweep", *args, "--workers=1", f"--workdir={stopped}")
   for name in names:
     resumed, uninterrupted = runs.trajectory(stopped / name), runs.trajectory(reference / name)
     steps = {r["step"] for r in uninterrupted}
