@@ -43,6 +43,22 @@ def tiny_config(**model_overrides):
   return config
 
 
+def parameter_layout(config) -> tuple:
+  """Every parameter's path, shape and logical axes (what a mesh shards), sorted."""
+  import jax  # after the XLA flags above are set
+  import numpy as np
+  from flax import linen as nn
+  from normstudy import per_run
+  from normstudy import sharding
+  values = jax.tree.map(np.asarray, per_run.run_values(config))
+  boxed = jax.eval_shape(lambda: sharding._one_run_state(config, values, boxed=True)).params
+  specs = jax.tree.leaves(nn.get_partition_spec(boxed),
+                          is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  leaves = jax.tree_util.tree_flatten_with_path(nn.unbox(boxed))[0]
+  return tuple(sorted((jax.tree_util.keystr(path), leaf.shape, str(spec))
+                      for (path, leaf), spec in zip(leaves, specs)))
+
+
 def train_losses(config, steps: int):
   """(losses, last metrics) of `steps` jitted train steps from the initial state, on one fixed
   batch of random tokens: the quickest check that a stack learns."""

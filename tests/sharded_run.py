@@ -13,7 +13,7 @@ import jax  # noqa: E402  (after XLA_FLAGS)
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
-from conftest import tiny_config  # noqa: E402
+from conftest import parameter_layout, tiny_config  # noqa: E402
 from normstudy import checkpoints, data, placements, sharding  # noqa: E402
 
 # (runs, data, fsdp, tensor)
@@ -22,10 +22,22 @@ MESHES = {"single": (1, 1, 1, 1), "data8": (1, 8, 1, 1), "fsdp8": (1, 1, 8, 1),
 POSITIONS = ("sinusoidal", "learned", "conv")
 
 
-def configs(tmp):
-  """One config per placement; together they use every position kind (conv: encoders)."""
+def layout_placements():
+  """Pre-LN and one placement per other parameter layout (Post-LN's is DeepNorm's, Mix-LN's is
+  Pre-LN's): every parameter a placement adds is sharded on the meshes. Placements that share a
+  layout differ only in where the same ops apply to activations sharded the same way; training
+  each on one device is test_model.py's and test_techniques.py's."""
+  chosen = {parameter_layout(tiny_config(placement="pre_ln")): "pre_ln"}
+  for name in placements.names():
+    chosen.setdefault(parameter_layout(tiny_config(placement=name)), name)
+  return sorted(chosen.values())
+
+
+def configs(tmp, names):
+  """One config per placement of `names`; together they use every position kind (conv:
+  encoders)."""
   out = {}
-  for i, name in enumerate(placements.names()):
+  for i, name in enumerate(names):
     position = POSITIONS[i % len(POSITIONS)]
     config = tiny_config(placement=name, position_embedding=position, causal=position != "conv",
                          dtype="float32", use_bias=i % 2 == 0, scan_layers=i % 2 == 0)
@@ -50,13 +62,24 @@ def trajectory(config, shape, steps=4):
   mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
   state, shardings = sharding.create_states([config], mesh)
   step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
-  batches = data.train_batches(config, data.load_splits(config))
+  batches = data.train_batches(config, _splits(config))
   losses = []
   for i in range(steps):
     batch = jax.tree.map(lambda x: x[None], batches[i])
     state, metrics = step(state, sharding.global_batch(mesh, batch))
     losses.append(float(metrics["loss"][0]))
   return losses, state
+
+
+_SPLITS = {}
+
+
+def _splits(config):
+  """The dataset, read once per data config (every config here has the same vocabulary)."""
+  key = json.dumps(config.data.to_dict(), sort_keys=True)
+  if key not in _SPLITS:
+    _SPLITS[key] = data.load_splits(config)
+  return _SPLITS[key]
 
 
 def sweep_trajectories(tmp, shape, steps=4):
@@ -76,7 +99,7 @@ def sweep_trajectories(tmp, shape, steps=4):
   state, shardings = sharding.create_states(configs, mesh)
   step = sharding.jit_train_step(base, mesh, shardings, num_runs=len(configs))
   state = sharding.stepping_state(state, shardings, mesh, len(configs))
-  splits = data.load_splits(base)
+  splits = _splits(base)
   datasets = [data.train_batches(c, splits) for c in configs]
   losses = []
   for i in range(steps):
@@ -91,7 +114,8 @@ def main(tmp):
   losses, states = {}, {}
   runs_one, _ = sweep_trajectories(tmp, (1, 1, 1, 1))
   runs_eight, runs_spec = sweep_trajectories(tmp, (8, 1, 1, 1))
-  for name, config in configs(tmp).items():
+  names = layout_placements()
+  for name, config in configs(tmp, names).items():
     for mesh_name in meshes_for(name.split("/")[0]):
       losses[f"{name}@{mesh_name}"], state = trajectory(config, MESHES[mesh_name])
       if name.startswith("pre_ln/"):
@@ -106,7 +130,7 @@ def main(tmp):
   same = all(np.array_equal(np.asarray(a), np.asarray(b))
              for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(restored)))
   kernel = restored.params["layers"]["mlp"]["fc1"]
-  print(json.dumps({"losses": losses, "restored_equal": same, "runs_one_device": runs_one,
+  print(json.dumps({"losses": losses, "placements": names, "restored_equal": same, "runs_one_device": runs_one,
                     "runs_eight_devices": runs_eight, "runs_sharding": runs_spec,
                     "restored_sharding": str(kernel.sharding.spec),
                     "device_count": jax.device_count()}))

@@ -12,6 +12,8 @@ import pytest
 from normstudy import placements
 from normstudy import sharding
 from normstudy.errors import UserError
+from conftest import parameter_layout
+from conftest import tiny_config
 import runs
 
 
@@ -54,7 +56,12 @@ def test_meshes_give_the_single_device_trajectory_and_checkpoints_move_between_t
   out = json.loads(result.stdout.strip().splitlines()[-1])
   assert out["device_count"] == 8
   configs = {key.split("@")[0] for key in out["losses"]}
-  assert {c.split("/")[0] for c in configs} == set(placements.names())
+  # Every parameter layout a placement has is sharded: each placement's is among those tested.
+  tested = {c.split("/")[0] for c in configs}
+  assert tested == set(out["placements"]) and "pre_ln" in tested
+  layouts = {name: parameter_layout(tiny_config(placement=name)) for name in placements.names()}
+  for name in placements.names():
+    assert layouts[name] in {layouts[t] for t in tested}, name
   assert {c.split("/")[1] for c in configs} == {"sinusoidal", "learned", "conv"}
   assert {key.split("@")[1] for key in out["losses"]} == {
       "single", "data8", "fsdp8", "tensor4", "d2f2t2"}
