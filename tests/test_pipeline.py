@@ -55,8 +55,9 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
   data_dir = tmp_path / "tfds"
   config = _halting_study(tmp_path)
   # One process: worker processes have their own test (test_workers.py) and cost start-ups here.
+  # Telemetry end to end (records, per-layer figures, the notebook's) is test_sweep.py's.
   args = (f"--config={config}", f"--workdir={study}", *runs.tiny_args(data_dir, num_steps=6),
-          "--config.train.telemetry_every=2", "--workers=1")
+          "--workers=1")
   result = runs.run_module("normstudy.study", *args)  # exit 0: a halted arm is a result
   assert f"figure: {study}/loss_comparison.png" in result.stdout
   for variant, label in zip(VARIANTS[:3], LABELS):
@@ -105,18 +106,13 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
     assert f"## {label}" in observations
   assert (f"Halted: {LABELS[3]} at step {halted['halt_step']} (loss scale at its minimum (32), "
           f"first non-finite: {halted['nonfinite_at']})") in observations
-  for metric in ("attn_logit_max", "act_rms", "grad_norm", "resid_absmax"):
-    assert (study / f"layers_{metric}.png").read_bytes().startswith(b"\x89PNG")
-  recs = runs.records(study / "pre_norm_clip1")
-  assert [r["step"] for r in recs if "act_rms/layer_1" in r] == [2, 4, 6]
-  assert all("fp16_overflows" in r for r in recs if "act_rms/layer_1" in r)
   _execute_notebook(study, tmp_path)
 
   # Extending the study resumes every run from its last checkpoint: no step is logged twice,
   # and the halted arm stays a result.
   first = {v: runs.records(study / v) for v in VARIANTS}
   extended = (f"--config={config}", f"--workdir={study}", *runs.tiny_args(data_dir, num_steps=9),
-              "--config.train.telemetry_every=2", "--workers=1")
+              "--workers=1")
   result = runs.run_module("normstudy.study", *extended)
   for variant in VARIANTS[:3]:
     recs = runs.records(study / variant)
@@ -137,7 +133,7 @@ def _execute_notebook(study, tmp_path):
   assert "4 runs" in text
   images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
             if "image/png" in o.get("data", {})]
-  assert len(images) >= 5  # comparison, per-layer figures, overlay
+  assert len(images) >= 2  # comparison, overlay
 
 
 def test_localize_copies_run_files_but_not_checkpoints(tmp_path):

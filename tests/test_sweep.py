@@ -99,9 +99,9 @@ def test_a_sweep_of_the_seed_figure_takes_its_sweep_arms_and_settings():
   assert min(axes["optimizer.learning_rate"]) <= 1e-3 and max(axes["optimizer.learning_rate"]) >= 0.3
 
 
-def _tiny(config, tmp_path, steps=20, dtype="float32"):
+def _tiny(config, tmp_path, steps=20):
   config.model.update(num_layers=2, d_model=16, num_heads=2, d_ff=32, max_len=16, vocab_size=32,
-                      dtype=dtype)
+                      dtype="float32")
   config.train.update(batch_size=4, num_steps=steps, eval_every=10, eval_steps=2,
                       checkpoint_every=10, telemetry_every=5, tensorboard=False)
   config.data.update(data_dir=str(tmp_path / "tfds"), train_tokens=16384,
@@ -111,15 +111,16 @@ def _tiny(config, tmp_path, steps=20, dtype="float32"):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path, dtype):
+def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path):
+  # The orchestration path (records, run.json) in float32; every per-run field, float16's loss
+  # scale among them, against the run alone is test_per_run.py's.
   path = os.path.join(runs.REPO, "configs", "seed_figure.py")
   axes = {"optimizer.learning_rate": [1e-3, 1e-2], "train.seed": [0, 1]}
   points = grid.points(path, "pre_norm_clip1", axes, {})
   sweep_runs = []
   for p in points:
     with p.config.unlocked():
-      _tiny(p.config, tmp_path, dtype=dtype)
+      _tiny(p.config, tmp_path)
     sweep_runs.append(orchestrate.Run(p.name, p.config, str(tmp_path / "sweep" / p.name), p.arm,
                                       point=p.point))
   statuses = orchestrate.train_programs(sweep_runs, str(tmp_path / "sweep"))
@@ -193,6 +194,15 @@ def test_sweep_command_resumes_bit_exactly_after_sigkill(tmp_path):
   nb = fresh_env.execute_notebook(reference, tmp_path)
   text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
   assert "4 runs" in text
+  images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+            if "image/png" in o.get("data", {})]
+  assert len(images) >= 5  # comparison, per-layer figures, overlay
+  # Telemetry every 4 steps, in the records and the per-layer figures.
+  recs = runs.records(reference / "lr0.001_seed0")
+  assert [r["step"] for r in recs if "act_rms/layer_1" in r] == [4, 8, 12, 16, 20, 24]
+  assert all("fp16_overflows" in r for r in recs if "act_rms/layer_1" in r)
+  for metric in ("attn_logit_max", "act_rms", "grad_norm", "resid_absmax"):
+    assert (reference / f"layers_{metric}.png").read_bytes().startswith(b"\x89PNG")
   killed = tmp_path / "killed"
   proc = runs.start_module("normstudy.sweep", *args, f"--workdir={killed}")
   first = killed / "lr0.003_seed1"
