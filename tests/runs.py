@@ -9,9 +9,11 @@ from normstudy import metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# A model small enough that a subprocess run is dominated by start-up, not training.
+# A model small enough that a subprocess run is dominated by start-up, not training: one layer
+# (a second one costs 15-25% of a subprocess run's compilation; what depth changes is tested
+# in-process, test_model.py, test_telemetry.py, test_techniques.py).
 TINY = (
-    "--config.model.num_layers=2", "--config.model.d_model=16", "--config.model.num_heads=2",
+    "--config.model.num_layers=1", "--config.model.d_model=16", "--config.model.num_heads=2",
     "--config.model.d_ff=32", "--config.model.max_len=16", "--config.model.vocab_size=32",
     "--config.train.batch_size=4", "--config.data.train_tokens=16384",
     "--config.data.validation_tokens=4096", "--config.train.eval_steps=2",

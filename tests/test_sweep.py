@@ -199,8 +199,8 @@ def test_sweep_command_resumes_bit_exactly_after_sigkill(tmp_path):
   assert len(images) >= 5  # comparison, per-layer figures, overlay
   # Telemetry every 4 steps, in the records and the per-layer figures.
   recs = runs.records(reference / "lr0.001_seed0")
-  assert [r["step"] for r in recs if "act_rms/layer_1" in r] == [4, 8, 12, 16, 20, 24]
-  assert all("fp16_overflows" in r for r in recs if "act_rms/layer_1" in r)
+  assert [r["step"] for r in recs if "act_rms/layer_0" in r] == [4, 8, 12, 16, 20, 24]
+  assert all("fp16_overflows" in r for r in recs if "act_rms/layer_0" in r)
   for metric in ("attn_logit_max", "act_rms", "grad_norm", "resid_absmax"):
     assert (reference / f"layers_{metric}.png").read_bytes().startswith(b"\x89PNG")
   killed = tmp_path / "killed"
