@@ -91,6 +91,7 @@ def test_telemetry_matches_independent_computations(make_config, scan):
   assert telemetry.parse_layer_key("loss") is None
 
 
+@pytest.mark.slow  # two programs at XLA's full optimization: a fifth of the fast suite's time
 def test_telemetry_step_updates_state_like_the_plain_step(make_config):
   config = make_config(dtype="float16")
   batch = {"tokens": jnp.asarray(np.random.default_rng(1).integers(0, 32, (4, 16)), jnp.int32)}
