@@ -101,6 +101,7 @@ def test_lr_sensitivity_takes_the_widest_near_best_stretch_in_any_grid_order():
   assert got["best_lr"] == 1e-1
 
 
+@pytest.mark.slow  # the whole analysis of a 12-run sweep, every figure drawn as PNG and SVG
 def test_sweep_summary_deaths_and_observations(tmp_path):
   root = str(tmp_path / "sweep")
   _write_sweep(root)
