@@ -49,9 +49,9 @@ def parameter_layout(config) -> tuple:
   import numpy as np
   from flax import linen as nn
   from normstudy import per_run
-  from normstudy import sharding
+  from normstudy import steps
   values = jax.tree.map(np.asarray, per_run.run_values(config))
-  boxed = jax.eval_shape(lambda: sharding._one_run_state(config, values, boxed=True)).params
+  boxed = jax.eval_shape(lambda: steps.init_state(config, values)).params
   specs = jax.tree.leaves(nn.get_partition_spec(boxed),
                           is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
   leaves = jax.tree_util.tree_flatten_with_path(nn.unbox(boxed))[0]

@@ -27,8 +27,8 @@ def layout_placements():
   Pre-LN's): every parameter a placement adds is sharded on the meshes. Placements that share a
   layout differ only in where the same ops apply to activations sharded the same way; training
   each on one device is test_model.py's and test_techniques.py's."""
-  chosen = {parameter_layout(tiny_config(placement="pre_ln")): "pre_ln"}
-  for name in placements.names():
+  chosen = {}
+  for name in ["pre_ln", *placements.names()]:
     chosen.setdefault(parameter_layout(tiny_config(placement=name)), name)
   return sorted(chosen.values())
 
@@ -130,9 +130,9 @@ def main(tmp):
   same = all(np.array_equal(np.asarray(a), np.asarray(b))
              for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(restored)))
   kernel = restored.params["layers"]["mlp"]["fc1"]
-  print(json.dumps({"losses": losses, "placements": names, "restored_equal": same, "runs_one_device": runs_one,
-                    "runs_eight_devices": runs_eight, "runs_sharding": runs_spec,
-                    "restored_sharding": str(kernel.sharding.spec),
+  print(json.dumps({"losses": losses, "placements": names, "restored_equal": same,
+                    "runs_one_device": runs_one, "runs_eight_devices": runs_eight,
+                    "runs_sharding": runs_spec, "restored_sharding": str(kernel.sharding.spec),
                     "device_count": jax.device_count()}))
 
 
