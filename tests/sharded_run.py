@@ -35,7 +35,8 @@ def layout_placements():
 
 def configs(tmp, names):
   """One config per placement of `names`; together they use every position kind (conv:
-  encoders)."""
+  encoders). One layer (tiny_config's): a layer's parameters are sharded alike at any depth, and
+  scanned ones keep their stacked layer axis (scan_layers on every other config)."""
   out = {}
   for i, name in enumerate(names):
     position = POSITIONS[i % len(POSITIONS)]

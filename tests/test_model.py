@@ -72,7 +72,7 @@ def test_every_block_matches_its_numpy_reference(make_config, index, name):
 def test_a_placement_trains(make_config, name, dtype):
   # Every placement's block is checked against its reference above; Pre-LN training is checked
   # in test_steps (float16). Here: stacks end to end, the newer designs in float16 with QK-norm.
-  config = make_config(placement=name, dtype=dtype,
+  config = make_config(placement=name, dtype=dtype, num_layers=2,  # Mix-LN: one Post-LN layer
                        qk_norm="layernorm" if dtype == "float16" else "none")
   losses, _ = train_losses(config, 25)
   assert np.isfinite(losses).all()
@@ -100,7 +100,8 @@ def _change_position_9(config):
 
 @pytest.mark.parametrize("scan", [True, False])
 def test_causal_model_does_not_see_the_future(make_config, scan):
-  _, _, _, diff = _change_position_9(make_config(causal=True, scan_layers=scan))
+  # Two layers: a leak in the first reaches every position of the second.
+  _, _, _, diff = _change_position_9(make_config(causal=True, scan_layers=scan, num_layers=2))
   assert (diff[:9] == 0).all()
   assert (diff[9:] > 1e-6).all()
 
@@ -129,8 +130,8 @@ def test_masked_positions_keep_their_position(make_config, kind):
 
 
 def test_scan_and_loop_stacks_agree(make_config):
-  scanned = make_config(scan_layers=True)
-  looped = make_config(scan_layers=False)
+  scanned = make_config(scan_layers=True, num_layers=2)
+  looped = make_config(scan_layers=False, num_layers=2)
   params = model_lib.init_params(scanned.model, 0)
   unstacked = {k: v for k, v in params.items() if k != "layers"}
   for i in range(2):

@@ -221,16 +221,17 @@ def _shapes(config):
 def test_parameter_count_and_decay_mask(make_config, placement_or_option):
   """Each technique's extra (or missing) parameters, counted by hand; every one it adds is a
   gain or a scale, never decayed."""
-  base = make_config(scan_layers=False)
-  d, ff, hd, n = 32, 64, 8, 2
+  n = 2  # layers: per-layer parameters count twice
+  base = make_config(scan_layers=False, num_layers=n)
+  d, ff, hd = 32, 64, 8
   norm = 2 * d  # a LayerNorm: scale and bias
   if placement_or_option in ("qk_norm", "layer_scale"):
-    config = make_config(scan_layers=False, **{placement_or_option: OPTIONS[
+    config = make_config(scan_layers=False, num_layers=n, **{placement_or_option: OPTIONS[
         placement_or_option][1]})
     # QK-norm: a gain over head_dim for q and one for k per layer, no bias.
     extra = n * 2 * hd if placement_or_option == "qk_norm" else n * 2 * d
   else:
-    config = make_config(scan_layers=False, placement=placement_or_option)
+    config = make_config(scan_layers=False, num_layers=n, placement=placement_or_option)
     extra = {"sub_ln": n * (2 * d + 2 * ff), "peri_ln": n * 2 * norm + norm,
              "mix_ln": 0,
              # no norms (two per layer, and the final one), one scalar per layer
@@ -285,7 +286,7 @@ def test_rezero_starts_as_the_identity(make_config):
 def test_every_placement_trains_with_every_option_on(make_config, placement):
   """All options at once on each placement, in float16 and scanned (a traced layer index):
   they compose, and the stack still learns."""
-  config = make_config(placement=placement, dtype="float16", scan_layers=True,
+  config = make_config(placement=placement, dtype="float16", scan_layers=True, num_layers=2,
                        qk_norm="rmsnorm", layer_scale=0.0 if placement == "rezero" else 0.5,
                        emb_grad_shrink=0.5, attn_softcap=20.0, output_softcap=15.0,
                        attention_scores_dtype="float32")

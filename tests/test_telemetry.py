@@ -35,7 +35,8 @@ def _norm(tree):
 
 @pytest.mark.parametrize("scan", [True, False])
 def test_telemetry_matches_independent_computations(make_config, scan):
-  config = make_config(scan_layers=scan, causal=True, placement="pre_ln", activation="gelu_tanh")
+  config = make_config(scan_layers=scan, causal=True, placement="pre_ln", activation="gelu_tanh",
+                       num_layers=2)
   config.optimizer.weight_decay = 0.1
   state = steps_lib.create_train_state(config)
   tokens = np.random.default_rng(0).integers(0, 32, (4, 16)).astype(np.int32)
