@@ -162,6 +162,7 @@ def _write_sweep_runs(tmp_path, outcomes):
         (directory / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
 
 
+@pytest.mark.slow  # the whole analysis of a 24-run sweep, every figure drawn as PNG and SVG
 def test_survival_observations_state_test_n_and_p_and_claim_only_below_alpha(tmp_path):
   from normstudy import analysis
   _write_sweep_runs(tmp_path, {
