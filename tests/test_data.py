@@ -1,13 +1,16 @@
-"""The synthetic language, packing, span masks and the resumable iterator."""
+"""The synthetic language, packing, span masks, the resumable iterator and the dataset sources."""
 
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from normstudy import data as data_lib
 from normstudy import synthetic
+import runs
 
 
 def test_transition_matrix_is_sparse_stochastic_and_seeded():
@@ -177,3 +180,18 @@ def test_catalog_dataset_trains_and_reuses_a_sentencepiece_model(make_config, tm
   config.data.tokenizer = str(tmp_path / "missing.model")
   with pytest.raises(ValueError, match="no such SentencePiece model"):
     data_lib.load_splits(config)
+
+
+def test_a_dataset_name_is_checked_without_tensorflow_or_community_datasets():
+  # Listing TFDS's community datasets imports TensorFlow and asks the network (4.6 s, and a
+  # stall offline); the catalog tfds ships answers for every name that is not namespaced.
+  code = """
+import sys
+from normstudy import data
+print(data.is_catalog_dataset("lm1b"), data.is_catalog_dataset("c4/en"),
+      data.is_catalog_dataset("no_such_dataset"), "tensorflow" in sys.modules)
+"""
+  result = subprocess.run([sys.executable, "-c", code], cwd=runs.REPO, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.split() == ["True", "True", "False", "False"]
