@@ -101,13 +101,19 @@ def _text_files(data_cfg, max_len: int) -> TokenSplits:
 
 
 def is_catalog_dataset(name: str) -> bool:
-  """Whether `name` ("lm1b", "c4/en", a community "namespace:name") is in the TFDS catalog.
-  Community datasets are listed only for a namespaced name: listing them imports TensorFlow and
-  asks the network (4.6 s, and a stall offline, with tensorflow-datasets 4.9.10); the catalog
-  that ships with tfds is listed in 0.15 s."""
+  """Whether `name` is in the TFDS catalog, in tfds's own syntax ("lm1b", "c4/en",
+  "lm1b:1.1.0", a community "namespace:name"). Community datasets are listed only for a
+  namespaced name: listing them imports TensorFlow and asks the network (4.6 s, and a stall
+  offline, with tensorflow-datasets 4.9.10); the catalog that ships with tfds is listed in
+  0.15 s."""
   import tensorflow_datasets as tfds
-  base = name.split("/")[0]
-  return base in tfds.list_builders(with_community_datasets=":" in base)
+  try:
+    dataset, _ = tfds.core.naming.parse_builder_name_kwargs(name)
+  except ValueError:
+    return False
+  if dataset.namespace:
+    return str(dataset) in tfds.list_builders(with_community_datasets=True)
+  return dataset.name in tfds.list_builders(with_community_datasets=False)
 
 
 def _read_texts(data_cfg, split: str, budget_bytes: int):

@@ -184,14 +184,15 @@ def test_catalog_dataset_trains_and_reuses_a_sentencepiece_model(make_config, tm
 
 def test_a_dataset_name_is_checked_without_tensorflow_or_community_datasets():
   # Listing TFDS's community datasets imports TensorFlow and asks the network (4.6 s, and a
-  # stall offline); the catalog tfds ships answers for every name that is not namespaced.
+  # stall offline); the catalog tfds ships answers for every name that is not namespaced, in
+  # tfds's syntax (a config, a version).
   code = """
 import sys
 from normstudy import data
-print(data.is_catalog_dataset("lm1b"), data.is_catalog_dataset("c4/en"),
-      data.is_catalog_dataset("no_such_dataset"), "tensorflow" in sys.modules)
+names = ["lm1b", "c4/en", "lm1b:1.1.0", "no_such_dataset", "lm1b:not a version"]
+print(*[data.is_catalog_dataset(n) for n in names], "tensorflow" in sys.modules)
 """
   result = subprocess.run([sys.executable, "-c", code], cwd=runs.REPO, capture_output=True,
                           text=True, timeout=120)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert result.stdout.split() == ["True", "True", "False", "False"]
+  assert result.stdout.split() == ["True", "True", "True", "False", "False", "False"]
