@@ -37,8 +37,13 @@ batch = {"tokens": rng.integers(0, m.vocab_size, shape).astype(np.int32)}
 if not m.causal:
   batch["mask"] = rng.random(batch["tokens"].shape) < config.data.mask_prob
 mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-state, shardings = sharding.create_states([config], mesh)
-step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
+try:  # normstudy.execution since the commit that made it; sharding's functions before
+  from normstudy import execution
+  program = execution.ProgramSteps(config, mesh, num_runs=1)
+  state, step = program.initial([config]), program.train
+except ImportError:
+  state, shardings = sharding.create_states([config], mesh)
+  step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
 batch = sharding.global_batch(mesh, batch)
 print(json.dumps({"ms": 1e3 * statistics.median(throughput._time(step, state, batch, steps))}))
 """

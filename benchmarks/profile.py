@@ -37,6 +37,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import throughput  # noqa: E402
+from normstudy import execution  # noqa: E402
 from normstudy import sharding  # noqa: E402
 
 SIZES = ("seed", "S", "M")
@@ -60,8 +61,8 @@ def _batch(config):
 
 def compiled_step(config):
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  state, shardings = sharding.create_states([config], mesh)
-  step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
+  program = execution.ProgramSteps(config, mesh, num_runs=1)
+  state, step = program.initial([config]), program.train
   batch = sharding.global_batch(mesh, _batch(config))
   return step, state, batch
 

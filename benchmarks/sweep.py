@@ -5,7 +5,7 @@
 
 For each size, K runs (learning rates 1e-3 and 3e-3 times seeds 0..K/2-1) are trained:
   sweep        one program as normstudy.sweep trains it: on the CPU its runs step one at a time
-               through the one-run program (sharding.one_at_a_time), elsewhere vmapped
+               through the one-run program (normstudy.execution), elsewhere vmapped
   vmapped      one program, the K states stacked, one vmapped K-run step (forced)
   sequential   K programs one after another, each a single run (normstudy.main's step)
 All read their batches from the data pipeline, as the commands do. Printed per size: the
@@ -34,6 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from normstudy import data as data_lib  # noqa: E402
+from normstudy import execution  # noqa: E402
 from normstudy import sharding  # noqa: E402
 
 
@@ -67,14 +68,14 @@ def run_configs(size: str, k: int, data_dir: str) -> list:
 
 
 def train(configs, steps: int, vmapped=None) -> dict:
-  """Trains `configs` as one program for `steps` steps (`vmapped`: sharding.jit_train_step's):
+  """Trains `configs` as one program for `steps` steps (`vmapped`: True or False forces how its
+  runs step, None lets normstudy.execution choose as a sweep does):
   wall time (compilation included) and the median step time after compilation."""
   start = time.perf_counter()
   mesh = sharding.make_mesh(configs[0].mesh, jax.devices()[:1])
-  state, shardings = sharding.create_states(configs, mesh)
-  step = sharding.jit_train_step(configs[0], mesh, shardings, num_runs=len(configs),
-                                 vmapped=vmapped)
-  state = sharding.stepping_state(state, shardings, mesh, len(configs), vmapped)
+  program = execution.ProgramSteps(configs[0], mesh, len(configs),
+                                   one_at_a_time=None if vmapped is None else not vmapped)
+  state, step = program.initial(configs), program.train
   splits = data_lib.load_splits(configs[0])
   datasets = [data_lib.train_batches(c, splits) for c in configs]
   times = []

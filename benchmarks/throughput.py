@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from normstudy import config as config_lib
+from normstudy import execution
 from normstudy import placements
 from normstudy import sharding
 from normstudy import steps as steps_lib
@@ -98,8 +99,8 @@ def step_seconds(config, steps: int) -> list[float]:
   vmapped step over a run axis of size 1, sharded on a one-device mesh), after compilation;
   decoders get tokens, encoders tokens and a mask."""
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  state, shardings = sharding.create_states([config], mesh)
-  train_step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
+  steps_ = execution.ProgramSteps(config, mesh, num_runs=1)
+  state, train_step = steps_.initial([config]), steps_.train
   local = (jax.tree.map(lambda x: np.asarray(x)[None], _batch(config)) if config.model.causal
            else _encoder_batch(config))
   batch = sharding.global_batch(mesh, local)
@@ -258,8 +259,8 @@ def placement_table(steps: int) -> list:
         config = seed_config()
         config.model.update(placement=name, dtype=dtype, scan_layers=scan)
         mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-        state, shardings = sharding.create_states([config], mesh)
-        step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
+        program = execution.ProgramSteps(config, mesh, num_runs=1)
+        state, step = program.initial([config]), program.train
         batch = sharding.global_batch(mesh, _encoder_batch(config))
         row[f"{dtype}_{'scanned' if scan else 'unrolled'}_ms"] = 1e3 * statistics.median(
             _time(step, state, batch, steps))

@@ -36,12 +36,14 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 def _model_config_class():
   fields = [(name, type(value), dataclasses.field(default=value))
             for name, value in config_lib.default_config().model.items()]
+  # Not a config field: how the program is compiled (normstudy.platform), set by the steps.
+  fields.append(("fusion_boundaries", bool, dataclasses.field(default=False)))
 
   @classmethod
   def create(cls, model_cfg: Any):
     if isinstance(model_cfg, cls):
       return model_cfg
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for f in dataclasses.fields(cls)} - {"fusion_boundaries"}
     values = dict(model_cfg.items()) if hasattr(model_cfg, "items") else dict(model_cfg)
     unknown = sorted(set(values) - known)
     if unknown:
@@ -181,14 +183,15 @@ def make_norm(cfg, name: str, kind: str | None = None, axis_name: str = "embed",
               use_bias=use_bias and norm is not RMSNorm)
 
 
-def fusion_boundary(x):
-  """`_cpu_fusion_boundary` on XLA:CPU, where it was measured; the identity elsewhere (GPU
+def _boundary(cfg, x):
+  """`fusion_boundary(x)` where the program's compiler wants it (`cfg.fusion_boundaries`, set
+  by normstudy.platform for XLA:CPU, where it was measured); the identity elsewhere (GPU
   compilers fuse a dot's epilogue across it otherwise, and keep their own layouts)."""
-  return _cpu_fusion_boundary(x) if jax.default_backend() == "cpu" else x
+  return fusion_boundary(x) if cfg.fusion_boundaries else x
 
 
 @jax.custom_vjp
-def _cpu_fusion_boundary(x):
+def fusion_boundary(x):
   """The identity, forward and backward, that XLA may not fuse across (`optimization_barrier`).
 
   Placed on each projection's output, the logits and each block's output. Without it XLA:CPU
@@ -197,7 +200,7 @@ def _cpu_fusion_boundary(x):
   unrolled stack it fuses the residual stream's gradient, a sum over every later layer's
   branch, into each consumer and recomputes it there (benchmarks/profile.py: such copies were
   36% of a step at size S, jaxlib 0.10.2). XLA:CPU drops barriers before fusion unless its
-  `cse_barrier_expander` pass is off (sharding.CPU_COMPILER_OPTIONS). Values are unchanged up to
+  `cse_barrier_expander` pass is off (platform.CPU_COMPILER_OPTIONS). Values are unchanged up to
   the rounding of a different fusion."""
   return jax.lax.optimization_barrier(x)
 
@@ -210,7 +213,7 @@ def _boundary_backward(_, cotangent):
   return (jax.lax.optimization_barrier(cotangent),)
 
 
-_cpu_fusion_boundary.defvjp(_boundary_forward, _boundary_backward)
+fusion_boundary.defvjp(_boundary_forward, _boundary_backward)
 
 
 def softcap(x, cap: float):
@@ -321,7 +324,7 @@ class Attention(nn.Module):
       # Heads-major [batch, heads, length, head_dim]: the score and context products then need
       # no transposes (measurably faster on CPU than [batch, length, heads, head_dim]).
       y = jnp.einsum("bld,dhk->bhlk", x, w.astype(dtype))
-      return fusion_boundary(_plus_bias(self, f"{name}_bias", y, qkv_axes[1:], dims=(1, 3)))
+      return _boundary(cfg, _plus_bias(self, f"{name}_bias", y, qkv_axes[1:], dims=(1, 3)))
 
     q, k, v = project("query", qk_init), project("key", qk_init), project("value", v_init)
     if cfg.qk_norm != "none":
@@ -359,7 +362,7 @@ class Attention(nn.Module):
                        wo.reshape(cfg.d_model, cfg.d_model).astype(dtype))
     else:
       out = jnp.einsum("bhlk,hkd->bld", context, wo.astype(dtype))
-    out = fusion_boundary(_plus_bias(self, "out_bias", out, ("embed",)))
+    out = _boundary(cfg, _plus_bias(self, "out_bias", out, ("embed",)))
     telemetry.sow_site(self, self.probe, "attn_out", out)
     return out
 
@@ -377,15 +380,15 @@ class Mlp(nn.Module):
     init = projection_init(cfg, self.branch_gain)
     w1 = _param(self, "fc1", init, (cfg.d_model, cfg.d_ff), ("embed", "mlp"))
     w2 = _param(self, "fc2", init, (cfg.d_ff, cfg.d_model), ("mlp", "embed"))
-    h = fusion_boundary(
-        _plus_bias(self, "fc1_bias", jnp.einsum("bld,df->blf", x, w1.astype(dtype)), ("mlp",)))
+    h = _boundary(cfg, _plus_bias(self, "fc1_bias", jnp.einsum("bld,df->blf", x, w1.astype(dtype)),
+                                  ("mlp",)))
     telemetry.sow_site(self, self.probe, "mlp_preact", h)
     telemetry.sow_stat(self, self.probe, "mlp_preact_absmax", lambda: telemetry.absmax(h))
     h = ACTIVATIONS.get(cfg.activation)(h)
     if self.inner_norm:
       h = make_norm(cfg, "inner_norm", axis_name="mlp")(h)
-    out = fusion_boundary(
-        _plus_bias(self, "fc2_bias", jnp.einsum("blf,fd->bld", h, w2.astype(dtype)), ("embed",)))
+    out = _boundary(cfg, _plus_bias(self, "fc2_bias",
+                                    jnp.einsum("blf,fd->bld", h, w2.astype(dtype)), ("embed",)))
     telemetry.sow_site(self, self.probe, "mlp_out", out)
     return out
 
@@ -443,7 +446,7 @@ class Block(nn.Module):
     telemetry.sow_site(self, self.probe, "resid_mlp", x)
     telemetry.sow_stat(self, self.probe, "act_rms", lambda: telemetry.rms(x))
     telemetry.sow_stat(self, self.probe, "resid_absmax", lambda: telemetry.absmax(x))
-    return fusion_boundary(x)
+    return _boundary(cfg, x)
 
 
 class _ScanBlock(Block):
@@ -513,8 +516,7 @@ class Transformer(nn.Module):
     else:
       head = _param(self, "head", projection_init(cfg), (cfg.d_model, cfg.vocab_size),
                     ("embed", "vocab"))
-    logits = fusion_boundary(
-        jnp.einsum("bld,dv->blv", x, head.astype(dtype)).astype(jnp.float32))
+    logits = _boundary(cfg, jnp.einsum("bld,dv->blv", x, head.astype(dtype)).astype(jnp.float32))
     telemetry.sow_site(self, self.probe, "logits", logits)
     return softcap(logits, cfg.output_softcap)
 

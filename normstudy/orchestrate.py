@@ -24,6 +24,7 @@ from normstudy import grid
 from normstudy import labels
 from normstudy import life
 from normstudy import per_run
+from normstudy import platform
 from normstudy import rundir
 from normstudy import sharding
 from normstudy import train
@@ -238,7 +239,8 @@ def describe(spec: Grid, max_runs: int = grid.MAX_RUNS_PER_PROGRAM,
 
 def worker_count(num_programs: int, requested: int = 0) -> int:
   """Programs trained at a time for a grid of `num_programs` (normstudy.workers.count)."""
-  return workers_lib.count(num_programs, requested, jax.devices()[0].platform)
+  return workers_lib.count(num_programs, requested,
+                          platform.choices(jax.devices()).worker_processes)
 
 
 def run_grid(spec: Grid, workdir: str, allow_config_change: bool = False,

@@ -8,6 +8,7 @@ single run is the case K = 1. Being pure (every random number derived from the s
 lets the loop resume bit-exactly.
 """
 
+import dataclasses
 import functools
 import json
 from typing import Any
@@ -114,7 +115,13 @@ def _advance_life(state: TrainState, finite, scale_underflow, float16: bool):
   return step, opt_step, consecutive, status.astype(jnp.int32), halt
 
 
-def make_train_step(config, telemetry_on: bool = False):
+def _model_config(config, fusion_boundaries: bool):
+  """The model's hashable config, with the compiler's fusion boundaries (normstudy.platform)."""
+  return dataclasses.replace(model_lib.ModelConfig.create(config.model),
+                             fusion_boundaries=fusion_boundaries)
+
+
+def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool = False):
   """Returns train_step(state, batch) -> (state, metrics) for one run (vmap it for K).
 
   metrics: loss (cross entropy), grad_norm (unscaled, before clipping), clipped, lr,
@@ -123,9 +130,10 @@ def make_train_step(config, telemetry_on: bool = False):
   status, and with `telemetry_on` the per-layer arrays of normstudy.telemetry under "telemetry".
   The state update is the same computation either way. Every per-run value is read from the
   state (normstudy.per_run), never from `config`, which is the first run's.
+  `fusion_boundaries`: normstudy.platform's choice for the devices it is compiled for.
   """
-  cfg = model_lib.ModelConfig.create(config.model)
-  mask = model_lib.decay_mask(cfg)
+  cfg = _model_config(config, fusion_boundaries)
+  mask = model_lib.decay_mask(model_lib.ModelConfig.create(config.model))
   model = _model(cfg, telemetry.Probe(stats=telemetry_on))
   opt_cfg, loss_cfg = config.optimizer, config.loss
   float16 = config.model.dtype == "float16"
@@ -192,9 +200,9 @@ def make_train_step(config, telemetry_on: bool = False):
   return train_step
 
 
-def make_eval_step(config):
+def make_eval_step(config, fusion_boundaries: bool = False):
   """Returns eval_step(params, batch) -> {"loss_sum", "count"} (sum over predicted tokens)."""
-  cfg = model_lib.ModelConfig.create(config.model)
+  cfg = _model_config(config, fusion_boundaries)
   model = model_lib.Transformer(cfg, deterministic=True)
 
   def eval_step(params, batch):
@@ -205,13 +213,13 @@ def make_eval_step(config):
   return eval_step
 
 
-def make_locate_step(config):
+def make_locate_step(config, fusion_boundaries: bool = False):
   """Returns locate(state, batch) -> the finiteness flags of every site of the forward pass
   that `state` took on `batch` (normstudy.telemetry.site_flags), with the same dropout.
 
   Called for a step whose loss or gradient was non-finite, on the state after it: a skipped
   step leaves the parameters as they were, so this re-runs exactly that step's forward."""
-  cfg = model_lib.ModelConfig.create(config.model)
+  cfg = _model_config(config, fusion_boundaries)
   model = _model(cfg, telemetry.Probe(locate=True))
 
   def locate(state: TrainState, batch):

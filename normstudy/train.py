@@ -1,11 +1,12 @@
-"""The training loop of one program: K runs that share one compiled, vmapped step.
+"""The training loop of one program: K runs that share one compiled step.
 
   train_program(runs, checkpoint_dir)   read top to bottom: data, mesh and state, restore,
                                         recorders, compilation, the loop, the final checkpoint
 
-The K runs' configs differ only in per-run fields (normstudy.per_run); their states are stacked
-on a leading axis and each keeps its own loss scale, skip counter and life (normstudy.life): a
-run that finishes or halts is frozen while the others go on. Grouping runs into programs and
+The K runs' configs differ only in per-run fields (normstudy.per_run); each keeps its own loss
+scale, skip counter and life (normstudy.life): a run that finishes or halts is frozen while the
+others go on. How the K runs step, and the form their state is held in, is
+normstudy.execution's (ProgramSteps); the loop only hands that state back to it. Grouping runs into programs and
 running several programs is normstudy.orchestrate's; a run is anything with .name, .config,
 .directory, .arm, .arm_label and .point (normstudy.orchestrate.Run).
 
@@ -34,6 +35,7 @@ import numpy as np
 
 from normstudy import checkpoints
 from normstudy import data as data_lib
+from normstudy import execution
 from normstudy import labels
 from normstudy import life
 from normstudy import metrics as metrics_lib
@@ -73,17 +75,6 @@ def worth_recording(record: dict, code: int, *, log_due: bool, checkpointed: boo
 
 
 @dataclasses.dataclass
-class CompiledSteps:
-  """The program's compiled steps: the plain train step, a second one for telemetry steps (so
-  the others pay nothing for it), the eval step, and the locate step, compiled on the first
-  non-finite step."""
-  train: Any
-  telemetry: Any
-  eval: Any
-  locate: Any = None
-
-
-@dataclasses.dataclass
 class Program:
   """The K runs of one program while they train (the loop's working state)."""
   runs: list
@@ -91,8 +82,8 @@ class Program:
   checkpoint_dir: str
   single: bool  # normstudy.main's one run: it stops with RunHalted when the run halts
   mesh: Any
-  state: Any  # stacked [K, ...]; in the loop as its steps take it (sharding.stepping_state)
-  shardings: Any
+  steps: execution.ProgramSteps  # compiled steps; how the runs step and hold their state
+  state: Any  # as `steps` holds it (steps.stacked(state) is the stacked [K, ...] state)
   mngr: Any
   train_data: list
   eval_batches: list
@@ -100,7 +91,6 @@ class Program:
   splits: Any  # the data's splits (normstudy.data.TokenSplits): source and entropy floor
   last_steps: frozenset  # each run's num_steps (runs of a program may differ)
   recorders: list = dataclasses.field(default_factory=list)
-  steps: CompiledSteps | None = None
   pool: Any = None
   stopped: dict = dataclasses.field(default_factory=dict)  # run index -> life status
   pending: PendingStep | None = None
@@ -173,7 +163,6 @@ def train_program(runs: list, checkpoint_dir: str, single: bool = False) -> list
   try:
     program.start_step = restore(program)
     open_recorders(program)
-    program.steps = compile_steps(program)
     logging.info("training %d run(s) in one program: steps %d..%d, %d tokens/step, mesh %s",
                  len(runs), program.start_step + 1, program.num_steps,
                  program.tokens_per_step, dict(program.mesh.shape))
@@ -206,10 +195,10 @@ def _setup(runs, checkpoint_dir, single) -> Program:
   for run in runs:
     rundir.ensure_directory(run.directory)
   mesh = sharding.make_mesh(config.mesh)
-  state, shardings = sharding.create_states(configs, mesh)
+  steps = execution.ProgramSteps(config, mesh, len(runs))
   program = Program(
       runs=runs, config=config, checkpoint_dir=checkpoint_dir, single=single, mesh=mesh,
-      state=state, shardings=shardings,
+      steps=steps, state=steps.initial(configs),
       mngr=checkpoints.manager(checkpoint_dir, config.train.max_to_keep),
       train_data=[data_lib.train_batches(c, splits) for c in configs],
       eval_batches=[sharding.global_batch(mesh, jax.tree.map(lambda x: x[:, i], eval_data))
@@ -223,7 +212,7 @@ def restore(program: Program) -> int:
   """Restores the newest checkpoint that restores (replaying from an earlier one, or from the
   start, if records were lost after it) and applies the configs' per-run fields to it; marks
   the runs stopped before it. Returns the step to continue after (0: from the start)."""
-  abstract = checkpoints.abstract(program.state)
+  abstract = checkpoints.abstract(program.steps.stacked(program.state))
   try:
     start_step, restored = checkpoints.restore_latest(program.mngr, abstract)
   except checkpoints.CheckpointError:
@@ -235,14 +224,17 @@ def restore(program: Program) -> int:
       checkpoints.discard_after(program.mngr, replay)
       start_step = replay
       restored = checkpoints.restore(program.mngr, replay, abstract) if replay else None
-  if restored is not None:
-    program.state = _from_configs(restored, [run.config for run in program.runs], program.mesh)
-    logging.info("resumed %s from the checkpoint at step %d", program.checkpoint_dir, start_step)
-  program.last_saved = start_step if restored is not None else None
-  for k, code in enumerate(np.asarray(jax.device_get(program.state.status))):
+  if restored is None:
+    program.last_saved = None
+    return 0
+  restored = _from_configs(restored, [run.config for run in program.runs], program.mesh)
+  program.state = program.steps.hold(restored)
+  logging.info("resumed %s from the checkpoint at step %d", program.checkpoint_dir, start_step)
+  program.last_saved = start_step
+  for k, code in enumerate(np.asarray(jax.device_get(restored.status))):
     if code != life.CODE_RUNNING:  # stopped before the checkpoint we resumed from
       program.stopped[k] = life.status_of(code)
-  return start_step if restored is not None else 0
+  return start_step
 
 
 def _from_configs(state, configs, mesh):
@@ -287,9 +279,10 @@ def open_recorders(program: Program) -> None:
   restored step on); warns of runs extended past their schedule's horizon."""
   is_writer = jax.process_index() == 0
   program.pool = futures.ThreadPoolExecutor(max_workers=1) if is_writer else None
-  hparams = jax.device_get(program.state.hparams)
+  stacked = program.steps.stacked(program.state)
+  hparams = jax.device_get(stacked.hparams)
   horizons = np.asarray(hparams["schedule_steps"])
-  num_params = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(program.state.params))
+  num_params = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(stacked.params))
   resume_step = program.start_step if program.last_saved is not None else None
   splits = program.splits
   for k, run in enumerate(program.runs):
@@ -311,23 +304,12 @@ def open_recorders(program: Program) -> None:
                       "rate %g", run.name, run.config.train.num_steps, int(horizons[k]), final)
 
 
-def compile_steps(program: Program) -> CompiledSteps:
-  config, mesh, shardings, k = (program.config, program.mesh, program.shardings,
-                                len(program.runs))
-  return CompiledSteps(
-      train=sharding.jit_train_step(config, mesh, shardings, num_runs=k),
-      telemetry=sharding.jit_train_step(config, mesh, shardings, telemetry_on=True, num_runs=k),
-      eval=sharding.jit_eval_step(config, mesh, shardings, num_runs=k))
-
-
 def _loop(program: Program, stop: dict):
   """Steps until every run has stopped, the single run halted, or a stop signal arrived;
   returns (the last step dispatched, the signal's name or None)."""
   train_cfg = program.config.train
   progress = recorder_lib.Progress(program.runs, program.start_step, program.num_steps)
   step = program.start_step
-  program.state = sharding.stepping_state(program.state, program.shardings, program.mesh,
-                                          len(program.runs))
   batch = program.batch(step + 1)
   while len(program.stopped) < len(program.runs) and program.halted_line is None:
     resolved = None
@@ -358,7 +340,7 @@ def _loop(program: Program, stop: dict):
 
 def evaluate(program: Program):
   """Each run's mean loss per predicted token over its fixed validation batches."""
-  totals = jax.device_get([program.steps.eval(sharding.params_of(program.state), b)
+  totals = jax.device_get([program.steps.eval(program.steps.params(program.state), b)
                            for b in program.eval_batches])
   loss_sum = sum(t["loss_sum"] for t in totals)
   count = sum(t["count"] for t in totals)
@@ -374,10 +356,6 @@ def _resolve(program: Program):
   failed = np.asarray(values["skipped"]) & np.asarray(values["active"])
   sites = {}
   if failed.any():
-    if program.steps.locate is None:
-      program.steps.locate = sharding.jit_locate_step(program.config, program.mesh,
-                                                      program.shardings,
-                                                      num_runs=len(program.runs))
     flags = jax.device_get(program.steps.locate(program.state, pending.batch))
     for k in np.flatnonzero(failed):
       sites[k] = telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k], flags))
@@ -459,5 +437,5 @@ def save_checkpoint(program: Program, step: int, progress=None) -> None:
     return
   for recorder in program.recorders:
     recorder.flush()
-  checkpoints.save(program.mngr, step, sharding.stacked_state(program.state, program.shardings))
+  checkpoints.save(program.mngr, step, program.steps.stacked(program.state))
   program.last_saved = step

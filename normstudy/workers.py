@@ -34,10 +34,11 @@ def available_cores() -> list:
   return sorted(os.sched_getaffinity(0))
 
 
-def count(num_programs: int, requested: int, platform: str) -> int:
+def count(num_programs: int, requested: int, side_by_side: bool) -> int:
   """Workers for a grid of `num_programs` programs: `requested` when >= 1 (at most one per
-  core), else one per core up to one per program; always 1 off the CPU (one accelerator)."""
-  if platform != "cpu" or num_programs < 2:
+  core), else one per core up to one per program; always 1 when programs may not train side by
+  side (normstudy.platform: off the CPU, one accelerator)."""
+  if not side_by_side or num_programs < 2:
     return 1
   cores = len(available_cores())
   return max(1, min(cores, requested if requested >= 1 else num_programs))

@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 from conftest import parameter_layout, tiny_config  # noqa: E402
-from normstudy import checkpoints, data, placements, sharding  # noqa: E402
+from normstudy import checkpoints, data, execution, placements, sharding  # noqa: E402
 
 # (runs, data, fsdp, tensor)
 MESHES = {"single": (1, 1, 1, 1), "data8": (1, 8, 1, 1), "fsdp8": (1, 1, 8, 1),
@@ -61,8 +61,8 @@ def meshes_for(name):
 def trajectory(config, shape, steps=4):
   config.mesh.update(dict(zip(sharding.AXES, shape)))
   mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
-  state, shardings = sharding.create_states([config], mesh)
-  step = sharding.jit_train_step(config, mesh, shardings, num_runs=1)
+  steps = execution.ProgramSteps(config, mesh, num_runs=1)
+  state, step = steps.initial([config]), steps.train
   batches = data.train_batches(config, _splits(config))
   losses = []
   for i in range(steps):
@@ -97,9 +97,8 @@ def sweep_trajectories(tmp, shape, steps=4):
       config.optimizer.learning_rate, config.train.seed = lr, seed
       configs.append(config)
   mesh = sharding.make_mesh(base.mesh, jax.devices()[: int(np.prod(shape))])
-  state, shardings = sharding.create_states(configs, mesh)
-  step = sharding.jit_train_step(base, mesh, shardings, num_runs=len(configs))
-  state = sharding.stepping_state(state, shardings, mesh, len(configs))
+  steps = execution.ProgramSteps(base, mesh, num_runs=len(configs))
+  state, step = steps.initial(configs), steps.train
   splits = _splits(base)
   datasets = [data.train_batches(c, splits) for c in configs]
   losses = []
@@ -107,7 +106,7 @@ def sweep_trajectories(tmp, shape, steps=4):
     batch = {k: np.stack([d[i][k] for d in datasets]) for k in datasets[0][i]}
     state, metrics = step(state, sharding.global_batch(mesh, batch))
     losses.append(np.asarray(metrics["loss"]).tolist())
-  state = sharding.stacked_state(state, shardings)
+  state = steps.stacked(state)
   return losses, str(state.params["layers"]["mlp"]["fc1"].sharding.spec)
 
 

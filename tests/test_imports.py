@@ -14,9 +14,9 @@ PACKAGE = os.path.dirname(normstudy.__file__)
 
 # The pure core: functions of arrays and configs. It never imports the edges below it.
 CORE = {"errors", "registry", "config", "placements", "precision", "optimizer", "model", "loss",
-        "telemetry", "steps", "labels", "life", "per_run", "techniques"}
+        "telemetry", "steps", "labels", "life", "per_run", "techniques", "platform"}
 # Side effects: files, devices, processes, flags.
-EDGES = {"data", "synthetic", "sharding", "checkpoints", "rundir", "metrics", "recorder", "train",
+EDGES = {"data", "synthetic", "sharding", "execution", "checkpoints", "rundir", "metrics", "recorder", "train",
          "workers",
          "orchestrate", "study", "sweep", "grid", "main", "analyze", "cli", "validation",
          "analysis"}

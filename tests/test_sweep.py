@@ -131,7 +131,7 @@ def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path):
     swept, single = runs.trajectory(run.directory), runs.trajectory(alone)
     assert [r["step"] for r in swept] == list(range(1, 21))
     # Bit for bit: on the CPU the program's runs step one at a time through the one-run
-    # program (sharding.one_at_a_time), and the records hold float32 values exactly.
+    # program (normstudy.execution), and the records hold float32 values exactly.
     assert swept == single, run.name
     info = rundir.RunDir(run.directory).info()
     assert info["arm"] == "pre_norm_clip1" and info["point"] == run.point

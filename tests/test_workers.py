@@ -13,13 +13,13 @@ import runs
 
 def test_worker_count_follows_the_grid_and_the_cores(monkeypatch):
   monkeypatch.setattr(workers, "available_cores", lambda: [0, 1, 2, 3])
-  assert workers.count(1, 0, "cpu") == 1          # one program: this process
-  assert workers.count(3, 0, "cpu") == 3          # one per program ...
-  assert workers.count(9, 0, "cpu") == 4          # ... up to one per core
-  assert workers.count(9, 2, "cpu") == 2          # as asked
-  assert workers.count(9, 1, "cpu") == 1
-  assert workers.count(9, 16, "cpu") == 4         # never more than the cores
-  assert workers.count(9, 0, "gpu") == 1          # one accelerator: one process
+  assert workers.count(1, 0, True) == 1          # one program: this process
+  assert workers.count(3, 0, True) == 3          # one per program ...
+  assert workers.count(9, 0, True) == 4          # ... up to one per core
+  assert workers.count(9, 2, True) == 2          # as asked
+  assert workers.count(9, 1, True) == 1
+  assert workers.count(9, 16, True) == 4         # never more than the cores
+  assert workers.count(9, 0, False) == 1          # one accelerator: one process
 
 
 def test_the_first_failure_is_raised_and_later_programs_do_not_start(tmp_path):
