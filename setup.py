@@ -37,7 +37,8 @@ setuptools.setup(
     description="Compare transformer block designs and gradient clipping for training stability.",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=setuptools.find_packages(include=["normstudy", "normstudy.*"]),
+    # configs/ too: its files build on one another (`from configs import seed_figure`).
+    packages=setuptools.find_packages(include=["normstudy", "normstudy.*", "configs"]),
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -18,7 +18,6 @@ persistent compilation cache.
 
 import argparse
 import copy
-import importlib.util
 import json
 import os
 import statistics
@@ -39,11 +38,8 @@ from normstudy import sharding  # noqa: E402
 
 
 def _seed_figure(variant="pre_norm_clip1"):
-  spec = importlib.util.spec_from_file_location("seed_figure",
-                                                os.path.join(ROOT, "configs", "seed_figure.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(variant)
+  from configs import seed_figure
+  return seed_figure.get_config(variant)
 
 
 def base_config(size: str, data_dir: str):

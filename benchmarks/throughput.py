@@ -227,14 +227,8 @@ def main(argv=None):
 
 
 def seed_config(variant="pre_norm_clip1"):
-  import importlib.util
-  import os
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                      "seed_figure.py")
-  spec = importlib.util.spec_from_file_location("seed_figure", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(variant)
+  from configs import seed_figure
+  return seed_figure.get_config(variant)
 
 
 def _encoder_batch(config):

@@ -14,17 +14,25 @@ SIZES = {
 }
 
 
-def get_config(size: str = "small"):
-  if size not in SIZES:
-    raise ValueError(f"unknown size {size!r} of configs/lm.py; sizes: {', '.join(SIZES)}")
+# The sizes as a table of variants (normstudy.config.variant_config). Not named VARIANTS: a study
+# or sweep of this file is one arm, of the size --config names.
+_TABLE = {
+    size: (f"LM {size} | Pre-LN", {
+        "model.num_layers": layers, "model.d_model": d_model, "model.num_heads": heads,
+        "model.d_ff": d_ff, "model.max_len": max_len, "train.batch_size": batch_size})
+    for size, (layers, d_model, heads, d_ff, max_len, batch_size) in SIZES.items()}
+
+
+def base_config():
+  """A causal Pre-LN decoder in float32 with AdamW, a cosine schedule and clip 1."""
   config = config_lib.default_config()
-  config.label = f"LM {size} | Pre-LN"
-  num_layers, d_model, num_heads, d_ff, max_len, batch_size = SIZES[size]
-  config.model.update(
-      causal=True, num_layers=num_layers, d_model=d_model, num_heads=num_heads, d_ff=d_ff,
-      max_len=max_len, vocab_size=256, placement="pre_ln", dtype="float32")
+  config.model.update(causal=True, vocab_size=256, placement="pre_ln", dtype="float32")
   config.optimizer.update(
       name="adamw", learning_rate=1e-3, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1,
       warmup_steps=200, schedule="cosine", end_learning_rate=1e-4, clip_norm=1.0)
-  config.train.update(num_steps=2000, batch_size=batch_size, eval_every=200, checkpoint_every=500)
+  config.train.update(num_steps=2000, eval_every=200, checkpoint_every=500)
   return config
+
+
+def get_config(size: str = "small"):
+  return config_lib.variant_config(_TABLE, base_config, size, "configs/lm.py", kind="size")

@@ -119,11 +119,4 @@ def base_config():
 
 
 def get_config(variant: str = "pre_norm_clip1"):
-  if variant not in VARIANTS:
-    raise ValueError(
-        f"unknown variant {variant!r} of configs/seed_figure.py; variants: {', '.join(VARIANTS)}")
-  label, settings = VARIANTS[variant]
-  config = base_config()
-  config.label = label
-  config_lib.apply_overrides(config, settings)
-  return config
+  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/seed_figure.py")

@@ -13,13 +13,9 @@ the first step below the threshold halfway from the unigram entropy to the maske
 each arm against the first (Pre-LN, clip 1) by Welch's t-test.
 """
 
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "survival", os.path.join(os.path.dirname(os.path.abspath(__file__)), "survival.py"))
-survival = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(survival)
+from configs import seed_figure
+from configs import survival
+from normstudy import config as config_lib
 
 VARIANTS = survival.VARIANTS
 SWEEP_VARIANTS = survival.SWEEP_VARIANTS
@@ -39,4 +35,5 @@ SWEEP_SETTINGS = {
 
 
 def get_config(variant: str = "pre_norm_clip1"):
-  return survival.get_config(variant)
+  return config_lib.variant_config(VARIANTS, seed_figure.base_config, variant,
+                                   "configs/speed.py")

@@ -19,15 +19,13 @@ likelihood-ratio test of one curve per pair of arms) and the largest attention l
 LOGIT_STEP against learning rate. configs/survival_depth.py asks the same at 12 layers.
 """
 
-import importlib.util
-import os
+from configs import seed_figure
+from normstudy import config as config_lib
 
-_spec = importlib.util.spec_from_file_location(
-    "seed_figure", os.path.join(os.path.dirname(os.path.abspath(__file__)), "seed_figure.py"))
-seed_figure = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(seed_figure)
-
-VARIANTS = seed_figure.VARIANTS
+# The seed figure's arms; their "Run 1"/"Run 2" name the seed figure's single runs, and here a
+# curve is many runs.
+VARIANTS = {name: (label.replace(" | Run 1", "").replace(" | Run 2", ""), settings)
+            for name, (label, settings) in seed_figure.VARIANTS.items()}
 SWEEP_VARIANTS = ("pre_norm_clip1", "pre_norm_clip10", "pre_norm_attn_relax_clip1",
                   "pre_norm_input_norm_clip1", "post_norm_input_norm_clip1",
                   "post_norm_deepnorm_clip1")
@@ -56,7 +54,5 @@ SWEEP_SETTINGS = {
 
 
 def get_config(variant: str = "pre_norm_clip1"):
-  config = seed_figure.get_config(variant)
-  # The seed figure's "Run 1"/"Run 2" name its single runs; here a curve is many runs.
-  config.label = config.label.replace(" | Run 1", "").replace(" | Run 2", "")
-  return config
+  return config_lib.variant_config(VARIANTS, seed_figure.base_config, variant,
+                                   "configs/survival.py")

@@ -6,13 +6,9 @@ beta = (8N)^(-1/4) keep Post-LN's updates bounded as N grows, so at 4 layers (al
 with the same input norm (alpha = beta = 1) at 12 layers, where alpha is 2.21 and beta 0.32.
 """
 
-import importlib.util
-import os
-
-_spec = importlib.util.spec_from_file_location(
-    "survival", os.path.join(os.path.dirname(os.path.abspath(__file__)), "survival.py"))
-survival = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(survival)
+from configs import seed_figure
+from configs import survival
+from normstudy import config as config_lib
 
 VARIANTS = survival.VARIANTS
 SWEEP_VARIANTS = ("post_norm_input_norm_clip1", "post_norm_deepnorm_clip1")
@@ -25,4 +21,5 @@ SWEEP_SETTINGS = dict(survival.SWEEP_SETTINGS)
 
 
 def get_config(variant: str = "post_norm_deepnorm_clip1"):
-  return survival.get_config(variant)
+  return config_lib.variant_config(VARIANTS, seed_figure.base_config, variant,
+                                   "configs/survival_depth.py")

@@ -10,13 +10,8 @@ model fails in float16: that is where a technique can widen the stable range, so
 it. The analysis ranks the arms by Wortsman et al.'s LR sensitivity (normstudy.analysis).
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import seed_figure  # noqa: E402  (the recipe this study varies)
-
-from normstudy import config as config_lib  # noqa: E402
+from configs import seed_figure  # the recipe this study varies
+from normstudy import config as config_lib
 
 # name: (label, {dotted.field: value}); labels name the technique from the config ("{auto}").
 VARIANTS = {
@@ -45,15 +40,14 @@ SWEEP_SETTINGS = {**seed_figure.SWEEP_SETTINGS, "train.num_steps": 120,
                   "optimizer.warmup_steps": 12}
 
 
-def get_config(variant: str = "baseline"):
-  if variant not in VARIANTS:
-    raise ValueError(f"unknown variant {variant!r} of configs/techniques.py; variants: "
-                     f"{', '.join(VARIANTS)}")
-  label, settings = VARIANTS[variant]
+def base_config():
+  """The seed recipe with optax's Adam with decoupled decay and the model's decay mask, so the
+  gains and scales the techniques add are not decayed (fairseq's Adam, the seed recipe's,
+  decays every parameter)."""
   config = seed_figure.base_config()
-  # optax's Adam with decoupled decay and the model's decay mask, so the gains and scales the
-  # techniques add are not decayed (fairseq's Adam, the seed recipe's, decays every parameter).
   config.optimizer.name = "adamw"
-  config.label = label
-  config_lib.apply_overrides(config, settings)
   return config
+
+
+def get_config(variant: str = "baseline"):
+  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/techniques.py")

@@ -249,6 +249,21 @@ def apply_overrides(config, overrides: dict) -> None:
     override(config, dotted, value)
 
 
+def variant_config(variants: dict, base, variant: str, source: str, kind: str = "variant"):
+  """The config of one row of a config file's table: `base()` (the config its rows share), then
+  the row `variants[variant] = (label, {dotted.field: value})`: the label (a template,
+  normstudy.labels) and the settings, applied as the command line applies overrides. Every
+  config file's get_config is this over its own table. ValueError for a name the table lacks,
+  naming `source` (the file) and the names it has (`kind`: what a row is called there)."""
+  if variant not in variants:
+    raise ValueError(f"unknown {kind} {variant!r} of {source}; {kind}s: {', '.join(variants)}")
+  label, settings = variants[variant]
+  config = base()
+  config.label = label
+  apply_overrides(config, settings)
+  return config
+
+
 def _float_fields(node, prefix=""):
   for key, value in node.items():
     if isinstance(value, ml_collections.ConfigDict):

@@ -19,10 +19,11 @@ programs: points that differ only in data fields (learning rate, seed, clip, ...
 
 import ast
 import dataclasses
-import importlib.util
 import itertools
 import os
+import runpy
 import shlex
+import types
 
 from normstudy import config as config_lib
 from normstudy import errors
@@ -70,12 +71,12 @@ def flag_value(value) -> str:
 
 
 def load_config_module(path: str):
+  """The namespace of the config file at `path` (its get_config, VARIANTS, SWEEP, ...), run as
+  a script is run: the file imports what it builds on as any module does (`from configs import
+  seed_figure`: configs/ is a package)."""
   if not os.path.isfile(path):
     raise errors.UserError(f"config file {path!r} does not exist")
-  spec = importlib.util.spec_from_file_location("normstudy_config_file", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return types.SimpleNamespace(**runpy.run_path(path))
 
 
 def _value(text: str):

@@ -28,9 +28,7 @@ def _halting_study(tmp_path):
   floor of 32, so its overflow storm reaches the floor within a few steps)."""
   path = tmp_path / "halting_study.py"
   path.write_text(textwrap.dedent(f"""
-      import sys
-      sys.path.insert(0, {os.path.join(runs.REPO, "configs")!r})
-      import seed_figure
+      from configs import seed_figure
       from normstudy import config as config_lib
 
       VARIANTS = dict(seed_figure.VARIANTS)
