@@ -13,8 +13,9 @@ Each grid point is one run: the arm's config with the command-line overrides, th
 values, applied through `config.override` (the same typed assignment as the command line). A
 run's directory is `<workdir>/<arm>/<point>` (or `<workdir>/<point>` for a single arm, and
 `<workdir>/<arm>` without axes), its point named from the axes (`lr0.001_seed1`), and its label
-the arm's label plus the point. `normstudy.train.train_programs` then groups the runs into
-programs: points that differ only in data fields (learning rate, seed, clip, ...) share one.
+the arm's label plus the point. normstudy.orchestrate then plans them once (`plan`: grouped
+into programs, points that differ only in data fields such as learning rate, seed or clip
+sharing one; every check run) and trains the plan.
 """
 
 import ast
@@ -43,19 +44,29 @@ SHORT_NAMES = {"optimizer.learning_rate": "lr", "optimizer.clip_norm": "clip",
 
 
 @dataclasses.dataclass
-class Point:
-  """One run of the grid: its relative name, its arm (variant), the axis values it sets
-  (`point`), every override that turns the arm's config into this run's (`overrides`: the
-  file's SWEEP_SETTINGS, the command line's, the point's and the label, in that order), the
-  `--config` that names its arm (`spec`), its config, and the arm's label template (without
-  the point)."""
+class Run:
+  """One run: its name (in logs and sweep.json; relative to the grid's directory for a run of
+  a grid), its config and its directory. For a run of a study or sweep also its arm (variant),
+  the axis values it sets (`point`), every override that turns the arm's config into this run's
+  (`overrides`: the file's SWEEP_SETTINGS, the command line's, the point's and the label, in
+  that order), the `--config` that names its arm (`spec`) and the arm's label template without
+  the point (`arm_template`); all of it goes into its run.json."""
   name: str
-  arm: str
-  point: dict
-  overrides: dict
-  spec: str
   config: object
-  arm_template: str
+  directory: str = ""
+  arm: str = ""
+  point: dict = dataclasses.field(default_factory=dict)
+  overrides: dict = dataclasses.field(default_factory=dict)
+  spec: str = ""
+  arm_template: str = ""
+
+  @property
+  def arm_label(self) -> str:
+    """The arm's label, without the point ("" for a run outside a grid)."""
+    # Imported here: labels describe placements (jax), and the analysis imports this module
+    # for the grid's names without the training stack.
+    from normstudy import labels  # pylint: disable=import-outside-toplevel
+    return labels.resolve(self.config, template=self.arm_template) if self.arm_template else ""
 
   def command(self, workdir: str) -> str:
     """The normstudy.main command line that trains this run alone into `workdir`."""
@@ -165,9 +176,10 @@ def file_axes(module, axis_flags) -> list:
 
 
 def points(path: str, variant, axes: dict, overrides: dict, module=None,
-           sweep: bool = False) -> list:
-  """Every run of the grid: arms x the product of the axes, in order. For a sweep, the file's
-  SWEEP_SETTINGS apply first, then `overrides` (the command line's), then the point's values."""
+           sweep: bool = False, workdir: str = "") -> list:
+  """Every run of the grid (Runs, each in `workdir`/<its name>): arms x the product of the
+  axes, in order. For a sweep, the file's SWEEP_SETTINGS apply first, then `overrides` (the
+  command line's), then the point's values."""
   module = module or load_config_module(path)
   arms = arms_of(path, variant, module, sweep)
   settings = dict(getattr(module, "SWEEP_SETTINGS", {})) if sweep else {}
@@ -189,7 +201,8 @@ def points(path: str, variant, axes: dict, overrides: dict, module=None,
       else:
         name = point_name(values) or arm
       spec = f"{path}:{arm}" if named_arms else path
-      out.append(Point(name, arm, values, applied, spec, config, arm_template))
+      out.append(Run(name, config, os.path.join(workdir, name) if workdir else "", arm, values,
+                     applied, spec, arm_template))
   _check_distinct(out)
   return out
 
@@ -205,19 +218,73 @@ def _check_distinct(points_: list) -> None:
     seen[point.name] = point.point
 
 
-def write_sweep(workdir: str, spec: str, axes: dict, file_axes, settings: dict,
-                overrides: dict, points_: list, statuses: dict) -> str:
+@dataclasses.dataclass
+class Grid:
+  """What a study or sweep runs: the config file (`path`, its loaded `module`), the one variant
+  or None (every arm), the axes and which of them the file declared, and the command line's
+  overrides. Without axes it is a study (the file's STUDY_VARIANTS)."""
+  path: str
+  variant: str | None
+  axes: dict
+  overrides: dict
+  module: object
+  file_axes: tuple = ()
+
+  @property
+  def spec(self) -> str:
+    return f"{self.path}:{self.variant}" if self.variant else self.path
+
+  @property
+  def settings(self) -> dict:
+    """The file's SWEEP_SETTINGS, applied to every run of a sweep ({} for a study)."""
+    return dict(getattr(self.module, "SWEEP_SETTINGS", {})) if self.axes else {}
+
+  def runs(self, workdir: str) -> list:
+    """Every run of the grid, in `workdir`."""
+    return points(self.path, self.variant, self.axes, self.overrides, self.module,
+                  sweep=bool(self.axes), workdir=workdir)
+
+  def describe(self, runs: list, num_programs: int, side_by_side: int, cores: int) -> list:
+    """What the grid will run, in lines for the terminal before anything trains: its axes (and
+    which came from the file's SWEEP), the number of runs and programs, how many programs train
+    at a time (`side_by_side`, on `cores` cores), and the settings the file applies."""
+    arms = list(dict.fromkeys(run.arm for run in runs))
+    axes = " x ".join(f"{field} ({len(values)}: {', '.join(map(flag_value, values))}; "
+                      f"{'from the file' if field in self.file_axes else '--axis'})"
+                      for field, values in self.axes.items())
+    lines = [f"grid: {len(arms)} arm(s) x {axes} = {len(runs)} runs in {num_programs} "
+             "program(s)"]
+    if side_by_side > 1:
+      lines.append(f"programs: {side_by_side} at a time, each in a worker process on "
+                   f"{cores // side_by_side} core(s) (--workers)")
+    if self.settings:
+      lines.append("the file's SWEEP_SETTINGS, applied to every run before --config overrides: "
+                   + ", ".join(f"{k}={flag_value(v)}" for k, v in self.settings.items()))
+    return lines
+
+  def record(self, workdir: str, runs: list, statuses: dict) -> str:
+    """Writes what the grid ran into `workdir`: sweep.json (write_sweep) for a sweep, study.json
+    (the file, the variants and the overrides) for a study; returns its path."""
+    if self.axes:
+      return write_sweep(workdir, self, runs, statuses)
+    path = os.path.join(workdir, rundir.STUDY)
+    rundir.write_json(path, {"config": self.path, "variants": [run.name for run in runs],
+                             "overrides": dict(self.overrides)})
+    return path
+
+
+def write_sweep(workdir: str, grid: Grid, runs: list, statuses: dict) -> str:
   """DIR/sweep.json: the sweep's --config (`config`), its axes and which came from the file's
   SWEEP (`axes_from_file`), the file's SWEEP_SETTINGS (`settings`), the command line's overrides,
   and per run its name, arm, axis values (`point`), the `overrides` that reproduce it with
-  normstudy.main, that `command`, and its status."""
+  normstudy.main, that `command`, and its status as its training left it (normstudy.life)."""
   path = os.path.join(workdir, rundir.SWEEP)
   reproduce = os.path.normpath(workdir) + "_reproduced"
   rundir.write_json(path, {
-      "config": spec, "axes": axes, "axes_from_file": list(file_axes), "settings": settings,
-      "overrides": dict(overrides),
-      "runs": [{"name": p.name, "arm": p.arm, "point": p.point, "overrides": p.overrides,
-                "command": p.command(os.path.join(reproduce, p.name)),
-                "status": statuses.get(p.name, life.RUNNING)} for p in points_],
+      "config": grid.spec, "axes": grid.axes, "axes_from_file": list(grid.file_axes),
+      "settings": grid.settings, "overrides": dict(grid.overrides),
+      "runs": [{"name": r.name, "arm": r.arm, "point": r.point, "overrides": r.overrides,
+                "command": r.command(os.path.join(reproduce, r.name)),
+                "status": statuses.get(r.name, life.RUNNING)} for r in runs],
   })
   return path

@@ -1,13 +1,15 @@
 """Orchestration: which runs train together, in what order, under which locks.
 
   train_and_evaluate(config, workdir)   normstudy.main's one run (K = 1)
-  run_grid(path, variant, axes, ...)    a study's or sweep's runs, then the analysis
-  train_programs(runs, root)            runs grouped into programs, one after another or side
-                                        by side in worker processes (normstudy.workers)
+  plan(grid, workdir, ...)              a study's or sweep's runs, worked out once: expanded,
+                                        grouped into programs, every check run (a Plan)
+  run_grid(plan)                        trains a plan, records it, then the analysis
+  train_programs(runs, root)            runs grouped into programs and trained
 
 Runs whose configs differ only in per-run fields (normstudy.per_run) share one compiled program
-(`group_runs`); normstudy.train trains one program. Every check that can fail (`preflight`) runs
-for every run before anything is written.
+(`group_runs`); normstudy.train trains one program; programs train one after another or side by
+side in worker processes (normstudy.workers). Every check that can fail (`preflight`) runs for
+every run before anything is written.
 """
 
 import contextlib
@@ -21,7 +23,6 @@ import jax
 
 from normstudy import data as data_lib
 from normstudy import grid
-from normstudy import labels
 from normstudy import life
 from normstudy import per_run
 from normstudy import platform
@@ -31,26 +32,6 @@ from normstudy import train
 from normstudy import validation
 from normstudy import workers as workers_lib
 from normstudy.errors import UserError
-
-@dataclasses.dataclass
-class Run:
-  """One run: its name (in logs and sweep.json), its config and its directory; for a run of a
-  study or sweep, its arm (variant), the arm's label (without the point), the axis values it
-  sets (`point`) and the overrides that reproduce it with normstudy.main (all in run.json)."""
-  name: str
-  config: object
-  directory: str
-  arm: str = ""
-  arm_label: str = ""
-  point: dict = dataclasses.field(default_factory=dict)
-  overrides: dict = dataclasses.field(default_factory=dict)
-
-  @classmethod
-  def of_point(cls, point: grid.Point, workdir: str) -> "Run":
-    return cls(point.name, point.config, os.path.join(workdir, point.name), point.arm,
-               labels.resolve(point.config, template=point.arm_template), point.point,
-               point.overrides)
-
 
 def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False) -> None:
   """Every check that must pass before anything is created or written (raises UserError).
@@ -72,7 +53,7 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
       _check_saved_config(run, checkpointed)
 
 
-def _check_saved_config(run: Run, checkpointed: list) -> None:
+def _check_saved_config(run: grid.Run, checkpointed: list) -> None:
   saved = rundir.RunDir(run.directory).saved_config()
   if not saved:
     raise UserError(
@@ -96,7 +77,7 @@ def lock(directory: str):
 def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) -> dict:
   """Trains one run in `workdir` (resuming if it holds a checkpoint); returns its last record.
   Raises RunHalted when the run halts."""
-  run = Run(os.path.basename(os.path.normpath(workdir)) or workdir, config, workdir)
+  run = grid.Run(os.path.basename(os.path.normpath(workdir)) or workdir, config, workdir)
   checkpoint_dir = rundir.RunDir(workdir).checkpoints
   preflight([run], checkpoint_dir, allow_config_change)
   rundir.ensure_directory(workdir)
@@ -139,35 +120,71 @@ def program_checkpoints(root: str, group: list) -> str:
   return os.path.join(root, rundir.CHECKPOINTS, name)
 
 
-def needs_training(run: Run) -> bool:
+def needs_training(run: grid.Run) -> bool:
   return life.needs_training(rundir.RunDir(run.directory).info(), run.config.train.num_steps)
+
+
+@dataclasses.dataclass
+class Plan:
+  """A study's or sweep's runs, worked out once and then trained as they are: the grid, its
+  directory, its runs, their programs (lists of runs, in order), the programs that still need
+  training (`todo`, (index, program) pairs) and how many train at a time (`workers`)."""
+  grid: grid.Grid
+  workdir: str
+  runs: list
+  programs: list
+  todo: list
+  workers: int
+
+  def describe(self) -> list[str]:
+    return self.grid.describe(self.runs, len(self.programs), self.workers,
+                              len(workers_lib.available_cores()))
+
+
+def plan(spec: grid.Grid, workdir: str, allow_config_change: bool = False,
+         max_runs: int = grid.MAX_RUNS_PER_PROGRAM, workers: int = 0) -> Plan:
+  """The grid's runs in `workdir`, grouped into programs, every run checked (UserError before
+  anything is written). `workers`: programs at a time (0: one per core, up to one per
+  program; 1: one after another in this process)."""
+  rundir.check_writable(workdir, "--workdir")  # before its runs' directories are named
+  runs = spec.runs(workdir)
+  return _plan_programs(spec, workdir, runs, allow_config_change, max_runs, workers)
+
+
+def _plan_programs(spec, workdir, runs, allow_config_change, max_runs, workers) -> Plan:
+  programs = group_runs(runs, max_runs)
+  for group in programs:  # every run checked before any starts
+    preflight(group, program_checkpoints(workdir, group), allow_config_change)
+  todo = [(i, group) for i, group in enumerate(programs, start=1)
+          if any(needs_training(run) for run in group)]
+  return Plan(spec, workdir, runs, programs, todo, worker_count(len(todo), workers))
 
 
 def train_programs(runs: list, root: str, allow_config_change: bool = False,
                    max_runs: int = grid.MAX_RUNS_PER_PROGRAM, workers: int = 1) -> dict:
-  """Trains every run (grouped into programs) with stacked checkpoints under
-  `root/checkpoints/<program>/`; returns {run name: status}. `workers`: programs at a time, each
-  in a worker process on its share of the cores (normstudy.workers; 0: one per core, up to one
-  per program; 1: one after another in this process). A run that halts is a result: the others
-  go on. Runs recorded as finished or halted are not trained again."""
-  groups = group_runs(runs, max_runs)
-  for group in groups:  # every run checked before any starts
-    preflight(group, program_checkpoints(root, group), allow_config_change)
-  calls = []
-  for i, group in enumerate(groups, start=1):
-    names = ", ".join(run.name for run in group)
-    if any(needs_training(run) for run in group):
-      calls.append((i, len(groups), group, root))
-    else:
-      logging.info("[program %d/%d] %s: finished earlier, skipped", i, len(groups), names)
-  num_workers = worker_count(len(calls), workers)  # the bits do not depend on it
-  if num_workers > 1:
-    _prepare_data([call[2] for call in calls])
-    workers_lib.run(_train_group, calls, num_workers)
+  """Trains every run (grouped into programs, checked first) with stacked checkpoints under
+  `root/checkpoints/<program>/`; returns {run name: status}. `workers` as `plan`'s. A run that
+  halts is a result: the others go on. Runs recorded as finished or halted are not trained
+  again."""
+  return train_plan(_plan_programs(None, root, runs, allow_config_change, max_runs, workers))
+
+
+def train_plan(plan_: Plan) -> dict:
+  """Trains the plan's programs that need it; returns {run name: status} as their training
+  left them (normstudy.life: finished, halted, preempted, running)."""
+  todo = {i for i, _ in plan_.todo}
+  for i, group in enumerate(plan_.programs, start=1):
+    if i not in todo:
+      logging.info("[program %d/%d] %s: finished earlier, skipped", i, len(plan_.programs),
+                   ", ".join(run.name for run in group))
+  calls = [(i, len(plan_.programs), group, plan_.workdir) for i, group in plan_.todo]
+  if plan_.workers > 1:
+    _prepare_data([group for _, group in plan_.todo])
+    workers_lib.run(_train_group, calls, plan_.workers)
   else:
     for call in calls:
       _train_group(*call)
-  return {run.name: rundir.RunDir(run.directory).status() for run in runs}
+  return {run.name: rundir.RunDir(run.directory).status() for run in plan_.runs}
 
 
 def _prepare_data(groups: list) -> None:
@@ -187,54 +204,9 @@ def _train_group(index: int, total: int, group: list, root: str) -> None:
   logging.info("[program %d/%d] %d run(s): %s", index, total, len(group), names)
   with contextlib.ExitStack() as locks:
     for run in group:
-      rundir.ensure_directory(run.directory)
+      rundir.ensure_directory(run.directory)  # the run's, once: normstudy.train expects it
       locks.enter_context(lock(run.directory))
     train.train_program(group, program_checkpoints(root, group))
-
-
-@dataclasses.dataclass
-class Grid:
-  """What a study or sweep runs: the config file (`path`, its loaded `module`), the one variant
-  or None (every arm), the axes and which of them the file declared, and the command line's
-  overrides."""
-  path: str
-  variant: str | None
-  axes: dict
-  overrides: dict
-  module: object
-  file_axes: tuple = ()
-
-  @property
-  def spec(self) -> str:
-    return f"{self.path}:{self.variant}" if self.variant else self.path
-
-  def points(self) -> list:
-    return grid.points(self.path, self.variant, self.axes, self.overrides, self.module,
-                       sweep=bool(self.axes))
-
-
-def describe(spec: Grid, max_runs: int = grid.MAX_RUNS_PER_PROGRAM,
-             workers: int = 0) -> list[str]:
-  """What a sweep will run, in lines for the terminal before anything trains: its axes (and
-  which came from the file's SWEEP), the number of runs and programs, how many programs train
-  at a time, and the settings the file applies."""
-  points = spec.points()
-  programs = group_runs([Run(p.name, p.config, "") for p in points], max_runs)
-  arms = list(dict.fromkeys(p.arm for p in points))
-  axes = " x ".join(f"{field} ({len(values)}: {', '.join(map(grid.flag_value, values))}; "
-                    f"{'from the file' if field in spec.file_axes else '--axis'})"
-                    for field, values in spec.axes.items())
-  lines = [f"grid: {len(arms)} arm(s) x {axes} = {len(points)} runs in {len(programs)} "
-           "program(s)"]
-  side_by_side = worker_count(len(programs), workers)
-  if side_by_side > 1:
-    lines.append(f"programs: {side_by_side} at a time, each in a worker process on "
-                 f"{len(workers_lib.available_cores()) // side_by_side} core(s) (--workers)")
-  settings = getattr(spec.module, "SWEEP_SETTINGS", {})
-  if settings:
-    lines.append(f"the file's SWEEP_SETTINGS, applied to every run before --config overrides: "
-                 + ", ".join(f"{k}={grid.flag_value(v)}" for k, v in settings.items()))
-  return lines
 
 
 def worker_count(num_programs: int, requested: int = 0) -> int:
@@ -243,36 +215,19 @@ def worker_count(num_programs: int, requested: int = 0) -> int:
                           platform.choices(jax.devices()).worker_processes)
 
 
-def run_grid(spec: Grid, workdir: str, allow_config_change: bool = False,
-             max_runs: int = grid.MAX_RUNS_PER_PROGRAM, workers: int = 0):
-  """Trains every point of a grid into `workdir` (checked before anything is written), then
-  analyses it. `workers`: programs at a time (0: one per core, up to one per program). Returns
-  (points, statuses by point name, analysis outputs)."""
+def run_grid(plan_: Plan):
+  """Trains a plan into its directory, records it (sweep.json or study.json, with the statuses
+  its training left), then analyses it. Returns (statuses by run name, analysis outputs)."""
   from normstudy import analysis  # the analysis package needs no training stack
-  rundir.check_writable(workdir, "--workdir")  # before its runs' directories are named
-  points = spec.points()
-  runs = [Run.of_point(p, workdir) for p in points]
-  for group in group_runs(runs, max_runs):
-    preflight(group, program_checkpoints(workdir, group), allow_config_change)
+  spec, workdir = plan_.grid, plan_.workdir
   rundir.ensure_directory(workdir)
-  settings = dict(getattr(spec.module, "SWEEP_SETTINGS", {})) if spec.axes else {}
-
-  def record(statuses):
-    if spec.axes:
-      return grid.write_sweep(workdir, spec.spec, spec.axes, spec.file_axes, settings,
-                              spec.overrides, points, statuses)
-    return rundir.write_json(os.path.join(workdir, rundir.STUDY), {
-        "config": spec.path, "variants": [p.name for p in points],
-        "overrides": dict(spec.overrides)})
-
   with lock(workdir):
-    record({})
-    train_programs(runs, workdir, allow_config_change, max_runs, workers)
-    df = analysis.load_runs(workdir)  # read once, for the analysis and the statuses
-    outputs = analysis.analyze(workdir, df=df)
-    statuses = analysis.statuses(workdir, df)
+    spec.record(workdir, plan_.runs, {})
+    statuses = train_plan(plan_)
+    outputs = analysis.analyze(workdir)
+    recorded = spec.record(workdir, plan_.runs, statuses)
     if spec.axes:
-      outputs["sweep"] = record(statuses)
-  for point in points:
-    logging.info("%s: %s", point.name, statuses.get(point.name, "missing"))
-  return points, statuses, outputs
+      outputs["sweep"] = recorded
+  for run in plan_.runs:
+    logging.info("%s: %s", run.name, statuses.get(run.name) or "missing")
+  return statuses, outputs

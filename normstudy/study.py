@@ -46,10 +46,9 @@ def main(argv):
     raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
   cli.check_workers(FLAGS.workers)
   from normstudy import orchestrate  # the training stack, once the command line is known good
-  spec = orchestrate.Grid(path, None, {}, config_flags.get_override_values(FLAGS["config"]),
-                          module)
-  _, _, outputs = orchestrate.run_grid(spec, FLAGS.workdir, FLAGS.allow_config_change,
-                                       workers=FLAGS.workers)
+  spec = grid.Grid(path, None, {}, config_flags.get_override_values(FLAGS["config"]), module)
+  plan = orchestrate.plan(spec, FLAGS.workdir, FLAGS.allow_config_change, workers=FLAGS.workers)
+  _, outputs = orchestrate.run_grid(plan)
   for name, out in outputs.items():
     print(f"{name}: {out}")
 

@@ -8,10 +8,12 @@ variant; with --config=FILE, of every variant the file lists (each an arm, DIR/<
 A file may declare its own axes, `SWEEP = {dotted.field: [values]}`; --axis adds to them or
 replaces an axis of the same field (the same --axis twice, or a --config.X of an axis's field,
 is refused). A run's config is its arm's, then the file's SWEEP_SETTINGS, then --config.X, then
-the point's values; the grid is printed before anything trains. Points that differ only in data fields (learning rate, clip
-norm, weight decay, warm-up, Adam's betas and eps, seed, limits, loss-scale settings) train in
-one vmapped program; fields that change the program (placement, depth, dtype, ...) make one
-program per structural point, trained one after another. Each run writes DIR/<run>/ as a single
+the point's values; the grid is planned once (expanded, grouped into programs, every run
+checked) and printed before anything trains. Points that differ only in data fields (learning
+rate, clip norm, weight decay, warm-up, Adam's betas and eps, seed, limits, loss-scale settings)
+share one compiled program (normstudy.execution: vmapped on an accelerator, one run after
+another on a CPU); fields that change the program (placement, depth, dtype, ...) make one
+program per structural point, trained one after another or side by side (--workers). Each run writes DIR/<run>/ as a single
 run does; stacked checkpoints live under DIR/checkpoints/; DIR/sweep.json lists the axes and each
 run's status. Re-running the same command resumes where it stopped.
 """
@@ -63,12 +65,13 @@ def main(argv):
           f"{field} ({origin}: {axes[field]}); drop --config.{field}, or sweep the values you "
           f"want with --axis={field}=v1,v2,...")
   from normstudy import orchestrate  # the training stack, once the command line is known good
-  spec = orchestrate.Grid(path, variant or None, axes, overrides, module,
-                          file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
-  for line in orchestrate.describe(spec, FLAGS.max_runs_per_program, FLAGS.workers):
+  spec = grid.Grid(path, variant or None, axes, overrides, module,
+                   file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
+  plan = orchestrate.plan(spec, FLAGS.workdir, FLAGS.allow_config_change,
+                          FLAGS.max_runs_per_program, FLAGS.workers)
+  for line in plan.describe():
     print(line, flush=True)
-  _, statuses, outputs = orchestrate.run_grid(spec, FLAGS.workdir, FLAGS.allow_config_change,
-                                              FLAGS.max_runs_per_program, FLAGS.workers)
+  statuses, outputs = orchestrate.run_grid(plan)
   counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}
   for name, out in outputs.items():
     print(f"{name}: {out}")

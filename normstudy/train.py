@@ -6,9 +6,9 @@
 The K runs' configs differ only in per-run fields (normstudy.per_run); each keeps its own loss
 scale, skip counter and life (normstudy.life): a run that finishes or halts is frozen while the
 others go on. How the K runs step, and the form their state is held in, is
-normstudy.execution's (ProgramSteps); the loop only hands that state back to it. Grouping runs into programs and
-running several programs is normstudy.orchestrate's; a run is anything with .name, .config,
-.directory, .arm, .arm_label and .point (normstudy.orchestrate.Run).
+normstudy.execution's (ProgramSteps); the loop only hands that state back to it. Grouping runs
+into programs and running several programs is normstudy.orchestrate's; a run is a
+normstudy.grid.Run (.name, .config, .directory, .arm, .arm_label, .point, .overrides).
 
 Starting again resumes from the newest checkpoint that restores: each run's records after it are
 dropped first, so a resumed run's records equal an uninterrupted run's. SIGTERM/SIGINT finish the
@@ -184,7 +184,8 @@ def train_program(runs: list, checkpoint_dir: str, single: bool = False) -> list
 
 
 def _setup(runs, checkpoint_dir, single) -> Program:
-  """Data, directories, mesh, the initial stacked state and the checkpoint manager."""
+  """Data, mesh, the compiled steps, the initial state and the checkpoint manager (the runs'
+  directories exist: normstudy.orchestrate made them)."""
   configs = [run.config for run in runs]
   config = configs[0]
   try:
@@ -192,8 +193,6 @@ def _setup(runs, checkpoint_dir, single) -> Program:
   except ValueError as e:  # no files match, a tokenizer that does not fit: the user's to fix
     raise UserError(str(e)) from None
   eval_data = _stack([_stack(data_lib.eval_batches(c, splits)) for c in configs])
-  for run in runs:
-    rundir.ensure_directory(run.directory)
   mesh = sharding.make_mesh(config.mesh)
   steps = execution.ProgramSteps(config, mesh, len(runs))
   program = Program(

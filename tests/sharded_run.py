@@ -61,8 +61,8 @@ def meshes_for(name):
 def trajectory(config, shape, steps=4):
   config.mesh.update(dict(zip(sharding.AXES, shape)))
   mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
-  steps = execution.ProgramSteps(config, mesh, num_runs=1)
-  state, step = steps.initial([config]), steps.train
+  program = execution.ProgramSteps(config, mesh, num_runs=1)
+  state, step = program.initial([config]), program.train
   batches = data.train_batches(config, _splits(config))
   losses = []
   for i in range(steps):
@@ -97,8 +97,8 @@ def sweep_trajectories(tmp, shape, steps=4):
       config.optimizer.learning_rate, config.train.seed = lr, seed
       configs.append(config)
   mesh = sharding.make_mesh(base.mesh, jax.devices()[: int(np.prod(shape))])
-  steps = execution.ProgramSteps(base, mesh, num_runs=len(configs))
-  state, step = steps.initial(configs), steps.train
+  program = execution.ProgramSteps(base, mesh, num_runs=len(configs))
+  state, step = program.initial(configs), program.train
   splits = _splits(base)
   datasets = [data.train_batches(c, splits) for c in configs]
   losses = []
@@ -106,7 +106,7 @@ def sweep_trajectories(tmp, shape, steps=4):
     batch = {k: np.stack([d[i][k] for d in datasets]) for k in datasets[0][i]}
     state, metrics = step(state, sharding.global_batch(mesh, batch))
     losses.append(np.asarray(metrics["loss"]).tolist())
-  state = steps.stacked(state)
+  state = program.stacked(state)
   return losses, str(state.params["layers"]["mlp"]["fc1"].sharding.spec)
 
 

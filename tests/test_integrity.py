@@ -13,6 +13,7 @@ import pytest
 
 from normstudy import errors
 from normstudy import rundir
+from normstudy import grid
 from normstudy import orchestrate
 import runs
 
@@ -37,7 +38,7 @@ def test_a_workdir_without_a_checkpoint_takes_a_new_config(make_config, tmp_path
   workdir.mkdir()
   other = make_config(max_len=8)
   rundir.RunDir(str(workdir)).write_config(rundir.config_json(other))
-  run = orchestrate.Run("run", config, str(workdir))
+  run = grid.Run("run", config, str(workdir))
   checkpoints = str(workdir / "checkpoints")
   orchestrate.preflight([run], checkpoints)  # no finished step: not a run yet
   os.makedirs(os.path.join(checkpoints, "3"))
@@ -52,12 +53,12 @@ def test_workdir_and_data_dir_that_cannot_be_written(make_config, tmp_path):
   blocker = tmp_path / "a_file"
   blocker.write_text("x")
   config = make_config()
-  run = orchestrate.Run("run", config, str(blocker / "run"))
+  run = grid.Run("run", config, str(blocker / "run"))
   with pytest.raises(errors.UserError, match=r"--workdir='.*a_file/run' cannot be created: .*"
                                              r"a_file is a file"):
     orchestrate.preflight([run], str(blocker / "run" / "checkpoints"))
   config.data.data_dir = str(blocker / "tfds")
-  run = orchestrate.Run("run", config, str(tmp_path / "run"))
+  run = grid.Run("run", config, str(tmp_path / "run"))
   with pytest.raises(errors.UserError, match=r"config.data.data_dir='.*a_file/tfds' cannot be"):
     orchestrate.preflight([run], str(tmp_path / "run" / "checkpoints"))
   assert not (tmp_path / "run").exists()

@@ -66,9 +66,9 @@ def test_grid_points_of_a_file_and_of_one_variant(tmp_path):
     grid.points(path, "pre_norm_clip1", {"optimizer.learning_rate": [1.2345671e-4,
                                                                       1.2345672e-4]}, {})
   # Arms that differ in data fields share a program; a structural axis splits them.
-  assert len(orchestrate.group_runs([orchestrate.Run(p.name, p.config, "") for p in every])) == 3
+  assert len(orchestrate.group_runs([grid.Run(p.name, p.config, "") for p in every])) == 3
   # A limit on runs per program splits a structure's runs into near-equal parts, in order.
-  one_runs = [orchestrate.Run(p.name, p.config, "") for p in one]
+  one_runs = [grid.Run(p.name, p.config, "") for p in one]
   assert [[r.name for r in g] for g in orchestrate.group_runs(one_runs, max_runs=3)] == [
       ["lr0.001_seed0", "lr0.001_seed1"], ["lr0.01_seed0", "lr0.01_seed1"]]
   assert [len(g) for g in orchestrate.group_runs(one_runs * 2, max_runs=3)] == [3, 3, 2]
@@ -121,7 +121,7 @@ def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path):
   for p in points:
     with p.config.unlocked():
       _tiny(p.config, tmp_path)
-    sweep_runs.append(orchestrate.Run(p.name, p.config, str(tmp_path / "sweep" / p.name), p.arm,
+    sweep_runs.append(grid.Run(p.name, p.config, str(tmp_path / "sweep" / p.name), p.arm,
                                       point=p.point))
   statuses = orchestrate.train_programs(sweep_runs, str(tmp_path / "sweep"))
   assert statuses == {p.name: "finished" for p in points}
@@ -150,7 +150,7 @@ def test_a_run_that_halts_is_frozen_while_the_others_finish(tmp_path):
       _tiny(p.config, tmp_path, steps=12)
       p.config.optimizer.clip_norm = 0.0
       p.config.train.on_nonfinite = "halt"
-    sweep_runs.append(orchestrate.Run(p.name, p.config, str(tmp_path / p.name), p.arm,
+    sweep_runs.append(grid.Run(p.name, p.config, str(tmp_path / p.name), p.arm,
                                       point=p.point))
   statuses = orchestrate.train_programs(sweep_runs, str(tmp_path))
   assert statuses == {"lr0.001": "finished", "lr10000": "halted"}
