@@ -20,6 +20,7 @@ from normstudy import errors
 from normstudy.errors import Preempted
 from normstudy.errors import RunHalted
 from normstudy.errors import UserError
+from normstudy.errors import WorkerKilled
 
 
 # INFO lines from these packages drown the progress lines a researcher watches for.
@@ -165,7 +166,7 @@ def _parse_flags(argv):
 def run(main, define_flags):
   """Defines the entry's flags, then `absl.app.run(main)` with library noise filtered; the stops
   of normstudy.errors become one line on stderr and an exit code (user error 2, halted run 3,
-  preemption 0)."""
+  preemption 0, a sweep's worker killed 1)."""
   define_flags()
 
   def wrapped(argv):
@@ -181,6 +182,9 @@ def run(main, define_flags):
     except Preempted as e:
       print(f"preempted: {e}", file=sys.stderr)
       sys.exit(0)
+    except WorkerKilled as e:
+      print(f"stopped: {e}", file=sys.stderr)
+      sys.exit(1)
     except Exception as e:  # the machine's failures are one line; anything else is a bug
       line = errors.environment_problem(e)
       if line is None:

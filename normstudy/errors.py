@@ -25,6 +25,11 @@ class Preempted(Exception):
   """SIGTERM/SIGINT: the current step was finished and checkpointed. Exit code 0."""
 
 
+class WorkerKilled(Exception):
+  """A sweep's worker process died from a signal (a kill, the out-of-memory killer) or exited
+  without a word: its program's runs continue from their newest checkpoints. Exit code 1."""
+
+
 def not_allowed(field: str, value, allowed) -> ConfigError:
   """The one message for a value outside its allowed set or range: names the field, the value
   and what is allowed (a description, or the allowed names)."""

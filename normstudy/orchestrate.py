@@ -180,11 +180,16 @@ def train_plan(plan_: Plan) -> dict:
   calls = [(i, len(plan_.programs), group, plan_.workdir) for i, group in plan_.todo]
   if plan_.workers > 1:
     _prepare_data([group for _, group in plan_.todo])
-    workers_lib.run(_train_group, calls, plan_.workers)
+    workers_lib.run(_train_group, calls, plan_.workers, describe=_describe_call)
   else:
     for call in calls:
       _train_group(*call)
   return {run.name: rundir.RunDir(run.directory).status() for run in plan_.runs}
+
+
+def _describe_call(call) -> str:
+  index, total, group, _ = call
+  return f"program {index}/{total} ({', '.join(run.name for run in group)})"
 
 
 def _prepare_data(groups: list) -> None:

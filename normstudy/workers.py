@@ -11,23 +11,30 @@ workers, and what normstudy.main computes for each run alone.
 
 Stops: a worker dies with the sweep's process (PR_SET_PDEATHSIG). SIGTERM or SIGINT to the sweep
 is passed on to the workers, whose programs checkpoint and stop (errors.Preempted) as in one
-process; programs not yet started do not start.
+process; programs not yet started do not start. A worker killed by a signal (the out-of-memory
+killer, a kill) stops the sweep with one line naming its program (errors.WorkerKilled); its runs
+continue from their newest checkpoints with the same command. The workers are processes this
+module starts itself, so it knows each one's pid, program and exit status.
 """
 
-import concurrent.futures
 import ctypes
 import multiprocessing
 import os
+import pickle
+import queue
+import shlex
 import signal
+import sys
+import traceback
 
 from absl import logging
-import jax
 
 from normstudy import cli
 from normstudy.errors import Preempted
+from normstudy.errors import WorkerKilled
 
 _PR_SET_PDEATHSIG = 1
-_STOP = None  # the workers' shared "stop requested" event, set in each worker
+_POLL_S = 0.5  # how often the sweep looks for a worker that died without a word
 
 
 def available_cores() -> list:
@@ -44,11 +51,12 @@ def count(num_programs: int, requested: int, side_by_side: bool) -> int:
   return max(1, min(cores, requested if requested >= 1 else num_programs))
 
 
-def _start_worker(shares, claimed, stop, verbosity):
-  global _STOP
-  with claimed.get_lock():
-    index = claimed.value
-    claimed.value += 1
+class NotStarted(Preempted):
+  """A program that did not start because the sweep was stopping."""
+
+
+def _start(cores, verbosity):
+  """A worker's set-up, before it takes any call."""
   try:
     ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
   except (OSError, AttributeError):  # not Linux: a killed sweep may leave its workers running
@@ -56,7 +64,6 @@ def _start_worker(shares, claimed, stop, verbosity):
   # Between programs a stop is the sweep's to handle; during one, normstudy.train's handlers.
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
-  _STOP = stop
   logging.use_absl_handler()
   cli.quiet_library_logs()
   logging.set_verbosity(verbosity)
@@ -64,38 +71,68 @@ def _start_worker(shares, claimed, stop, verbosity):
   # results' last bits follow that split, not the cores the threads run on. The client starts
   # here, on the sweep's cores, before the worker is pinned to its share: a program computes
   # bit for bit what it computes in one process on the whole machine (normstudy.main's run).
+  import jax  # pylint: disable=import-outside-toplevel
   jax.devices()
-  os.sched_setaffinity(0, shares[index % len(shares)])
+  os.sched_setaffinity(0, cores)
 
 
-class NotStarted(Preempted):
-  """A program that did not start because the sweep was stopping."""
-
-
-def _call(fn, args):
-  if _STOP.is_set():
-    raise NotStarted("stopped before this program started; run the same command to continue")
+def _sendable(error: BaseException) -> BaseException:
+  """The error as it can cross to the sweep: itself with its traceback as a note, or (if it
+  does not pickle) a RuntimeError with its text."""
+  remote = "".join(traceback.format_exception(error))
   try:
-    return fn(*args)
-  except BaseException:
-    _STOP.set()  # before this worker takes the next call
-    raise
+    pickle.dumps(error)
+  except Exception:  # noqa: BLE001 (any pickling failure)
+    error = RuntimeError(remote)
+  else:
+    error.add_note(f"in a worker process:\n{remote}")
+  return error
 
 
-def run(fn, calls: list, num_workers: int) -> None:
+def _worker(slot, cores, fn, tasks, results, stop, verbosity):
+  """A worker's life: set-up, then calls from `tasks` until its None, each reported to
+  `results` as ("start", slot, index) and ("done", slot, index, error or None)."""
+  _start(cores, verbosity)
+  for index, args in iter(tasks.get, None):
+    if stop.is_set():
+      results.put(("done", slot, index, NotStarted(
+          "stopped before this program started; run the same command to continue")))
+      continue
+    results.put(("start", slot, index))
+    try:
+      fn(*args)
+    except BaseException as e:  # noqa: BLE001 (every failure goes to the sweep)
+      stop.set()  # before this worker takes the next call
+      results.put(("done", slot, index, _sendable(e)))
+    else:
+      results.put(("done", slot, index, None))
+
+
+def _killed(slot: int, process, index, calls, describe) -> WorkerKilled:
+  code = process.exitcode
+  how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
+         else f"exited with code {code}")
+  program = f"while it trained {describe(calls[index])}" if index is not None else "between programs"
+  return WorkerKilled(
+      f"worker process {slot + 1} (pid {process.pid}) was {how} {program}; its runs continue "
+      f"from their newest checkpoints: run the same command ({shlex.join(sys.orig_argv)})")
+
+
+def run(fn, calls: list, num_workers: int, describe=repr) -> None:
   """fn(*args) for every args in `calls`, in `num_workers` spawned processes, each pinned to
   its own share of len(cores) // num_workers cores. After a failure or a stop signal no further
   call starts; once every started call has returned, raises Preempted after a signal, else the
-  first failure."""
+  first failure (WorkerKilled for a worker that died: `describe(args)` names its call)."""
   cores = available_cores()
   share = len(cores) // num_workers
-  shares = [cores[i * share:(i + 1) * share] for i in range(num_workers)]
   context = multiprocessing.get_context("spawn")
-  stop = context.Event()
-  pool = concurrent.futures.ProcessPoolExecutor(
-      num_workers, mp_context=context, initializer=_start_worker,
-      initargs=(shares, context.Value("i", 0), stop, logging.get_verbosity()))
-
+  tasks, results, stop = context.SimpleQueue(), context.Queue(), context.Event()
+  for item in list(enumerate(calls)) + [None] * num_workers:
+    tasks.put(item)
+  processes = [context.Process(
+      target=_worker, name=f"normstudy-worker-{slot + 1}",
+      args=(slot, cores[slot * share:(slot + 1) * share], fn, tasks, results, stop,
+            logging.get_verbosity())) for slot in range(num_workers)]
   signalled = []
 
   def forward(signum, frame):
@@ -104,22 +141,18 @@ def run(fn, calls: list, num_workers: int) -> None:
     if len(signalled) == 1:
       logging.warning("%s received: passing it to the workers", signal.Signals(signum).name)
     stop.set()
-    for process in list(getattr(pool, "_processes", {}).values()):  # CPython's executor
+    for process in processes:
       if process.is_alive():
         os.kill(process.pid, signal.SIGTERM)
 
   previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-  failures = []
   try:
-    futures = [pool.submit(_call, fn, args) for args in calls]
-    for future in concurrent.futures.as_completed(futures):
-      try:
-        future.result()
-      except Exception as e:  # noqa: BLE001 (every failure is reported after the others end)
-        failures.append(e)
-        stop.set()
+    for process in processes:
+      process.start()
+    failures = _collect(processes, results, stop, calls, describe)
   finally:
-    pool.shutdown(wait=True, cancel_futures=True)
+    for process in processes:
+      process.join()
     for s, handler in previous.items():
       signal.signal(s, handler)
   if signalled:
@@ -128,3 +161,28 @@ def run(fn, calls: list, num_workers: int) -> None:
     failures = [e for e in failures if not isinstance(e, NotStarted)] + failures
   if failures:
     raise failures[0]
+
+
+def _collect(processes, results, stop, calls, describe) -> list:
+  """Every call's outcome, until each worker has exited: the failures, in the order they came
+  (a worker that died without reporting its call done is a WorkerKilled)."""
+  running, failures, gone = {}, [], set()
+  while len(gone) < len(processes):
+    try:
+      message = results.get(timeout=_POLL_S)
+    except queue.Empty:
+      for slot, process in enumerate(processes):
+        if slot not in gone and not process.is_alive():
+          gone.add(slot)
+          if process.exitcode != 0 or slot in running:
+            failures.append(_killed(slot, process, running.pop(slot, None), calls, describe))
+            stop.set()
+      continue
+    kind, slot, index = message[:3]
+    if kind == "start":
+      running[slot] = index
+    else:
+      running.pop(slot, None)
+      if message[3] is not None:
+        failures.append(message[3])
+  return failures

@@ -36,6 +36,25 @@ def _fail(started, name):
   raise ValueError(name)
 
 
+def test_a_killed_worker_is_one_line_naming_its_call_and_later_calls_do_not_start(tmp_path):
+  started = tmp_path / "started"
+  calls = [(str(started), "first"), (str(started), "second")]
+  with pytest.raises(errors.WorkerKilled) as caught:
+    workers.run(_die, calls, 1, describe=lambda call: f"call {call[1]}")
+  message = str(caught.value)
+  assert "\n" not in message
+  assert message.startswith("worker process 1 (pid ")
+  assert "was killed by SIGKILL while it trained call first; its runs continue" in message
+  assert message.endswith(")") and "run the same command (" in message
+  assert started.read_text() == "first"  # the second never started
+
+
+def _die(started, name):
+  with open(started, "a", encoding="utf-8") as f:
+    f.write(name)
+  os.kill(os.getpid(), signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(tmp_path):
   # Two programs (two placements): trained in one process, and trained one per worker, stopped
