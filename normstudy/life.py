@@ -9,9 +9,9 @@ training, and the analysis asks which runs failed.
   finished   reached its num_steps
   halted     stopped by its non-finite policy, its consecutive-skip limit, or the fp16 loss
              scale reaching its floor (the newest checkpoint holds the last good state)
-  diverged   finished, but the analysis's divergence detector flags its loss (a judgement of
-             the records, never written by the loop)
   preempted  stopped by SIGTERM/SIGINT or a preemption notice after checkpointing its step
+These are the only statuses the loop writes (run.json, sweep.json). The analysis adds one
+judgement of its own, derived from the records: `diverged` (normstudy.analysis.detectors).
 """
 
 import dataclasses
@@ -19,10 +19,8 @@ import dataclasses
 RUNNING = "running"
 FINISHED = "finished"
 HALTED = "halted"
-DIVERGED = "diverged"
 PREEMPTED = "preempted"
-STATUSES = (FINISHED, HALTED, DIVERGED, PREEMPTED, RUNNING)
-FAILED = (HALTED, DIVERGED)
+STATUSES = (FINISHED, HALTED, PREEMPTED, RUNNING)
 
 # The codes of `TrainState.status`: the status the compiled step decides, with the halt's cause.
 CODE_RUNNING, CODE_FINISHED, CODE_HALTED_NONFINITE, CODE_HALTED_SKIPS, CODE_HALTED_SCALE = range(5)
@@ -34,11 +32,6 @@ def status_of(code: int) -> str:
   if code == CODE_RUNNING:
     return RUNNING
   return FINISHED if code == CODE_FINISHED else HALTED
-
-
-def failed(status) -> bool:
-  """Whether a run's status is a failure (halted or diverged)."""
-  return status in FAILED
 
 
 def halt_description(config, code: int, record: dict) -> tuple[str, str]:
@@ -69,20 +62,42 @@ def needs_training(info: dict, num_steps: int) -> bool:
   return not (status == FINISHED and info.get("last_step") == num_steps)
 
 
+# Where a forward pass can first go non-finite, in the order it computes them: the site ids the
+# model's locate probe sows (normstudy.telemetry) and run.json's `nonfinite_site` stores, and
+# their words (the halt line, run.json's `nonfinite_at`, the analysis's kinds of death).
+# "backward" is no forward site: every forward value was finite and a gradient was not.
+SITE_WORDS = {
+    "embedding": "embedding",
+    "attn_scores": "attention scores",
+    "attn_out": "attention output",
+    "resid_attn": "residual stream after attention",
+    "mlp_preact": "MLP pre-activation",
+    "mlp_out": "MLP output",
+    "resid_mlp": "residual stream after the MLP",
+    "logits": "output logits",
+    "backward": "backward pass only",
+}
+# The sites inside each layer, in the order a layer computes them.
+LAYER_SITES = ("attn_scores", "attn_out", "resid_attn", "mlp_preact", "mlp_out", "resid_mlp")
+
+
 @dataclasses.dataclass(frozen=True)
 class Site:
-  """Where a forward pass first went non-finite: `layer` (None outside the layers) and `site`
-  ("embedding", "attention scores", "residual stream", ..., "output logits", or
-  "backward pass only" when every forward site was finite)."""
+  """Where a forward pass first went non-finite: `layer` (None outside the layers) and `site`,
+  an id of SITE_WORDS ("backward" when every forward site was finite)."""
   layer: int | None
   site: str
 
+  @property
+  def words(self) -> str:
+    return SITE_WORDS[self.site]
+
   def sentence(self) -> str:
-    """'layer 3 residual stream', 'output logits': the text of the halt line."""
-    return self.site if self.layer is None else f"layer {self.layer} {self.site}"
+    """'layer 3 residual stream after attention', 'output logits': the halt line's text."""
+    return self.words if self.layer is None else f"layer {self.layer} {self.words}"
 
   def as_json(self) -> dict:
     return {"layer": self.layer, "site": self.site}
 
 
-BACKWARD_ONLY = Site(None, "backward pass only")
+BACKWARD_ONLY = Site(None, "backward")

@@ -13,9 +13,10 @@ checked) and printed before anything trains. Points that differ only in data fie
 rate, clip norm, weight decay, warm-up, Adam's betas and eps, seed, limits, loss-scale settings)
 share one compiled program (normstudy.execution: vmapped on an accelerator, one run after
 another on a CPU); fields that change the program (placement, depth, dtype, ...) make one
-program per structural point, trained one after another or side by side (--workers). Each run writes DIR/<run>/ as a single
-run does; stacked checkpoints live under DIR/checkpoints/; DIR/sweep.json lists the axes and each
-run's status. Re-running the same command resumes where it stopped.
+program per structural point, trained one after another or side by side (--workers). Each run
+writes DIR/<run>/ as a single run does; stacked checkpoints live under DIR/checkpoints/;
+DIR/sweep.json lists the axes and each run's status. Re-running the same command resumes where
+it stopped.
 """
 
 from absl import flags

@@ -41,15 +41,8 @@ STEP_LAYER_METRICS = ("grad_norm", "update_norm", "param_norm")
 LAYER_METRICS = SOWN_LAYER_METRICS + STEP_LAYER_METRICS
 GLOBAL_METRICS = ("output_logit_max", "log_z_mean")
 
-# Where a forward pass can first go non-finite, in the order the pass computes them.
-LAYER_SITES = (
-    ("attn_scores", "attention scores"),
-    ("attn_out", "attention output"),
-    ("resid_attn", "residual stream"),
-    ("mlp_preact", "MLP pre-activation"),
-    ("mlp_out", "MLP output"),
-    ("resid_mlp", "residual stream"),
-)
+# Where a forward pass can first go non-finite inside a layer, in the order it computes them.
+LAYER_SITES = life.LAYER_SITES
 BACKWARD_ONLY = life.BACKWARD_ONLY
 
 
@@ -155,7 +148,7 @@ def site_flags(cfg, sown) -> dict:
   """The locate probe's flags as {"embedding": bool, "layers": {site: [num_layers]},
   "logits": bool} (device arrays)."""
   layers = {}
-  for site, _ in LAYER_SITES:
+  for site in LAYER_SITES:
     module = ("attention",) if site.startswith("attn") else ("mlp",) if site.startswith(
         "mlp") else ()
     layers[site] = _layer_values(cfg, sown, module + (site,))
@@ -164,15 +157,14 @@ def site_flags(cfg, sown) -> dict:
 
 def first_nonfinite(flags: dict) -> life.Site:
   """Where a forward pass first went non-finite, from `site_flags` fetched to the host:
-  Site(None, "embedding"), Site(3, "residual stream"), Site(None, "output logits"), or
-  BACKWARD_ONLY."""
+  Site(None, "embedding"), Site(3, "resid_attn"), Site(None, "logits"), or BACKWARD_ONLY."""
   if not bool(flags["embedding"]):
     return life.Site(None, "embedding")
   num_layers = len(next(iter(flags["layers"].values())))
   for layer in range(num_layers):
-    for site, words in LAYER_SITES:
+    for site in LAYER_SITES:
       if not bool(flags["layers"][site][layer]):
-        return life.Site(layer, words)
+        return life.Site(layer, site)
   if not bool(flags["logits"]):
-    return life.Site(None, "output logits")
+    return life.Site(None, "logits")
   return BACKWARD_ONLY

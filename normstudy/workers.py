@@ -112,7 +112,8 @@ def _killed(slot: int, process, index, calls, describe) -> WorkerKilled:
   code = process.exitcode
   how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
          else f"exited with code {code}")
-  program = f"while it trained {describe(calls[index])}" if index is not None else "between programs"
+  program = (f"while it trained {describe(calls[index])}" if index is not None
+             else "between programs")
   return WorkerKilled(
       f"worker process {slot + 1} (pid {process.pid}) was {how} {program}; its runs continue "
       f"from their newest checkpoints: run the same command ({shlex.join(sys.orig_argv)})")

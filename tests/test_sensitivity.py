@@ -192,3 +192,17 @@ def test_a_study_without_a_learning_rate_axis_keeps_its_per_run_summary(tmp_path
   outputs = analysis.analyze(root)
   assert "lr_sensitivity" not in outputs
   assert list(pd.read_csv(outputs["summary"]).run) == ["a"]
+
+
+def test_a_death_kind_is_the_words_of_the_recorded_site_id_or_an_older_records_words():
+  assert sensitivity.death_kind({"layer": 2, "site": "resid_attn"}) == (
+      "residual stream after attention")
+  assert sensitivity.death_kind({"layer": 2, "site": "resid_mlp"}) == (
+      "residual stream after the MLP")
+  assert sensitivity.death_kind({"layer": None, "site": "backward"}) == "backward pass only"
+  # run.json written before ids were stored: its words are the kind.
+  assert sensitivity.death_kind({"layer": 0, "site": "residual stream"}) == "residual stream"
+  assert sensitivity.death_kind({"layer": 0, "site": "attention scores"}) == "attention scores"
+  assert sensitivity.death_kind({"layer": 0, "site": "elsewhere"}) == "not located"
+  assert sensitivity.death_kind(None) == "not located"
+  assert all(kind in sensitivity_plots.KIND_COLORS for kind in sensitivity.DEATH_KINDS)

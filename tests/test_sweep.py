@@ -11,6 +11,7 @@ import pytest
 from normstudy import errors
 from normstudy import grid
 from normstudy import labels
+from normstudy import life
 from normstudy import rundir
 from normstudy import orchestrate
 import fresh_env
@@ -159,8 +160,10 @@ def test_a_run_that_halts_is_frozen_while_the_others_finish(tmp_path):
   assert recs[-1]["step"] == halted["halt_step"] < 12 and recs[-1]["skipped"]
   assert halted["halt_reason"] == "non-finite gradient" and halted["nonfinite_at"]
   site = halted["nonfinite_site"]
-  assert set(site) == {"layer", "site"} and halted["nonfinite_at"].endswith(site["site"])
-  assert site["layer"] is None or halted["nonfinite_at"] == f"layer {site['layer']} {site['site']}"
+  # The site's id (as telemetry sows it); the halt line's words derive from life's one table.
+  words = life.SITE_WORDS[site["site"]]
+  assert set(site) == {"layer", "site"} and halted["nonfinite_at"].endswith(words)
+  assert site["layer"] is None or halted["nonfinite_at"] == f"layer {site['layer']} {words}"
   assert [r["step"] for r in runs.records(tmp_path / "lr0.001")] == list(range(1, 13))
 
 

@@ -136,7 +136,7 @@ def test_locator_names_the_first_non_finite_site(make_config, scan):
     blown = scaled(lambda path: in_layer(path, 1, "fc1"), 1e6)
   locate = jax.jit(steps_lib.make_locate_step(config))
   site = _located(locate, blown, batch)
-  assert site == life.Site(1, "MLP pre-activation")
+  assert site == life.Site(1, "mlp_preact")
   assert site.sentence() == "layer 1 MLP pre-activation"
   # A NaN in the embedding table poisons the first site.
   nan_embedding = state.replace(params={**state.params, "embedding": jnp.full_like(

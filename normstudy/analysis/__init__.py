@@ -14,7 +14,9 @@ stack, so a notebook can install normstudy without replacing its jax or TensorFl
 is `python -m normstudy.analyze`.
 """
 
+import dataclasses
 import os
+from typing import Callable
 
 from normstudy.analysis.detectors import divergence_step
 from normstudy.analysis.detectors import observe
@@ -54,56 +56,78 @@ def statuses(workdir: str, df=None) -> dict:
   return dict(zip(summary.run, summary.status))
 
 
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """One kind of analysis: the runs it `applies_to` (a predicate of the loaded runs) and how it
+  is written: `write(df, summary, workdir)` -> (outputs {name: path}, sections of
+  observations.md [(heading, text)], the table summary.csv holds)."""
+  name: str
+  applies_to: Callable
+  write: Callable
+
+
+def _sweep_report(df, summary, workdir):
+  """A learning-rate sweep: per-arm summary.csv (sensitivity.summarize), runs.csv (a study's
+  summary plus the sweep's columns), deaths.csv (sensitivity.deaths), its figures, and survival
+  (analysis.survival) and sensitivity sections."""
+  runs = sensitivity.table(df, summary)
+  by_arm = sensitivity.summarize(runs)
+  died = sensitivity.deaths(runs)
+  outputs = {"run_table": os.path.join(workdir, "runs.csv"),
+             "deaths": os.path.join(workdir, "deaths.csv")}
+  summary.merge(runs.drop(columns=["status", "final_eval_loss", "nonfinite_at", "halt_reason",
+                                   "entropy_floor"]), on="run", how="left").to_csv(
+      outputs["run_table"], index=False)
+  died.to_csv(outputs["deaths"], index=False)
+  outputs.update(sensitivity_plots.plot_all(runs, died, workdir))
+  survived, survival_text = survival.analyze(df, runs, workdir)
+  outputs.update(survived)
+  sections = [("Survival", survival_text),
+              ("Learning-rate sensitivity", sensitivity.observations(runs, by_arm, died))]
+  return outputs, sections, by_arm
+
+
+def _speed_report(df, summary, workdir):
+  """Seeds at one learning rate: speed.csv and speed.png (analysis.speed) and a section."""
+  outputs, text = speed.analyze(df, summary, workdir)
+  return outputs, [("Learning speed", text)], summary
+
+
+# The reports, in order; the first that applies to a directory's runs writes it. Runs no report
+# applies to (a study) get the per-run summary alone.
+REPORTS = (
+    Report("learning-rate sweep", sensitivity.is_sweep, _sweep_report),
+    Report("learning speed", speed.is_speed_sweep, _speed_report),
+)
+
+
 def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, df=None) -> dict:
   """Writes the analysis of every run below `workdir` into it; returns the paths written.
 
-  A study: loss_comparison.png (+ .svg), summary.csv (one row per run), observations.md and, with
-  telemetry, layers_<metric>.png. A learning-rate sweep (runs that vary
-  optimizer.learning_rate): lr_sensitivity.png, lr_attn_logit.png, deaths.png, summary.csv (one
-  row per arm: sensitivity.summarize), deaths.csv (how runs die: sensitivity.deaths), runs.csv
-  (one row per run, as a study's summary.csv, plus the sweep's columns), survival.csv,
-  survival_tests.csv and survival.png (analysis.survival) and observations.md led by survival
-  and sensitivity. A sweep of seeds at one learning rate: speed.csv and speed.png
-  (analysis.speed). The per-step figures only when there are few enough runs to read them.
+  Always summary.csv and observations.md; the first of REPORTS that applies adds its tables,
+  figures and sections (a learning-rate sweep: lr_sensitivity.png, lr_attn_logit.png,
+  deaths.png, deaths.csv, runs.csv, survival.csv, survival_tests.csv, survival.png, and a
+  per-arm summary.csv; seeds at one learning rate: speed.csv and speed.png). With few enough
+  runs to read them, the per-step figures: loss_comparison.png (+ .svg) and, with telemetry,
+  layers_<metric>.png. `df`: the runs already loaded from `workdir`.
   """
   if not os.path.isdir(workdir):
     raise NoRunsError(f"{workdir!r} is not a directory")
-  df = load_runs(workdir) if df is None else df  # `df`: the runs already loaded from it
+  df = load_runs(workdir) if df is None else df
   if df.empty:
     raise NoRunsError(f"no run with a metrics.jsonl below {workdir!r}")
   summary = summarize(df)
-  outputs = {}
-  extra = []
-  table = os.path.join(workdir, "summary.csv")
-  if sensitivity.is_sweep(df):
-    runs = sensitivity.table(df, summary)
-    by_arm = sensitivity.summarize(runs)
-    died = sensitivity.deaths(runs)
-    by_arm.to_csv(table, index=False)
-    outputs["run_table"] = os.path.join(workdir, "runs.csv")
-    summary.merge(runs.drop(columns=["status", "final_eval_loss", "nonfinite_at", "halt_reason",
-                                     "entropy_floor"]), on="run", how="left").to_csv(
-        outputs["run_table"], index=False)
-    outputs["deaths"] = os.path.join(workdir, "deaths.csv")
-    died.to_csv(outputs["deaths"], index=False)
-    outputs.update(sensitivity_plots.plot_all(runs, died, workdir))
-    survived, survival_text = survival.analyze(df, runs, workdir)
-    outputs.update(survived)
-    extra.append(("Survival", survival_text))
-    extra.append(("Learning-rate sensitivity", sensitivity.observations(runs, by_arm, died)))
-  elif speed.is_speed_sweep(df):
-    summary.to_csv(table, index=False)
-    sped, speed_text = speed.analyze(df, summary, workdir)
-    outputs.update(sped)
-    extra.append(("Learning speed", speed_text))
-  else:
-    summary.to_csv(table, index=False)
-  if df.run.nunique() <= MAX_RUNS_PER_FIGURE:
+  outputs, sections, table = {}, [], summary
+  report = next((r for r in REPORTS if r.applies_to(df)), None)
+  if report is not None:
+    outputs, sections, table = report.write(df, summary, workdir)
+  table.to_csv(os.path.join(workdir, "summary.csv"), index=False)
+  few = df.run.nunique() <= MAX_RUNS_PER_FIGURE
+  if few:
     outputs["figure"] = plot_comparison(df, os.path.join(workdir, "loss_comparison.png"),
                                         smoothing)
     outputs.update(plot_layers(df, workdir))
-  outputs["summary"] = table
+  outputs["summary"] = os.path.join(workdir, "summary.csv")
   outputs["observations"] = write_observations(
-      df, summary, os.path.join(workdir, "observations.md"), extra,
-      per_run=df.run.nunique() <= MAX_RUNS_PER_FIGURE)
+      df, summary, os.path.join(workdir, "observations.md"), sections, per_run=few)
   return outputs

@@ -16,7 +16,15 @@ Definitions (README, "Stability telemetry and observations"):
 import numpy as np
 import pandas as pd
 
+from normstudy import life
 from normstudy.analysis import runs as runs_lib
+
+# The analysis's one status of its own, beside the loop's (normstudy.life): a run the loop
+# recorded as finished whose loss the divergence detector flags. Derived from the records,
+# never written by the loop.
+DIVERGED = "diverged"
+# The statuses that count as a failure.
+FAILED = (life.HALTED, DIVERGED)
 
 SPIKE_WINDOW = 50
 SPIKE_MIN_HISTORY = 3
@@ -95,11 +103,11 @@ def lowest_scale_after_growth(scale: pd.Series) -> float:
 
 
 def status(info: dict, diverged_at) -> str:
-  """finished | halted | diverged | preempted | running: the run's recorded status, with a
-  finished run that the divergence detector flags reported as diverged."""
-  recorded = info.get("status", "running")
-  if recorded == "finished" and diverged_at is not None:
-    return "diverged"
+  """The run's recorded status (normstudy.life), with a finished run that the divergence
+  detector flags reported as DIVERGED."""
+  recorded = info.get("status", life.RUNNING)
+  if recorded == life.FINISHED and diverged_at is not None:
+    return DIVERGED
   return recorded
 
 

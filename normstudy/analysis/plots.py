@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from normstudy import life
 from normstudy.analysis import runs as runs_lib
 
 # The seed figure's colours, in its legend order; line styles tell overlapping curves apart.
@@ -98,7 +99,8 @@ def comparison_figure(df: pd.DataFrame, smoothing: float = DEFAULT_SMOOTHING):
     look = style(i)
     label = info.get("label", run)
     raw = runs_lib.series(df, run, "loss")
-    stopped = info.get("status") == "halted" or not np.isfinite(raw.to_numpy(dtype=float)).all()
+    stopped = (info.get("status") == life.HALTED
+               or not np.isfinite(raw.to_numpy(dtype=float)).all())
     any_stopped |= stopped
     if smoothing > 0:  # the raw curve stays visible behind its average
       loss_ax.plot(raw.index, raw.values, color=look["color"], linewidth=0.5, alpha=0.2)

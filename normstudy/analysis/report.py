@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 
+from normstudy import life
 from normstudy.analysis import detectors
 from normstudy.analysis import runs as runs_lib
 
@@ -11,7 +12,7 @@ def steps_taken(info: dict, loss: pd.Series) -> int:
   """Train steps a run really took: up to the last record, minus the step that halted it (its
   update was never applied)."""
   last = int(loss.index.max()) if len(loss) else 0
-  if info.get("status") == "halted" and info.get("halt_step"):
+  if info.get("status") == life.HALTED and info.get("halt_step"):
     return int(info["halt_step"]) - 1
   return last
 
@@ -85,7 +86,7 @@ def describe_run(df: pd.DataFrame, run: str) -> str:
   eval_loss = runs_lib.series(df, run, "eval_loss")
   finite_eval = eval_loss[np.isfinite(eval_loss.to_numpy(dtype=float))]
   parts = [f"Trained {steps_text(steps_taken(info, loss))} steps"]
-  if info.get("status") == "halted":
+  if info.get("status") == life.HALTED:
     parts[0] += (f", then halted at step {steps_text(info['halt_step'])}: "
                  f"{info.get('halt_reason') or 'stopped'}"
                  + (f" (first non-finite: {info['nonfinite_at']})" if info.get("nonfinite_at")
@@ -101,7 +102,7 @@ def describe_run(df: pd.DataFrame, run: str) -> str:
                  f"+{seen['largest_spike']:.2f} above trend.")
   else:
     parts.append("No loss spikes.")
-  if seen["diverged_at"] is not None and info.get("status") != "halted":
+  if seen["diverged_at"] is not None and info.get("status") != life.HALTED:
     parts.append(f"It diverged at step {steps_text(seen['diverged_at'])}.")
   scale = runs_lib.series(df, run, "loss_scale")
   if len(scale) and scale.max() > 1 and seen["scale_halvings"]:
@@ -142,7 +143,7 @@ def compare_runs(summary: pd.DataFrame) -> str:
     parts.append(f"Lowest final eval loss: {best.label} ({best.final_eval_loss:.3f}); highest: "
                  f"{worst.label} ({worst.final_eval_loss:.3f}), a gap of "
                  f"{worst.final_eval_loss - best.final_eval_loss:.3f}.")
-  halted = summary[summary.status == "halted"]
+  halted = summary[summary.status == life.HALTED]
   if len(halted):
     parts.append("Halted: " + "; ".join(
         f"{row.label} at step {int(row.halt_step)} ({row.halt_reason}"
@@ -159,7 +160,7 @@ def compare_runs(summary: pd.DataFrame) -> str:
     calm = summary[summary.loss_spikes == fewest]
     parts.append(f"Most loss spikes: {', '.join(spiky.label)} ({int(most)}); fewest: "
                  f"{', '.join(calm.label)} ({int(fewest)}).")
-  diverged = summary[summary.status == "diverged"]
+  diverged = summary[summary.status == detectors.DIVERGED]
   parts.append(f"Diverged: {', '.join(diverged.label)}." if len(diverged) else
                "No run diverged." if not len(halted) else "No other run diverged.")
   if (summary.scale_halvings > 0).any():

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from normstudy import life
 from normstudy import metrics as metrics_lib
 from normstudy import rundir
 from normstudy import telemetry
@@ -102,7 +103,7 @@ def load_runs(workdir: str) -> pd.DataFrame:
         "causal": config.get("model", {}).get("causal", True),
         "unigram_entropy": info.get("unigram_entropy"),
         "masked_loss_floor": info.get("masked_loss_floor"),
-        "status": info.get("status", "running"),
+        "status": info.get("status", life.RUNNING),
         "halt_step": info.get("halt_step"),
         "halt_reason": info.get("halt_reason"),
         "nonfinite_at": info.get("nonfinite_at"),

@@ -21,6 +21,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from normstudy.analysis import detectors
 from normstudy import grid
 from normstudy import life
 from normstudy.analysis import stats
@@ -30,10 +31,15 @@ LR = "optimizer.learning_rate"
 SEED = "train.seed"
 # A learning-rate range "within reach" of the best: Wortsman et al.'s plots read 0.1 nats.
 NEAR_BEST_NATS = 0.1
-FAILED = life.FAILED
-# Where a run first went non-finite, in coarse kinds (telemetry.first_nonfinite's words).
-DEATH_KINDS = ("attention scores", "attention output", "residual stream", "MLP pre-activation",
-               "MLP output", "output logits", "embedding", "backward pass only", "not located")
+FAILED = detectors.FAILED
+# Where a run first went non-finite: the words of normstudy.life.SITE_WORDS, in the order the
+# forward pass computes them; "residual stream" for runs recorded before the two residual sites
+# were told apart (their run.json stored the words, not the id).
+LEGACY_RESIDUAL = "residual stream"
+DEATH_KINDS = (*(life.SITE_WORDS[s] for s in ("attn_scores", "attn_out", "resid_attn",
+                                              "mlp_preact", "mlp_out", "resid_mlp")),
+               LEGACY_RESIDUAL, life.SITE_WORDS["logits"], life.SITE_WORDS["embedding"],
+               life.SITE_WORDS["backward"], "not located")
 
 
 def is_sweep(df: pd.DataFrame) -> bool:
@@ -55,11 +61,13 @@ def _group_of(point: dict) -> str:
 
 
 def death_kind(site) -> str:
-  """The kind of place a run first went non-finite, from run.json's `nonfinite_site`
-  ({"layer": 3, "site": "residual stream"} -> "residual stream"); "not located" without one."""
-  if not isinstance(site, dict) or site.get("site") not in DEATH_KINDS:
+  """The kind of place a run first went non-finite, from run.json's `nonfinite_site`: the words
+  of its site id ({"layer": 3, "site": "resid_attn"} -> "residual stream after attention"; an
+  older run.json's words are taken as they are); "not located" without one."""
+  if not isinstance(site, dict):
     return "not located"
-  return site["site"]
+  kind = life.SITE_WORDS.get(site.get("site"), site.get("site"))
+  return kind if kind in DEATH_KINDS else "not located"
 
 
 def death_layer(site):
@@ -159,8 +167,8 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     rows.append({
         "arm": arm, "label": curve.arm_label.iloc[0] + (f", {group}" if group else ""),
         "group": group, "runs": len(curve), "seeds": curve.seed.nunique(),
-        "halted": int((curve.status == "halted").sum()),
-        "diverged": int((curve.status == "diverged").sum()),
+        "halted": int((curve.status == life.HALTED).sum()),
+        "diverged": int((curve.status == detectors.DIVERGED).sum()),
         "halted_share": float(curve.status.isin(FAILED).mean()),
         **metric,
         "lr_sensitivity_seed_std": float(np.std(per_seed, ddof=1)) if len(per_seed) > 1
@@ -183,8 +191,8 @@ def deaths(runs: pd.DataFrame) -> pd.DataFrame:
     for lr, at_lr in curve.groupby("learning_rate"):
       failed = at_lr[at_lr.status.isin(FAILED)]
       base = {"arm": arm, "label": label, "group": group, "learning_rate": lr,
-              "runs": len(at_lr), "halted": int((at_lr.status == "halted").sum()),
-              "diverged": int((at_lr.status == "diverged").sum())}
+              "runs": len(at_lr), "halted": int((at_lr.status == life.HALTED).sum()),
+              "diverged": int((at_lr.status == detectors.DIVERGED).sum())}
       if failed.empty:
         rows.append({**base, "site": "", "kind": "", "layer": None, "count": 0})
         continue
@@ -300,7 +308,7 @@ def _arm_line(runs, died, row) -> str:
         dead.groupby(["site", "kind", "layer"], dropna=False, as_index=False)["count"].sum())
     failed = runs[(runs.arm == row.arm) & (runs.group == row.group)
                   & runs.status.isin(FAILED)]
-    reasons = failed.halt_reason.fillna("diverged").value_counts()
+    reasons = failed.halt_reason.fillna(detectors.DIVERGED).value_counts()
     line += "; halted by: " + ", ".join(f"{reason} ({count})"
                                          for reason, count in reasons.items())
   return line + "."

@@ -15,6 +15,8 @@ from normstudy.analysis.plots import style
 
 FLOAT16_MAX = 65504.0
 KIND_COLORS = {"attention scores": "tab:red", "attention output": "tab:orange",
+               "residual stream after attention": "tab:blue",
+               "residual stream after the MLP": "tab:cyan",
                "residual stream": "tab:blue", "MLP pre-activation": "tab:green",
                "MLP output": "tab:olive", "output logits": "tab:purple", "embedding": "tab:brown",
                "backward pass only": "tab:gray", "not located": "black"}

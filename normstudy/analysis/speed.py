@@ -20,6 +20,7 @@ import os
 import numpy as np
 import pandas as pd
 
+from normstudy import life
 from normstudy import grid
 from normstudy.analysis import runs as runs_lib
 from normstudy.analysis import stats
@@ -76,7 +77,8 @@ def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) 
       steps = [first_step_below(df, run, threshold) for run in rows.run]
       reached = [s for s in steps if s is not None]
       row = {"arm": arm, "label": rows.arm_label.iloc[0] + (f", {group}" if group else ""),
-             "group": group, "runs": len(rows), "finished": int((rows.status == "finished").sum()),
+             "group": group, "runs": len(rows),
+             "finished": int((rows.status == life.FINISHED).sum()),
              "final_eval_loss": mean, "final_eval_loss_low": low, "final_eval_loss_high": high,
              "threshold": threshold, "reached": len(reached),
              "steps_to_threshold": float(np.mean(reached)) if reached else np.nan}

@@ -24,10 +24,10 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
-from normstudy import life
+from normstudy.analysis import detectors
 from normstudy.analysis import stats
 
-FAILED = life.FAILED
+FAILED = detectors.FAILED
 # Above this the attention logits are broken (Wortsman et al. 2023, section 3.2.1: attention
 # logit growth; logits of order 1e4 make the softmax one-hot).
 BROKEN_LOGIT = 1e4
