@@ -48,11 +48,11 @@ SWEEP = {
     "optimizer.learning_rate": [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1],
     "train.seed": [0, 1, 2],
 }
-# What a sweep of this file changes in every run, so its 90 runs fit in `make sensitivity`'s 25
-# minutes on 2 CPU cores (a run-step costs about 55 ms there, vmapped or not): 200-step runs
-# (warm-up and decay scaled with them), records every 5 steps, telemetry (attention logits)
-# every 25. `--config.train.num_steps=1000 --config.optimizer.warmup_steps=80` restores the
-# recipe's length (about 2 hours).
+# What a sweep of this file changes in every run, so that its 90 runs fit in `make
+# sensitivity`'s half hour on 2 CPU cores: 200-step runs (warm-up and decay scaled with them),
+# records every 5 steps, telemetry (attention logits) every 25.
+# `--config.train.num_steps=1000 --config.optimizer.warmup_steps=80` restores the recipe's
+# length (about five times as long).
 SWEEP_SETTINGS = {
     # A curve of a sweep is many runs: its legend is the arm's description, without the seed
     # figure's "Run 1"/"Run 2".

@@ -129,7 +129,7 @@ def _train() -> ml_collections.ConfigDict:
   train.checkpoint_every = 200
   train.max_to_keep = 2
   # TensorBoard event files beside metrics.jsonl (clu's SummaryWriter). False spares the import
-  # of TensorFlow (~4 s of CPU per process); metrics.jsonl, which the analysis reads, is always
+  # of TensorFlow (seconds of CPU per process); metrics.jsonl, which the analysis reads, is always
   # written.
   train.tensorboard = True
   # Per-layer telemetry (attention-logit max, activation RMS, gradient/update/parameter norms)

@@ -103,9 +103,9 @@ def _text_files(data_cfg, max_len: int) -> TokenSplits:
 def is_catalog_dataset(name: str) -> bool:
   """Whether `name` is in the TFDS catalog, in tfds's own syntax ("lm1b", "c4/en",
   "lm1b:1.1.0", a community "namespace:name"). Community datasets are listed only for a
-  namespaced name: listing them imports TensorFlow and asks the network (4.6 s, and a stall
-  offline, with tensorflow-datasets 4.9.10); the catalog that ships with tfds is listed in
-  0.15 s."""
+  namespaced name: listing them imports TensorFlow and asks the network (seconds, and a stall
+  offline, with tensorflow-datasets 4.9.10); the catalog that ships with tfds is listed
+  without either."""
   import tensorflow_datasets as tfds
   try:
     dataset, _ = tfds.core.naming.parse_builder_name_kwargs(name)

@@ -32,9 +32,9 @@ from normstudy import life
 from normstudy import rundir
 
 # Runs per program beyond which a grid's runs of one structure are split into several programs;
-# 0 = no limit. On XLA:CPU a run-step costs about the same whatever K (the seed figure's size:
-# 52, 59 and 59 ms at K = 2, 18, 36; benchmarks/sweep.py --program_sizes), so by default one
-# program takes every run of a structure; a limit bounds a program's memory.
+# 0 = no limit. On XLA:CPU a run-step costs about the same whatever K (benchmarks/sweep.py
+# --program_sizes measures it), so by default one program takes every run of a structure; a
+# limit bounds a program's memory.
 MAX_RUNS_PER_PROGRAM = 0
 
 # Short names of common axes in run directory names; others use the field's last part.

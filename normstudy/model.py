@@ -69,12 +69,11 @@ UNROLL_MAX_LAYERS = 6
 
 def scans(cfg) -> bool:
   """Whether the stack runs under nn.scan: `scan_layers` when set, else the rule measured on
-  XLA:CPU (benchmarks/throughput.py, README "Throughput"). Unrolled, XLA fuses elementwise
-  backward chains across layers and recomputes them in every consumer: where the residual
-  stream passes through norms (Post-LN family) in float16/bfloat16 the cost grows with depth
-  (DeepNorm, 12 layers: 710 ms/step unrolled, 188 scanned), and deep stacks suffer in float32
-  too; a loop cannot be fused across, so scanning bounds the chains to one layer. Shallow
-  identity-residual stacks run faster unrolled (S: 23%, M: 42%)."""
+  XLA:CPU (benchmarks/throughput.py --placements; docs/throughput.md). Unrolled, XLA fuses
+  elementwise backward chains across layers and recomputes them in every consumer: where the
+  residual stream passes through norms (Post-LN family) in float16/bfloat16 the cost grows with
+  depth, and deep stacks suffer in float32 too; a loop cannot be fused across, so scanning
+  bounds the chains to one layer. Shallow identity-residual stacks run faster unrolled."""
   if cfg.scan_layers is not None:
     return bool(cfg.scan_layers)
   placement = placements.get(cfg.placement)
@@ -198,8 +197,8 @@ def fusion_boundary(x):
   fuses elementwise work into the layout copies before the weight-gradient dots and computes
   it there in transposed order, several inputs read with a stride; between the layers of an
   unrolled stack it fuses the residual stream's gradient, a sum over every later layer's
-  branch, into each consumer and recomputes it there (benchmarks/profile.py: such copies were
-  36% of a step at size S, jaxlib 0.10.2). XLA:CPU drops barriers before fusion unless its
+  branch, into each consumer and recomputes it there (benchmarks/profile.py measures what such
+  copies cost; docs/throughput.md). XLA:CPU drops barriers before fusion unless its
   `cse_barrier_expander` pass is off (platform.CPU_COMPILER_OPTIONS). Values are unchanged up to
   the rounding of a different fusion."""
   return jax.lax.optimization_barrier(x)
@@ -533,7 +532,7 @@ def boxed_init(cfg):
 @functools.lru_cache(maxsize=32)
 def _jitted_init(cfg):
   # One compiled program per model config: eager Flax init dispatches (and compiles) every
-  # primitive on its own, ~2x slower even for a tiny model.
+  # primitive on its own, which costs more than compiling the whole init even for a tiny model.
   return jax.jit(lambda key: nn.unbox(boxed_init(cfg)(key)))
 
 

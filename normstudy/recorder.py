@@ -16,7 +16,7 @@ from normstudy import rundir
 
 class _TensorBoard:
   """A run's TensorBoard scalars (clu's SummaryWriter), written on the writer thread (`pool`)
-  and created there on first use: it imports TensorFlow (~4 s of CPU), which then overlaps with
+  and created there on first use: it imports TensorFlow (seconds of CPU), which then overlaps with
   compilation instead of delaying the start. `enabled` False (config.train.tensorboard) writes
   no event file but still purges recomputed steps from earlier sessions' files."""
 

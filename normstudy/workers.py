@@ -1,8 +1,9 @@
 """A sweep's programs side by side: one worker process per equal share of the cores.
 
-On XLA:CPU one process does not keep two cores busy with programs this small; two programs in
-two processes, each pinned to one core, train 1.5x the run-steps per second of the same programs
-one after another in one two-core process (benchmarks/workers.py, the seed figure's size).
+On XLA:CPU one process does not keep two cores busy with programs this small, so two programs
+in two processes, each pinned to one core, train more run-steps per second than the same
+programs one after another in one two-core process (benchmarks/workers.py measures it;
+docs/throughput.md).
 
 Determinism: XLA:CPU's results depend on the size of its thread pool (how it splits a dot's
 sums), so each worker starts XLA on all of the sweep's cores and only then pins itself to its
