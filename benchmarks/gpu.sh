@@ -7,7 +7,7 @@
 #
 # Needs a Python with this package's requirements and a CUDA jaxlib (`pip install -e .` then
 # `pip install "jax[cuda12]"`), or PYTHON pointing at one. Writes docs/gpu/results.json and
-# docs/gpu/results.txt (what it printed), the GPU named in both. Goals (README, "Throughput"):
+# docs/gpu/results.txt (what it printed), the GPU named in both. Goals (docs/throughput.md):
 # MFU >= 45% for the 125M model; K = 64 vmapped >= 10x the sequential run-steps/s.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -11,7 +11,7 @@ model the peer harness (../shared/peer) times: tanh GELU, no biases, learned pos
   scanned    the same with scan_layers=True (the default, scan_layers=None, unrolls both sizes)
 With --placements it also times the seed figure's recipe (configs/seed_figure.py) for every
 registered placement in float16 and float32, scanned and unrolled: the float16 Post-LN slowdown
-of unrolled stacks (README, "Throughput") must not come back unseen.
+of unrolled stacks (docs/throughput.md) must not come back unseen.
 
 MFU = model FLOPs per step / step time / the dense float32 matmul rate measured in this same
 process (2048^3, jitted, median), so the figure is relative to what this machine can do now.

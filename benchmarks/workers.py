@@ -14,7 +14,7 @@ pipeline, one program per group of runs as the sweep trains it):
 Printed: steady-state run-steps per second (from the median step time of every program; for the
 workers, summed over the programs training together) and the wall time including compilation,
 and the ratio workers / one process. normstudy.sweep would gain from workers where the ratio is
-well above 1 (the README's rule: at least 1.25x).
+well above 1 (docs/throughput.md's rule: at least 1.25x).
 """
 
 import argparse

@@ -43,7 +43,7 @@ STUDY_VARIANTS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1
 # The learning-rate sensitivity study (Wortsman et al. 2023): every arm over these axes. The
 # recipe's own learning rate is 3e-3; the grid spans where every arm trains to where the probe
 # saw fp16 loss-scale collapse in every arm (3e-1). A depth axis is one flag away:
-# --axis=model.num_layers=4,12 (README, "The seed figure's sensitivity study").
+# --axis=model.num_layers=4,12 (docs/results.md, "Learning-rate sensitivity").
 SWEEP = {
     "optimizer.learning_rate": [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1],
     "train.seed": [0, 1, 2],
@@ -87,7 +87,7 @@ def base_config():
   # learns masked prediction within a few hundred steps (absolute positions need thousands).
   model.position_embedding = "conv"
   # scan_layers stays None: the DeepNorm arm's float16 stack is scanned (unrolled it ran at
-  # half the speed), the Pre-LN arms' unrolled (README, "Throughput").
+  # half the speed), the Pre-LN arms' unrolled (docs/throughput.md).
 
   opt = config.optimizer
   opt.name = "adam_fairseq"

@@ -36,7 +36,7 @@ WARMUP = 20
 LOGIT_STEP = 50  # telemetry every LOGIT_STEP steps: the attention logit is read at this step
 SEEDS = [0, 1, 2]
 # Quarter decades, 10^-1.25 (0.056) to 10^0.25 (1.78), placed by a pilot (one seed, 0.032 to 3.2
-# by half decades: every arm survived 0.1 and died at 3.2; README, "Survival").
+# by half decades: every arm survived 0.1 and died at 3.2; docs/results.md, "Survival").
 LEARNING_RATES = [round(10 ** (e / 4), 6) for e in range(-5, 2)]
 
 SWEEP = {"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS}

@@ -2,12 +2,13 @@
 
   make techniques    # python -m normstudy.sweep --config=configs/techniques.py --workdir=...
 
-The model is the seed figure's miniature (configs/seed_figure.py: a 4-layer, 64-wide encoder
-trained by masked prediction in float16 with fairseq's loss scaler and schedule) with Pre-LN,
-clip 1 and optax's AdamW (norm gains, biases and the techniques' scales not decayed); each arm turns on one technique, as its placement or as an option on top of
-Pre-LN (README, "Stability techniques"). The seed figure's sensitivity study showed where this
-model fails in float16: that is where a technique can widen the stable range, so the grid covers
-it. The analysis ranks the arms by Wortsman et al.'s LR sensitivity (normstudy.analysis).
+The model is the seed figure's miniature (configs/seed_figure.py: a 4-layer, 64-wide encoder trained
+by masked prediction in float16 with fairseq's loss scaler and schedule) with Pre-LN, clip 1 and
+optax's AdamW (norm gains, biases and the techniques' scales not decayed); each arm turns on one
+technique, as its placement or as an option on top of Pre-LN (docs/reference.md, "Stability
+techniques"). The seed figure's sensitivity study showed where this model fails in float16: that is
+where a technique can widen the stable range, so the grid covers it. The analysis ranks the arms by
+Wortsman et al.'s LR sensitivity (normstudy.analysis).
 """
 
 from configs import seed_figure  # the recipe this study varies

@@ -157,7 +157,7 @@ def default_config() -> ml_collections.ConfigDict:
   config.mesh = _mesh()
   config.train = _train()
   # Stability techniques that combine with any placement, each at its off value
-  # (normstudy.techniques; README, "Stability techniques").
+  # (normstudy.techniques; docs/reference.md, "Stability techniques").
   for technique in techniques.TECHNIQUES:
     *section, name = technique.field.split(".")
     get_field(config, ".".join(section))[name] = technique.off

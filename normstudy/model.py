@@ -8,10 +8,10 @@ Notebook API:
 Parameters carry logical axis names (for `normstudy.sharding`) and their weight-decay role
 (`decay_mask`); `init_params` returns them unboxed.
 
-Dtypes (README, "Precision"): parameters, embeddings and positions are float32; the residual
-stream, the projections, attention products and the position conv run in the compute dtype;
-norm statistics, GELU, the softmax, the relaxed score shift and the loss run in float32, as
-fairseq runs them under --fp16.
+Dtypes (docs/reference.md, "Precision and fidelity"): parameters, embeddings and positions are
+float32; the residual stream, the projections, attention products and the position conv run in the
+compute dtype; norm statistics, GELU, the softmax, the relaxed score shift and the loss run in
+float32, as fairseq runs them under --fp16.
 """
 
 import dataclasses

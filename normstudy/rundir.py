@@ -33,7 +33,8 @@ LOCK = ".normstudy.lock"
 
 # Fields a continued run may change: they do not alter the trajectory already recorded (the mesh
 # included: a checkpoint restores onto any layout, and results do not depend on it). num_steps
-# may grow; the learning-rate schedule stays the one the run started with (README, "Continuing").
+# may grow; the learning-rate schedule stays the one the run started with (docs/reference.md,
+# "Reliability": continuing a run).
 CHANGEABLE_FIELDS = (
     "label", "data.data_dir", "mesh.runs", "mesh.data", "mesh.fsdp", "mesh.tensor",
     "train.num_steps", "train.log_every", "train.eval_every",

@@ -1,7 +1,7 @@
 """Instability detectors on recorded trajectories: loss and gradient-norm spikes, divergence,
 fp16 loss-scale collapse, and the observations of one run as numbers.
 
-Definitions (README, "Stability telemetry and observations"):
+Definitions (docs/reference.md, "Stability telemetry and observations"):
 - A step spikes when its value exceeds the rolling median of the previous SPIKE_WINDOW logged
   steps by more than max(SPIKE_MIN_MARGIN, SPIKE_NOISE_FACTOR * sigma), sigma the step-to-step
   noise (the rolling median of |successive differences| / (0.6745 sqrt 2), which a falling trend

@@ -1,0 +1,94 @@
+"""The numbers the README and docs quote are the numbers their commands wrote.
+
+Every table of results in README.md and docs/*.md is preceded by a comment naming the committed
+CSV it quotes and, per column after the first, a template of that CSV's columns:
+
+  <!-- numbers: docs/survival/survival.csv | {failed} | {critical_lr:.3f} (...) | * -->
+
+A row whose first cell starts with an arm id in backticks (`pre_norm_clip1`) is that CSV's row
+(its `arm` column, or `run` for a study's summary); each cell must be its template filled from
+that row (`*`: free text, not checked; a template ending in `*`: the cell starts with it; the
+format `lr` writes a learning rate as the docs do, 3e-3). Bold marks are ignored."""
+
+import csv
+import os
+import re
+import string
+
+import runs
+
+DOCS = ["README.md"] + [os.path.join("docs", name) for name in sorted(
+    os.listdir(os.path.join(runs.REPO, "docs"))) if name.endswith(".md")]
+MARKER = re.compile(r"<!-- numbers: (\S+) \|(.*?)-->", re.S)
+
+
+class _Formatter(string.Formatter):
+  def format_field(self, value, format_spec):
+    if format_spec == "lr":
+      mantissa, exponent = f"{float(value):.0e}".split("e")
+      return mantissa if int(exponent) == 0 else f"{mantissa}e{int(exponent)}"
+    if format_spec and value != "":
+      value = float(value) if "." in str(value) or "e" in str(value) else int(value)
+    return super().format_field(value, format_spec)
+
+
+def _csv_rows(path):
+  with open(os.path.join(runs.REPO, path), encoding="utf-8") as f:
+    rows = list(csv.DictReader(f))
+  key = "arm" if "arm" in rows[0] else "run"
+  return {row[key]: row for row in rows}
+
+
+def _tables(text):
+  """(csv path, column templates, [row cells]) of every marked table."""
+  for match in MARKER.finditer(text):
+    templates = [t.strip() for t in match.group(2).split("|") if t.strip()]
+    lines = text[match.end():].lstrip("\n").split("\n")
+    body = []
+    for line in lines:
+      if not line.startswith("|"):
+        break
+      body.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    yield match.group(1), templates, body[2:]  # past the header and the rule
+
+
+def test_every_quoted_table_matches_its_csv():
+  formatter = _Formatter()
+  checked = 0
+  for doc in DOCS:
+    text = open(os.path.join(runs.REPO, doc), encoding="utf-8").read()
+    for path, templates, rows in _tables(text):
+      source = _csv_rows(path)
+      in_table = 0
+      for cells in rows:
+        arm = re.match(r"`([^`]+)`", cells[0])
+        if not arm:
+          continue
+        assert arm.group(1) in source, f"{doc}: {arm.group(1)} is not a row of {path}"
+        assert len(cells) == len(templates) + 1, f"{doc}: {cells} has other columns than {path}"
+        for template, cell in zip(templates, cells[1:]):
+          cell = cell.replace("**", "")
+          if template == "*":
+            continue
+          if template.endswith("*"):
+            expected = formatter.format(template[:-1], **source[arm.group(1)])
+            assert cell.startswith(expected), (doc, arm.group(1), cell, expected)
+          else:
+            expected = formatter.format(template, **source[arm.group(1)])
+            assert cell == expected, (doc, arm.group(1), cell, expected)
+        in_table += 1
+      assert in_table, f"{doc}: the table quoting {path} has no row naming an arm"
+      checked += in_table
+  assert checked >= 30  # the results tables: seed figure, survival, depth, speed, ...
+
+
+def test_the_readme_is_a_guide_that_fits_in_a_few_screens():
+  lines = open(os.path.join(runs.REPO, "README.md"), encoding="utf-8").read().splitlines()
+  assert len(lines) <= 300, len(lines)
+  # Every file the docs link to exists.
+  for doc in DOCS:
+    text = open(os.path.join(runs.REPO, doc), encoding="utf-8").read()
+    base = os.path.dirname(os.path.join(runs.REPO, doc))
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+      if not re.match(r"[a-z]+://", target):
+        assert os.path.exists(os.path.join(base, target)), f"{doc} links to a missing {target}"
