@@ -20,9 +20,9 @@ module starts itself, so it knows each one's pid, program and exit status.
 
 import ctypes
 import multiprocessing
+from multiprocessing import connection
 import os
 import pickle
-import queue
 import shlex
 import signal
 import sys
@@ -35,7 +35,6 @@ from normstudy.errors import Preempted
 from normstudy.errors import WorkerKilled
 
 _PR_SET_PDEATHSIG = 1
-_POLL_S = 0.5  # how often the sweep looks for a worker that died without a word
 
 
 def available_cores() -> list:
@@ -90,23 +89,24 @@ def _sendable(error: BaseException) -> BaseException:
   return error
 
 
-def _worker(slot, cores, fn, tasks, results, stop, verbosity):
-  """A worker's life: set-up, then calls from `tasks` until its None, each reported to
-  `results` as ("start", slot, index) and ("done", slot, index, error or None)."""
+def _worker(cores, fn, tasks, results, stop, verbosity):
+  """A worker's life: set-up, then calls from `tasks` until its None, each reported on its own
+  pipe `results` as ("start", index) and ("done", index, error or None). A pipe's send is
+  complete when it returns, so a worker killed mid-call has already said which call it was."""
   _start(cores, verbosity)
   for index, args in iter(tasks.get, None):
     if stop.is_set():
-      results.put(("done", slot, index, NotStarted(
+      results.send(("done", index, NotStarted(
           "stopped before this program started; run the same command to continue")))
       continue
-    results.put(("start", slot, index))
+    results.send(("start", index))
     try:
       fn(*args)
     except BaseException as e:  # noqa: BLE001 (every failure goes to the sweep)
       stop.set()  # before this worker takes the next call
-      results.put(("done", slot, index, _sendable(e)))
+      results.send(("done", index, _sendable(e)))
     else:
-      results.put(("done", slot, index, None))
+      results.send(("done", index, None))
 
 
 def _killed(slot: int, process, index, calls, describe) -> WorkerKilled:
@@ -128,12 +128,13 @@ def run(fn, calls: list, num_workers: int, describe=repr) -> None:
   cores = available_cores()
   share = len(cores) // num_workers
   context = multiprocessing.get_context("spawn")
-  tasks, results, stop = context.SimpleQueue(), context.Queue(), context.Event()
+  tasks, stop = context.SimpleQueue(), context.Event()
   for item in list(enumerate(calls)) + [None] * num_workers:
     tasks.put(item)
+  pipes = [context.Pipe(duplex=False) for _ in range(num_workers)]
   processes = [context.Process(
       target=_worker, name=f"normstudy-worker-{slot + 1}",
-      args=(slot, cores[slot * share:(slot + 1) * share], fn, tasks, results, stop,
+      args=(cores[slot * share:(slot + 1) * share], fn, tasks, pipes[slot][1], stop,
             logging.get_verbosity())) for slot in range(num_workers)]
   signalled = []
 
@@ -149,9 +150,10 @@ def run(fn, calls: list, num_workers: int, describe=repr) -> None:
 
   previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
   try:
-    for process in processes:
+    for process, (_, sender) in zip(processes, pipes):
       process.start()
-    failures = _collect(processes, results, stop, calls, describe)
+      sender.close()  # the worker's end: a worker's exit then ends its pipe here
+    failures = _collect(processes, [reader for reader, _ in pipes], stop, calls, describe)
   finally:
     for process in processes:
       process.join()
@@ -165,26 +167,28 @@ def run(fn, calls: list, num_workers: int, describe=repr) -> None:
     raise failures[0]
 
 
-def _collect(processes, results, stop, calls, describe) -> list:
-  """Every call's outcome, until each worker has exited: the failures, in the order they came
-  (a worker that died without reporting its call done is a WorkerKilled)."""
-  running, failures, gone = {}, [], set()
-  while len(gone) < len(processes):
-    try:
-      message = results.get(timeout=_POLL_S)
-    except queue.Empty:
-      for slot, process in enumerate(processes):
-        if slot not in gone and not process.is_alive():
-          gone.add(slot)
-          if process.exitcode != 0 or slot in running:
-            failures.append(_killed(slot, process, running.pop(slot, None), calls, describe))
-            stop.set()
-      continue
-    kind, slot, index = message[:3]
-    if kind == "start":
-      running[slot] = index
-    else:
-      running.pop(slot, None)
-      if message[3] is not None:
-        failures.append(message[3])
+def _collect(processes, readers, stop, calls, describe) -> list:
+  """Every call's outcome, until each worker's pipe has ended (it exited): the failures, in
+  the order they came (a worker that ended without reporting its call done, or with a non-zero
+  exit, is a WorkerKilled)."""
+  running, failures, open_ = {}, [], dict(enumerate(readers))
+  while open_:
+    for reader in connection.wait(list(open_.values())):
+      slot = readers.index(reader)
+      try:
+        kind, index, *error = reader.recv()
+      except EOFError:  # the worker has exited: everything it sent was read before this
+        del open_[slot]
+        processes[slot].join()
+        if processes[slot].exitcode != 0 or slot in running:
+          failures.append(_killed(slot, processes[slot], running.pop(slot, None), calls,
+                                  describe))
+          stop.set()
+        continue
+      if kind == "start":
+        running[slot] = index
+      else:
+        running.pop(slot, None)
+        if error[0] is not None:
+          failures.append(error[0])
   return failures
