@@ -31,10 +31,12 @@ def test_the_choices_follow_the_devices_not_the_host():
 
 
 def _barriers(config, fusion_boundaries):
-  state = steps_lib.create_train_state(config)
+  """Optimization barriers in the lowered eval step (the train step's forward, cheaper to
+  lower; the train step builds its model the same way, from steps._model_config)."""
+  params = steps_lib.create_train_state(config).params
   batch = {"tokens": np.zeros((config.train.batch_size, config.model.max_len), np.int32)}
-  step = jax.jit(steps_lib.make_train_step(config, fusion_boundaries=fusion_boundaries))
-  return step.lower(state, batch).as_text().count("optimization_barrier")
+  step = jax.jit(steps_lib.make_eval_step(config, fusion_boundaries=fusion_boundaries))
+  return step.lower(params, batch).as_text().count("optimization_barrier")
 
 
 def test_the_steps_carry_the_fusion_boundaries_only_when_asked(make_config):
