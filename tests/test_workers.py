@@ -36,6 +36,7 @@ def _fail(started, name):
   raise ValueError(name)
 
 
+@pytest.mark.slow  # a spawned worker starting JAX
 def test_a_killed_worker_is_one_line_naming_its_call_and_later_calls_do_not_start(tmp_path):
   started = tmp_path / "started"
   calls = [(str(started), "first"), (str(started), "second")]
