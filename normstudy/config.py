@@ -48,6 +48,10 @@ def _model() -> ml_collections.ConfigDict:
   # XLA:CPU (normstudy.model.scans): scan stacks deeper than 6 layers and 16-bit stacks whose
   # residual path goes through norms (Post-LN family); unroll the rest.
   model.scan_layers = ml_collections.config_dict.placeholder(bool)
+  # Rematerialisation of each block in the backward pass (normstudy.model.REMAT_POLICIES): none
+  # (keep every activation), block (keep only each block's input, recompute the rest), dots
+  # (keep the matmul outputs, recompute the elementwise work between them).
+  model.remat = "none"
   model.dropout = 0.0
   model.tie_embeddings = True
   model.position_embedding = "sinusoidal"  # sinusoidal (fixed) | learned | conv (encoders)
@@ -171,6 +175,7 @@ CHOICES = {
     "model.position_embedding": ("sinusoidal", "learned", "conv"),
     "model.attention_relax_form": ("pb_relax", "after_product"),
     "model.init": ("xavier", "bert"),
+    "model.remat": ("none", "block", "dots"),
     "train.on_nonfinite": ("halt", "skip"),
     **{t.field: t.allowed for t in techniques.TECHNIQUES if t.accepts is None},
 }

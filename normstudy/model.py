@@ -63,6 +63,13 @@ def _model_config_class():
 
 ModelConfig = _model_config_class()
 
+# model.remat -> what a block keeps for the backward pass (jax.checkpoint's policy): "block"
+# keeps only the block's input (the checkpoint default) and recomputes everything else; "dots"
+# keeps the outputs of matmuls without batch dimensions (the projections and the MLP, whose
+# recomputation costs FLOPs) and recomputes the elementwise work between them (MaxText's
+# "minimal", Levanter's default for large models).
+REMAT_POLICIES = {"block": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
 # Stacks deeper than this are scanned by default.
 UNROLL_MAX_LAYERS = 6
 
@@ -455,6 +462,15 @@ class _ScanBlock(Block):
     return super().__call__(x, index), None
 
 
+def _rematerialised(cfg, block):
+  """`block` under cfg.remat's policy (REMAT_POLICIES), or as it is for "none". Unrolled, the
+  layer index is a Python int and stays static; scanned, it is traced (nn.scan's xs)."""
+  if cfg.remat == "none":
+    return block
+  return nn.remat(block, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scanned,
+                  static_argnums=() if cfg.scanned else (2,))
+
+
 class Transformer(nn.Module):
   cfg: Any
   deterministic: bool = True
@@ -499,14 +515,15 @@ class Transformer(nn.Module):
     if cfg.scanned:
       collections = {"params": 0, telemetry.STATS: 0, telemetry.LOCATE: 0}
       stack = nn.scan(
-          _ScanBlock, variable_axes=collections,
+          _rematerialised(cfg, _ScanBlock), variable_axes=collections,
           split_rngs={"params": True, "dropout": True}, length=cfg.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"},
       )(cfg, self.deterministic, self.probe, name="layers")
       x, _ = stack(x, jnp.arange(cfg.num_layers, dtype=jnp.int32))
     else:
+      block = _rematerialised(cfg, Block)
       for i in range(cfg.num_layers):
-        x = Block(cfg, self.deterministic, self.probe, name=f"layer_{i}")(x, i)
+        x = block(cfg, self.deterministic, self.probe, name=f"layer_{i}")(x, i)
 
     if placement.final_norm:
       x = make_norm(cfg, "final_norm")(x)

@@ -79,11 +79,16 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def config_differences(old: dict, new: dict, changeable=CHANGEABLE_FIELDS) -> list[str]:
-  """'field: old -> new' for every field that differs and may not change between sessions."""
+  """'field: old -> new' for every field that differs and may not change between sessions. A
+  field the saved config lacks (it was written before the field existed) differs only if the
+  new value is not the field's default: the default is what such a run did."""
+  from normstudy import config as config_lib  # the schema; rundir is read without it too
   old_flat, new_flat = flatten(old), flatten(new)
+  defaults = flatten(config_json(config_lib.default_config()))
   return [f"{k}: {old_flat.get(k, '<absent>')!r} -> {new_flat.get(k, '<absent>')!r}"
           for k in sorted(set(old_flat) | set(new_flat))
-          if old_flat.get(k) != new_flat.get(k) and k not in changeable]
+          if old_flat.get(k) != new_flat.get(k) and k not in changeable
+          and not (k not in old_flat and k in defaults and new_flat.get(k) == defaults[k])]
 
 
 class RunDir:

@@ -248,3 +248,14 @@ def test_help_and_clip_none_and_a_quiet_start(tmp_path):
   assert not any(r["clipped"] for r in runs.records(workdir))
   assert "oneDNN" not in result.stderr and "absl::InitializeLog" not in result.stderr
   assert "Traceback" not in result.stderr and "deprecat" not in result.stderr.lower()
+
+
+def test_a_field_the_saved_config_predates_is_no_difference_at_its_default():
+  from normstudy import config as config_lib
+  saved = rundir.config_json(config_lib.default_config())
+  del saved["model"]["remat"]  # written before model.remat existed
+  current = config_lib.default_config()
+  assert rundir.config_differences(saved, rundir.config_json(current)) == []
+  current.model.remat = "block"
+  assert rundir.config_differences(saved, rundir.config_json(current)) == [
+      "model.remat: '<absent>' -> 'block'"]
