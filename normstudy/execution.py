@@ -68,6 +68,21 @@ def _run_by_run(one_run, batch_sharding, updates_state: bool):
   return step
 
 
+def _abstract(config, shardings, stacked_values):
+  """ShapeDtypeStructs, with `shardings`, of the stacked initial state of `stacked_values`."""
+  shapes = jax.eval_shape(jax.vmap(lambda v: steps_lib.unboxed(steps_lib.init_state(config, v))),
+                          stacked_values)
+  return jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where),
+                      shapes, shardings)
+
+
+def steps_one_at_a_time(devices, runs_axis: int, num_runs: int) -> bool:
+  """Whether a program of `num_runs` runs compiled for `devices`, with a runs mesh axis of
+  size `runs_axis`, steps its runs one at a time (normstudy.platform's choice, where the runs
+  axis is unsplit)."""
+  return platform.choices(devices).runs_one_at_a_time and runs_axis == 1 and num_runs > 1
+
+
 class ProgramSteps:
   """The compiled steps of K runs of one program on `mesh`, and how they hold the state.
 
@@ -80,7 +95,7 @@ class ProgramSteps:
     self.config, self.mesh, self.num_runs = config, mesh, num_runs
     self.choices = platform.choices(mesh.devices.flat)
     if one_at_a_time is None:
-      one_at_a_time = self.choices.runs_one_at_a_time and mesh.shape["runs"] == 1
+      one_at_a_time = steps_one_at_a_time(mesh.devices.flat, mesh.shape["runs"], num_runs)
     self.one_at_a_time = bool(one_at_a_time) and num_runs > 1
     self.shardings = sharding.state_shardings(config, mesh)
     self._batch_sharding = sharding.batch_sharding(mesh)
@@ -116,6 +131,14 @@ class ProgramSteps:
       if self.one_at_a_time:  # each run from the one-run initialiser, as alone
         return [init(per_run.stacked_values([c])) for c in configs]
       return init(per_run.stacked_values(configs))
+
+  def abstract(self, configs) -> Any:
+    """The held initial state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves),
+    without computing it: what `train.lower(...)` takes to compile ahead of time."""
+    if self.one_at_a_time:
+      return [_abstract(self.config, self.shardings, per_run.stacked_values([c]))
+              for c in configs]
+    return _abstract(self.config, self.shardings, per_run.stacked_values(configs))
 
   def hold(self, stacked) -> Any:
     """The stacked state [K, ...] in the form the steps take."""

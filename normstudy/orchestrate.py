@@ -22,8 +22,10 @@ from absl import logging
 import jax
 
 from normstudy import data as data_lib
+from normstudy import execution
 from normstudy import grid
 from normstudy import life
+from normstudy import memory
 from normstudy import per_run
 from normstudy import platform
 from normstudy import rundir
@@ -44,6 +46,7 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
   for run in runs:
     validation.validate(run.config)
     sharding.check_divisible(run.config, sizes, num_runs=len(runs))
+    check_memory(run.config, sizes, len(runs))
     rundir.check_writable(run.directory, "--workdir")
     data_dir = run.config.data.data_dir
     if run.config.data.name != "text_files":
@@ -51,6 +54,35 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
                             "config.data.data_dir")
     if checkpointed and not allow_config_change:
       _check_saved_config(run, checkpointed)
+
+
+def memory_limit() -> tuple[int | None, str]:
+  """(bytes one device's share of a program may use, what they are): on the CPU the host's
+  memory shared by its local devices; on an accelerator the device's own, if it says."""
+  device = jax.local_devices()[0]
+  if device.platform == "cpu":
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return host // jax.local_device_count(), "this host's memory" + (
+        f" shared by {jax.local_device_count()} devices" if jax.local_device_count() > 1 else "")
+  stats = device.memory_stats() or {}
+  return stats.get("bytes_limit"), f"the memory of one {device.device_kind}"
+
+
+def check_memory(config, sizes: dict, num_runs: int) -> None:
+  """UserError when the memory plan (normstudy.memory, a floor of what the step needs) of one
+  device exceeds what it has."""
+  limit, what = memory_limit()
+  one_at_a_time = execution.steps_one_at_a_time(jax.devices(), sizes["runs"], num_runs)
+  needed = memory.plan(config, sizes, num_runs, one_at_a_time)
+  if limit is not None and needed.total > limit:
+    m = config.model
+    raise UserError(
+        f"a run of num_layers={m.num_layers}, d_model={m.d_model}, d_ff={m.d_ff}, "
+        f"max_len={m.max_len}, vocab_size={m.vocab_size}, "
+        f"batch_size={config.train.batch_size} needs at least {needed.describe()} per device, "
+        f"more than the {limit / memory.GIB:.3g} GiB of {what}; make the model, "
+        "config.train.batch_size or config.model.max_len smaller, set config.model.remat, or "
+        "use more devices")
 
 
 def _check_saved_config(run: grid.Run, checkpointed: list) -> None:

@@ -14,7 +14,7 @@ PACKAGE = os.path.dirname(normstudy.__file__)
 
 # The pure core: functions of arrays and configs. It never imports the edges below it.
 CORE = {"errors", "registry", "config", "placements", "precision", "optimizer", "model", "loss",
-        "telemetry", "steps", "labels", "life", "per_run", "techniques", "platform"}
+        "telemetry", "steps", "labels", "life", "per_run", "techniques", "platform", "memory"}
 # Side effects: files, devices, processes, flags.
 EDGES = {"data", "synthetic", "sharding", "execution", "checkpoints", "rundir", "metrics", "recorder", "train",
          "workers",

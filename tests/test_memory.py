@@ -1,0 +1,80 @@
+"""normstudy.memory: the plan counts the model's parameters as the model has them, is a floor of
+what XLA compiles (within the margin its docstring states), scales with the mesh as the
+shardings do, and the entry commands refuse a run that cannot fit, in one line, before anything
+is written."""
+
+import jax
+import numpy as np
+import pytest
+
+from normstudy import execution
+from normstudy import memory
+from normstudy import model as model_lib
+from normstudy import placements
+from normstudy import sharding
+import runs
+
+ONE = {"runs": 1, "data": 1, "fsdp": 1, "tensor": 1}
+
+
+def _real_count(config):
+  cfg = model_lib.ModelConfig.create(config.model)
+  shapes = jax.eval_shape(lambda: model_lib.init_params(cfg, 0))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+def test_the_parameter_count_is_the_models(make_config):
+  for name in placements.names():
+    for options in ({}, {"use_bias": True, "tie_embeddings": False, "causal": False,
+                         "position_embedding": "conv"}, {"position_embedding": "learned"}):
+      config = make_config(placement=name, num_layers=2, d_model=64, num_heads=4, d_ff=256,
+                           **options)
+      real = _real_count(config)
+      assert abs(memory.parameter_count(config.model) - real) <= 0.03 * real, (name, options)
+
+
+def _compiled_bytes(config):
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  steps = execution.ProgramSteps(config, mesh, 1)
+  shape = (1, config.train.batch_size, config.model.max_len)
+  batch = {"tokens": jax.ShapeDtypeStruct(shape, np.int32, sharding=sharding.batch_sharding(mesh))}
+  compiled = steps.train.lower(steps.abstract([config]), batch).compile()
+  analysis = compiled.memory_analysis()
+  return analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
+
+
+@pytest.mark.parametrize("remat", ["none", "block"])
+def test_the_plan_is_a_floor_of_what_xla_compiles(make_config, remat):
+  config = make_config(num_layers=3, scan_layers=True, max_len=256, d_model=32, d_ff=128)
+  config.model.remat = remat
+  config.train.batch_size = 8
+  ratio = memory.plan(config, ONE).total / _compiled_bytes(config)
+  assert 1 / 1.8 <= ratio <= 1.05, ratio
+
+
+def test_the_plan_divides_as_the_mesh_shards(make_config):
+  config = make_config(d_model=64, d_ff=256)
+  config.train.batch_size = 8
+  one = memory.plan(config, ONE)
+  fsdp = memory.plan(config, {**ONE, "fsdp": 4})
+  assert fsdp.parameters == one.parameters // 4 and fsdp.optimizer == one.optimizer // 4
+  assert fsdp.activations < one.activations / 3  # a quarter of the rows (and of the one
+  # layer being recomputed)
+  runs_ = memory.plan(config, ONE, num_runs=8)
+  assert runs_.parameters == 8 * one.parameters and runs_.activations == 8 * one.activations
+  looped = memory.plan(config, ONE, num_runs=8, one_at_a_time=True)
+  assert looped.parameters == 8 * one.parameters and looped.activations == one.activations
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["--config.model.num_layers=10000",
+                                  "--config.model.d_model=1048576",
+                                  "--config.train.batch_size=100000000"])
+def test_a_run_that_cannot_fit_is_refused_in_one_line_before_anything_is_written(tmp_path, size):
+  workdir = tmp_path / "run"
+  result = runs.run_module("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
+                           f"--workdir={workdir}", size, check=False, timeout=60)
+  assert result.returncode == 2, result.stderr[-2000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: a run of ") and " per device, more than the " in last
+  assert "GiB of this host's memory" in last and not workdir.exists()
