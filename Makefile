@@ -15,7 +15,13 @@ SPEED_DIR ?= runs/speed
 # test worker per core (pytest-xdist); an idle worker takes tests queued for a busy one.
 PYTEST_ARGS ?= -n auto --dist worksteal
 
-.PHONY: install study sensitivity techniques survival survival-depth speed test test-fast benchmark clean
+# The TPU compiler for `python -m normstudy.compile` (libtpu, the version this jax names for its
+# [tpu] extra), kept out of .venv: a training process that finds libtpu loads it at start and
+# prints TPU-detection warnings. normstudy.aot finds it here.
+TPU_AOT := .tpu-aot/.installed
+LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0] for r in m.requires('jax') if r.startswith('libtpu')))")
+
+.PHONY: install tpu-aot study sensitivity techniques survival survival-depth speed test test-fast benchmark clean
 
 install: $(STAMP)
 
@@ -24,6 +30,13 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
+
+tpu-aot: $(TPU_AOT)
+
+$(TPU_AOT): $(STAMP)
+	rm -rf .tpu-aot
+	$(PY) -m pip install -q --no-deps --target .tpu-aot "$(LIBTPU)"
+	touch $(TPU_AOT)
 
 study: install
 	$(PY) -m normstudy.study --config=configs/seed_figure.py --workdir=$(STUDY_DIR)
@@ -45,14 +58,14 @@ survival-depth: install
 speed: install
 	$(PY) -m normstudy.sweep --config=configs/speed.py --workdir=$(SPEED_DIR)
 
-test: install
+test: install tpu-aot
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
-test-fast: install
+test-fast: install tpu-aot
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
 
 benchmark: install
 	$(PY) benchmarks/throughput.py
 
 clean:
-	rm -rf $(VENV) runs *.egg-info
+	rm -rf $(VENV) .tpu-aot runs *.egg-info

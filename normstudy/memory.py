@@ -15,6 +15,9 @@ probabilities in float32, as the model computes its softmax), over the batch's s
 data x fsdp; the float32 logits with their softmax and gradient. It ignores XLA's
 scheduling and fusion: XLA:CPU's compiled step (arguments and temporaries) needs 1.0-1.8x the
 plan (tests/test_memory.py), so the plan is a floor and a refusal by it is never a false alarm.
+At the paper's size on a TPU the compiled step needs 5-14x it (docs/pods/paper_v5e_4x4.csv):
+what the plan misses there (gathered weights, float32 copies, scores) is not yet accounted for,
+so on a pod `python -m normstudy.compile` is the figure to trust.
 """
 
 import dataclasses
@@ -45,13 +48,21 @@ class MemoryPlan:
             + self.logits)
 
   def describe(self) -> str:
-    """'31.4 GiB (parameters 7.8, optimizer 15.7, ...)'."""
-    parts = ", ".join(f"{name} {getattr(self, name) / GIB:.3g}" for name in (
+    """'31.4 GiB (parameters 7.8 GiB, optimizer 15.7 GiB, ...)'."""
+    parts = ", ".join(f"{name} {human(getattr(self, name))}" for name in (
         "parameters", "optimizer", "gradients", "activations", "logits"))
-    return f"{self.total / GIB:.3g} GiB ({parts} GiB)"
+    return f"{human(self.total)} ({parts})"
 
   def as_json(self) -> dict:
     return {**dataclasses.asdict(self), "total": self.total}
+
+
+def human(n: float) -> str:
+  """Bytes as '1.5 GiB', '320 MiB', '12 KiB'."""
+  for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+    if abs(n) >= size:
+      return f"{n / size:.3g} {unit}"
+  return f"{int(n)} B"
 
 
 def parameter_count(model) -> int:

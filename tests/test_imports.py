@@ -19,9 +19,9 @@ CORE = {"errors", "registry", "config", "placements", "precision", "optimizer", 
 EDGES = {"data", "synthetic", "sharding", "execution", "checkpoints", "rundir", "metrics", "recorder", "train",
          "workers",
          "orchestrate", "study", "sweep", "grid", "main", "analyze", "cli", "validation",
-         "analysis"}
+         "analysis", "aot", "compile"}
 # Entry modules: flags and a call. None imports another.
-ENTRIES = {"main", "study", "sweep", "analyze"}
+ENTRIES = {"main", "study", "sweep", "analyze", "compile"}
 
 
 def _modules():

@@ -1,0 +1,74 @@
+"""Compile a config for a TPU topology ahead of time, on any machine, and say whether it fits:
+
+  python -m normstudy.compile --config=configs/seed_figure.py:pre_norm_clip1 --topology=v5e:4x4 \\
+      --config.model.num_layers=24 --config.mesh.fsdp=16 [--json]
+
+The train step is compiled exactly as normstudy.main would compile it on those chips, with the
+config's mesh (normstudy.aot); printed per chip: the arguments (parameters, optimizer state and
+the batch), the temporaries, their total against the chip's HBM, FLOPs per step, the
+collectives in the optimized program, and the memory plan (normstudy.memory) beside them. Exit 0
+when it fits, 1 with one line naming the shortfall when it does not, 2 for a topology it does
+not know or no TPU compiler (`make tpu-aot` installs one).
+"""
+
+import json
+import sys
+
+from absl import flags
+from ml_collections import config_flags
+
+from normstudy import cli
+from normstudy import errors
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  config_flags.DEFINE_config_file("config", None, "Config file[:variant].", lock_config=True)
+  flags.DEFINE_string("topology", None, "TPU topology, e.g. v5e:2x2, v5e:4x4, v4:2x2x4.")
+  flags.DEFINE_bool("json", False, "Print the figures as one JSON object.")
+  flags.mark_flags_as_required(["config", "topology"])
+
+
+def _gib(n) -> str:
+  from normstudy import memory
+  return memory.human(n)
+
+
+def _lines(c) -> list[str]:
+  mesh = ", ".join(f"{k}={v}" for k, v in c.mesh.items())
+  lines = [f"{c.topology}: {c.chips} x {c.device_kind}, mesh {mesh}",
+           f"per chip: arguments {_gib(c.arguments)} (parameters, optimizer state, batch), "
+           f"temporaries {_gib(c.temporaries)}, total {_gib(c.total)} of {_gib(c.hbm_bytes)} HBM",
+           f"memory plan (normstudy.memory): {c.plan.describe()}",
+           f"FLOPs per step per chip: {c.flops:.3g}"]
+  used = {op: v for op, v in c.collectives.items() if v["count"]}
+  lines.append("collectives: " + (", ".join(f"{op} {v['count']} ({_gib(v['bytes'])})"
+                                            for op, v in used.items()) or "none"))
+  return lines
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+  from normstudy import aot
+  aot.check_topology(FLAGS.topology)
+  aot.prepare_tpu_compiler(FLAGS.topology)  # before JAX starts a backend
+  from normstudy import validation
+  validation.validate(FLAGS.config)
+  compiled = aot.compile_for(FLAGS.config, aot.topology_devices(FLAGS.topology), FLAGS.topology)
+  if FLAGS.json:
+    print(json.dumps(compiled.as_json(), sort_keys=True))
+  else:
+    for line in _lines(compiled):
+      print(line)
+  if not compiled.fits:
+    short = compiled.total - compiled.hbm_bytes
+    print(f"does not fit: one chip needs {_gib(compiled.total)}, "
+          f"{_gib(short)} more than its {_gib(compiled.hbm_bytes)} of HBM"
+          + (" (the compiler refused it)" if compiled.error else ""), file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  cli.run(main, define_flags)

@@ -1,0 +1,66 @@
+"""python -m normstudy.compile and normstudy.aot: a config compiled for a TPU topology on this
+CPU machine (the TPU compiler from `make tpu-aot`), each chip holding its share of the state,
+remat lowering the temporaries, no XLA:CPU choice in the program, and one line for what it
+cannot do."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import runs
+
+# Compiling for a TPU takes tens of seconds a program: the full suite (make test, CI) runs these.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not os.path.exists(os.path.join(runs.REPO, ".tpu-aot", "libtpu", "libtpu.so")),
+    reason="no TPU compiler: make test installs it (make tpu-aot)")]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+  result = subprocess.run([sys.executable, os.path.join(runs.REPO, "tests", "tpu_compile.py")],
+                          cwd=runs.REPO, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-4000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_each_chip_holds_a_quarter_of_the_sharded_state(compiled):
+  state = compiled["state_bytes"]
+  assert abs(state["per_chip"] / state["full"] - 0.25) < 0.01
+  fsdp, data = compiled["fsdp4"], compiled["data4"]
+  assert fsdp["chips"] == 4 and fsdp["device_kind"] == "TPU v5 lite" and fsdp["fits"]
+  # The compiled program's arguments: the state's quarter (and the batch), against all of it.
+  ratio = fsdp["per_chip_bytes"]["arguments"] / data["per_chip_bytes"]["arguments"]
+  assert 0.24 < ratio < 0.4, ratio  # the batch and the scalars are not sharded on fsdp
+  assert fsdp["collectives"]["all-gather"]["count"] > 0  # fsdp gathers each layer's weights
+  assert data["collectives"]["all-gather"]["count"] == 0
+
+
+def test_remat_lowers_the_temporaries(compiled):
+  none, block = compiled["fsdp4"], compiled["fsdp4_block"]
+  assert block["per_chip_bytes"]["temporaries"] < 0.7 * none["per_chip_bytes"]["temporaries"]
+  assert block["flops"] > none["flops"]  # what it pays: the forward computed twice
+
+
+def test_the_program_carries_no_xla_cpu_choice(compiled):
+  assert compiled["choices"] == {"fusion_boundaries": False, "compiler_options": {},
+                                 "one_at_a_time": False}
+  assert compiled["barriers"] == 0
+
+
+def test_the_command_prints_the_figures_and_refuses_in_one_line(tmp_path):
+  args = ("--config=configs/lm.py:tiny", "--config.mesh.fsdp=4", "--config.mesh.data=1")
+  result = runs.run_module("normstudy.compile", *args, "--topology=v5e:2x2", "--json")
+  figures = json.loads(result.stdout)
+  assert figures["fits"] and figures["per_chip_bytes"]["total"] <= figures["hbm_bytes"]
+  assert set(figures) >= {"fits", "hbm_bytes", "flops", "per_chip_bytes", "plan", "collectives"}
+  assert "TPU" not in result.stderr and "WARNING" not in result.stderr  # libtpu kept quiet
+  unknown = runs.run_module("normstudy.compile", *args, "--topology=v9z:2x2", check=False)
+  assert unknown.returncode == 2
+  assert unknown.stderr.strip().splitlines()[-1].startswith("error: --topology='v9z:2x2' is not")
+  missing = runs.run_module("normstudy.compile", *args, "--topology=v5e:2x2", check=False,
+                            env=dict(os.environ, TPU_LIBRARY_PATH=str(tmp_path / "none.so")))
+  assert missing.returncode == 2
+  assert missing.stderr.strip().splitlines()[-1].startswith("error: no TPU compiler (libtpu)")
