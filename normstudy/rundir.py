@@ -18,6 +18,7 @@ A directory in use is locked (`lock`): a second process gets one line naming the
 import fcntl
 import json
 import os
+import re
 
 from normstudy.errors import UserError
 from normstudy.errors import WorkdirBusy
@@ -167,7 +168,15 @@ def purge_events_after(directory: str, step: int) -> int:
 
 def check_writable(path: str, what: str) -> None:
   """UserError unless `path` is a writable directory or could be created as one: its nearest
-  existing ancestor is a writable directory. Creates nothing."""
+  existing ancestor is a writable directory. Creates nothing. A URL workdir (gs://...) is refused:
+  the run directory's files are written with local file operations, which would make a directory
+  named 'gs:' here and record nothing in the bucket."""
+  scheme = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://", path)
+  if scheme and what == "--workdir":  # a TFDS data_dir may be a bucket: tfds writes it itself
+    raise UserError(f"{what}={path!r}: {scheme.group(1)}:// paths cannot be written to yet (a "
+                    f"run would write a local directory '{scheme.group(1)}:' instead); pass a "
+                    "local path or a mounted bucket (gcsfuse), and copy the results; the "
+                    "analysis reads gs:// directly")
   path = os.path.abspath(path)
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"{what}={path!r} exists and is not a directory")

@@ -259,3 +259,12 @@ def test_a_field_the_saved_config_predates_is_no_difference_at_its_default():
   current.model.remat = "block"
   assert rundir.config_differences(saved, rundir.config_json(current)) == [
       "model.remat: '<absent>' -> 'block'"]
+
+
+def test_a_url_workdir_is_refused_in_one_line_and_nothing_is_made(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  for url in ("gs://bucket/run", "s3://bucket/run"):
+    with pytest.raises(errors.UserError, match=r"^--workdir='(gs|s3)://bucket/run': (gs|s3):// "
+                                               r"paths cannot be written to yet"):
+      rundir.check_writable(url, "--workdir")
+  assert list(tmp_path.iterdir()) == []
