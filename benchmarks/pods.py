@@ -5,7 +5,9 @@
 
 MERT's encoder: 24 layers, d_model 1024, 16 heads, d_ff 4096, 512 tokens a row, vocab 32768,
 float16, batch 64, the parameters and optimizer state sharded over all 16 chips (mesh.fsdp=16).
-Prints a row per (arm, remat) and writes them as CSV (the README's pod table quotes it).
+Prints a row per (arm, remat) and writes them as CSV (the README's pod table quotes it); then a
+125M causal LM (GPT-2 small's shape) on v5e:4x4 and on a tensor-parallel v4:2x2x4 mesh
+(docs/pods/lm_125m.csv).
 """
 
 import argparse
@@ -22,12 +24,24 @@ PAPER = {"model.num_layers": 24, "model.d_model": 1024, "model.num_heads": 16,
          "model.d_ff": 4096, "model.max_len": 512, "model.vocab_size": 32768,
          "train.batch_size": 64, "mesh.fsdp": 16, "mesh.data": 1}
 GIB = 2**30
+# A 125M causal LM (GPT-2 small's shape) in bfloat16: on v5e:4x4 at batch 256 x 1024, and on
+# v4:2x2x4 with a tensor-parallel mesh.
+GPT2_SMALL = {"model.num_layers": 12, "model.d_model": 768, "model.num_heads": 12,
+              "model.d_ff": 3072, "model.max_len": 1024, "model.vocab_size": 50304,
+              "model.dtype": "bfloat16", "model.remat": "block"}
+LM_CASES = {
+    "gpt2_small/v5e:4x4/fsdp16/batch256": ("v5e:4x4", {"train.batch_size": 256, "mesh.fsdp": 16,
+                                                       "mesh.data": 1}),
+    "gpt2_small/v4:2x2x4/fsdp8_tensor4/batch64": ("v4:2x2x4", {
+        "train.batch_size": 64, "mesh.fsdp": 8, "mesh.tensor": 4, "mesh.data": 1}),
+}
 
 
-def compile_arm(arm: str, remat: str, topology: str) -> dict:
-  args = [sys.executable, "-m", "normstudy.compile", f"--config=configs/seed_figure.py:{arm}",
-          f"--topology={topology}", f"--config.model.remat={remat}", "--json"]
-  args += [f"--config.{field}={value}" for field, value in PAPER.items()]
+def compile_arm(arm: str, remat: str, topology: str, spec: str = "", overrides=None) -> dict:
+  args = [sys.executable, "-m", "normstudy.compile",
+          f"--config={spec or 'configs/seed_figure.py:' + arm}", f"--topology={topology}",
+          f"--config.model.remat={remat}", "--json"]
+  args += [f"--config.{field}={value}" for field, value in (overrides or PAPER).items()]
   result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=1800)
   if result.returncode not in (0, 1):
     raise SystemExit(result.stderr[-3000:])
@@ -55,11 +69,23 @@ def main():
       print(f"{row['arm']:<38} fits {str(row['fits']):<5} total {row['total_gib']:6.2f} of "
             f"{row['hbm_gib']:.2f} GiB (plan {row['plan_gib']:.2f}), "
             f"{row['tflops_per_chip']:.3g} TFLOP/step/chip; {row['collectives']}", flush=True)
-  with open(args.out, "w", newline="", encoding="utf-8") as f:
+  _write(rows, args.out)
+  lm_rows = []
+  for name, (topology, overrides) in LM_CASES.items():
+    row = compile_arm(name, "block", topology, "configs/lm.py:base", {**GPT2_SMALL, **overrides})
+    row["arm"] = name
+    lm_rows.append(row)
+    print(f"{name:<42} fits {str(row['fits']):<5} total {row['total_gib']:6.2f} of "
+          f"{row['hbm_gib']:.2f} GiB; {row['collectives']}", flush=True)
+  _write(lm_rows, os.path.join(os.path.dirname(args.out), "lm_125m.csv"))
+
+
+def _write(rows, path):
+  with open(path, "w", newline="", encoding="utf-8") as f:
     writer = csv.DictWriter(f, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
-  print(f"wrote {args.out}")
+  print(f"wrote {path}")
 
 
 if __name__ == "__main__":
