@@ -19,6 +19,7 @@ from ml_collections import config_flags
 
 from normstudy import cli
 from normstudy import errors
+from normstudy import memory  # plain arithmetic: no training stack before the flags parse
 
 FLAGS = flags.FLAGS
 
@@ -31,7 +32,6 @@ def define_flags():
 
 
 def _gib(n) -> str:
-  from normstudy import memory
   return memory.human(n)
 
 

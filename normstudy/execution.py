@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from normstudy import per_run
 from normstudy import platform
@@ -68,12 +69,22 @@ def _run_by_run(one_run, batch_sharding, updates_state: bool):
   return step
 
 
+def _initializer(config):
+  """values [K, ...] -> the stacked (unboxed) initial state of K runs of `config`'s structure."""
+  return jax.vmap(lambda values: steps_lib.unboxed(steps_lib.init_state(config, values)))
+
+
 def _abstract(config, shardings, stacked_values):
   """ShapeDtypeStructs, with `shardings`, of the stacked initial state of `stacked_values`."""
-  shapes = jax.eval_shape(jax.vmap(lambda v: steps_lib.unboxed(steps_lib.init_state(config, v))),
-                          stacked_values)
+  shapes = jax.eval_shape(_initializer(config), stacked_values)
   return jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where),
                       shapes, shardings)
+
+
+def _host_values(held, part, one_at_a_time: bool):
+  if not one_at_a_time:
+    return jax.device_get(part(held))
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *[jax.device_get(part(s)) for s in held])
 
 
 def steps_one_at_a_time(devices, runs_axis: int, num_runs: int) -> bool:
@@ -84,8 +95,7 @@ def steps_one_at_a_time(devices, runs_axis: int, num_runs: int) -> bool:
 
 
 class ProgramSteps:
-  """The compiled steps of K runs of one program on `mesh`, and how they hold the state.
-
+  """The compiled steps of K runs of one program on `mesh`, and how they hold the state:
   `config` is the first run's (its structure is every run's); `one_at_a_time`: True or False
   forces a stepping mode (benchmarks, tests), None lets normstudy.platform decide from the
   mesh's devices. Attributes: `shardings` (of the stacked state), `one_at_a_time`, `choices`
@@ -125,20 +135,22 @@ class ProgramSteps:
   def initial(self, configs) -> Any:
     """The held initial state of runs whose configs share this program, created in its shards:
     each run's values are those of the run alone on one device."""
-    init = jax.jit(jax.vmap(lambda values: steps_lib.unboxed(
-        steps_lib.init_state(self.config, values))), out_shardings=self.shardings)
+    init = jax.jit(_initializer(self.config), out_shardings=self.shardings)
     with jax.set_mesh(self.mesh):
       if self.one_at_a_time:  # each run from the one-run initialiser, as alone
         return [init(per_run.stacked_values([c])) for c in configs]
       return init(per_run.stacked_values(configs))
 
   def abstract(self, configs) -> Any:
-    """The held initial state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves),
-    without computing it: what `train.lower(...)` takes to compile ahead of time."""
-    if self.one_at_a_time:
-      return [_abstract(self.config, self.shardings, per_run.stacked_values([c]))
-              for c in configs]
+    """The stacked state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves),
+    computing nothing: what a checkpoint restores into, and what `train.lower` takes to compile
+    ahead of time (vmapped programs: an accelerator's)."""
     return _abstract(self.config, self.shardings, per_run.stacked_values(configs))
+
+  def host_values(self, held, part) -> Any:
+    """`part(state)` of every run on the host, stacked [K, ...] (e.g. the hyperparameters),
+    without stacking the whole state."""
+    return _host_values(held, part, self.one_at_a_time)
 
   def hold(self, stacked) -> Any:
     """The stacked state [K, ...] in the form the steps take."""

@@ -211,7 +211,7 @@ def restore(program: Program) -> int:
   """Restores the newest checkpoint that restores (replaying from an earlier one, or from the
   start, if records were lost after it) and applies the configs' per-run fields to it; marks
   the runs stopped before it. Returns the step to continue after (0: from the start)."""
-  abstract = checkpoints.abstract(program.steps.stacked(program.state))
+  abstract = program.steps.abstract([run.config for run in program.runs])
   try:
     start_step, restored = checkpoints.restore_latest(program.mngr, abstract)
   except checkpoints.CheckpointError:
@@ -278,10 +278,10 @@ def open_recorders(program: Program) -> None:
   restored step on); warns of runs extended past their schedule's horizon."""
   is_writer = jax.process_index() == 0
   program.pool = futures.ThreadPoolExecutor(max_workers=1) if is_writer else None
-  stacked = program.steps.stacked(program.state)
-  hparams = jax.device_get(stacked.hparams)
+  hparams = program.steps.host_values(program.state, lambda state: state.hparams)
   horizons = np.asarray(hparams["schedule_steps"])
-  num_params = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(stacked.params))
+  shapes = program.steps.abstract([run.config for run in program.runs])
+  num_params = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(shapes.params))
   resume_step = program.start_step if program.last_saved is not None else None
   splits = program.splits
   for k, run in enumerate(program.runs):
