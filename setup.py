@@ -22,11 +22,16 @@ INSTALL_REQUIRES = [
     "sentencepiece>=0.2,<0.3",
     "matplotlib>=3.9,<4",
     "pandas>=2.2,<4",
+    # gs:// workdirs (normstudy.storage): etils.epath's fsspec backend; orbax's arrays go
+    # through tensorstore, which brings its own GCS driver.
+    "gcsfs>=2025.1",
 ]
 
 EXTRAS_REQUIRE = {
     "test": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.10",
-             "ipykernel>=6.29"],
+             "ipykernel>=6.29",
+             # A GCS JSON API server on 127.0.0.1 for the gs:// tests (tests/gcs_server.py).
+             "gcp-storage-emulator>=2024.8,<2027"],
     "gpu": ["jax[cuda12]>=0.10.2,<0.13"],
     "tpu": ["jax[tpu]>=0.10.2,<0.13"],
 }

@@ -27,10 +27,14 @@ def main(argv):
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not 0.0 <= FLAGS.smoothing < 1.0:
     raise errors.UserError(f"--smoothing={FLAGS.smoothing} is outside [0, 1)")
+  from normstudy import storage
   try:
-    outputs = analysis.analyze(FLAGS.workdir, FLAGS.smoothing)
+    # gs://: the run files are read into a local stage, the outputs uploaded beside them.
+    with storage.staged(FLAGS.workdir) as workdir:
+      outputs = analysis.analyze(workdir, FLAGS.smoothing)
+      outputs = {name: storage.remote(path) for name, path in outputs.items()}
   except analysis.NoRunsError as e:
-    raise errors.UserError(str(e)) from None
+    raise errors.UserError(str(e).replace(workdir, FLAGS.workdir)) from None
   for name, path in outputs.items():
     print(f"{name}: {path}")
 

@@ -9,18 +9,23 @@ import os
 import shutil
 
 from absl import logging
+from etils import epath
 import jax
 import orbax.checkpoint as ocp
 
 from normstudy import rundir
+from normstudy import storage
 from normstudy.errors import UserError
 
 ITEMS = ("state",)
 
 
 def manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
+  """Orbax's manager of `directory`; a staged workdir's checkpoints are written straight to its
+  URL (normstudy.storage.remote), never to the stage."""
+  location = storage.remote(directory)
   return ocp.CheckpointManager(
-      os.path.abspath(directory),
+      location if storage.is_url(location) else os.path.abspath(location),
       options=ocp.CheckpointManagerOptions(
           max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True,
           # A save cut short by SIGKILL leaves a *.orbax-checkpoint-tmp directory behind.
@@ -88,16 +93,29 @@ def restore_latest(mngr: ocp.CheckpointManager, abstract_state):
 
 
 def _move_aside(mngr: ocp.CheckpointManager, steps) -> None:
-  directory = str(mngr.directory)
-  damaged = os.path.join(os.path.dirname(directory), rundir.DAMAGED_CHECKPOINTS)
-  os.makedirs(damaged, exist_ok=True)
+  directory = epath.Path(mngr.directory)  # a local path or a bucket's (a copy there)
+  damaged = directory.parent / rundir.DAMAGED_CHECKPOINTS
+  damaged.mkdir(parents=True, exist_ok=True)
   for step in steps:
-    target = os.path.join(damaged, str(step))
-    if os.path.exists(target):
-      shutil.rmtree(target)
-    shutil.move(os.path.join(directory, str(step)), target)
+    target = damaged / str(step)
+    if target.exists():
+      target.rmtree()
+    if storage.is_url(os.fspath(directory)):  # object storage renames by copying
+      _copy_tree(directory / str(step), target)
+      (directory / str(step)).rmtree()
+    else:
+      shutil.move(os.fspath(directory / str(step)), os.fspath(target))
     logging.warning("moved the damaged checkpoint of step %d to %s", step, target)
   mngr.reload()
+
+
+def _copy_tree(source, target) -> None:
+  for root, _, files in source.walk():
+    relative = os.path.relpath(os.fspath(root), os.fspath(source))
+    for name in files:
+      destination = target / relative / name if relative != "." else target / name
+      destination.parent.mkdir(parents=True, exist_ok=True)
+      destination.write_bytes((root / name).read_bytes())
 
 
 class CheckpointError(UserError):

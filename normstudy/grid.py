@@ -30,6 +30,7 @@ from normstudy import config as config_lib
 from normstudy import errors
 from normstudy import life
 from normstudy import rundir
+from normstudy import storage
 
 # Runs per program beyond which a grid's runs of one structure are split into several programs;
 # 0 = no limit. On XLA:CPU a run-step costs about the same whatever K (benchmarks/sweep.py
@@ -279,7 +280,8 @@ def write_sweep(workdir: str, grid: Grid, runs: list, statuses: dict) -> str:
   and per run its name, arm, axis values (`point`), the `overrides` that reproduce it with
   normstudy.main, that `command`, and its status as its training left it (normstudy.life)."""
   path = os.path.join(workdir, rundir.SWEEP)
-  reproduce = os.path.normpath(workdir) + "_reproduced"
+  # A staged workdir's commands name its URL, not this host's stage.
+  reproduce = storage.remote(os.path.normpath(workdir)) + "_reproduced"
   rundir.write_json(path, {
       "config": grid.spec, "axes": grid.axes, "axes_from_file": list(grid.file_axes),
       "settings": grid.settings, "overrides": dict(grid.overrides),

@@ -30,11 +30,15 @@ def main(argv):
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   # The training stack (JAX, Flax, Orbax: a second to import) loads after the flags parsed:
   # a mistyped flag or config field is answered at once.
+  import jax
   from normstudy import orchestrate
   from normstudy import sharding
+  from normstudy import storage
   sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                   FLAGS.process_id)
-  orchestrate.train_and_evaluate(FLAGS.config, FLAGS.workdir, FLAGS.allow_config_change)
+  # A gs:// workdir is worked in through a local stage (normstudy.storage).
+  with storage.staged(FLAGS.workdir, writer=jax.process_index() == 0) as workdir:
+    orchestrate.train_and_evaluate(FLAGS.config, workdir, FLAGS.allow_config_change)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from normstudy import per_run
 from normstudy import platform
 from normstudy import rundir
 from normstudy import sharding
+from normstudy import storage
 from normstudy import train
 from normstudy import validation
 from normstudy import workers as workers_lib
@@ -42,7 +43,7 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
   config.json (fields that may change excepted); one with no checkpoint is not a run yet, and
   any config may take it."""
   sizes = sharding.mesh_shape(runs[0].config.mesh, jax.device_count())
-  checkpointed = rundir.checkpointed_steps(checkpoint_dir)
+  checkpointed = rundir.checkpointed_steps(storage.remote(checkpoint_dir))
   for run in runs:
     validation.validate(run.config)
     sharding.check_divisible(run.config, sizes, num_runs=len(runs))

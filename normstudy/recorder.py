@@ -12,6 +12,7 @@ import numpy as np
 from normstudy import life
 from normstudy import metrics as metrics_lib
 from normstudy import rundir
+from normstudy import storage
 
 
 class _TensorBoard:
@@ -90,12 +91,17 @@ class Recorder:
       self.dir.update_info(status=status, **fields)
 
   def flush(self) -> None:
+    """Makes the records durable: fsynced, and uploaded if the run's workdir is a URL (called
+    before each checkpoint is saved, so a bucket's records always reach its checkpoints)."""
     self.log.flush()
+    if self.is_writer:
+      storage.push(self.dir.path)
 
   def close(self) -> None:
     self.log.close()
     if self.is_writer:
       self._tensorboard.close()
+      storage.push(self.dir.path)
 
 
 class Progress:

@@ -129,10 +129,15 @@ class RunDir:
 
 
 def checkpointed_steps(checkpoint_dir: str) -> list[int]:
-  """The steps with a checkpoint (orbax's step directories) in `checkpoint_dir`."""
-  if not os.path.isdir(checkpoint_dir):
-    return []
-  return sorted(int(name) for name in os.listdir(checkpoint_dir) if name.isdigit())
+  """The steps with a checkpoint (orbax's step directories) in `checkpoint_dir`, a local path
+  or a URL (normstudy.storage.remote of a staged one)."""
+  if "://" in checkpoint_dir:
+    from etils import epath  # a bucket's listing (normstudy.storage configures the backend)
+    directory = epath.Path(checkpoint_dir)
+    names = [p.name for p in directory.iterdir()] if directory.exists() else []
+  else:
+    names = os.listdir(checkpoint_dir) if os.path.isdir(checkpoint_dir) else []
+  return sorted(int(name) for name in names if name.isdigit())
 
 
 EVENTS_PREFIX = "events.out.tfevents."
@@ -170,13 +175,12 @@ def check_writable(path: str, what: str) -> None:
   """UserError unless `path` is a writable directory or could be created as one: its nearest
   existing ancestor is a writable directory. Creates nothing. A URL workdir (gs://...) is refused:
   the run directory's files are written with local file operations, which would make a directory
-  named 'gs:' here and record nothing in the bucket."""
+  named 'gs:' here and record nothing in the bucket: the entry commands stage a URL workdir
+  (normstudy.storage.staged) and pass its local stage here."""
   scheme = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://", path)
   if scheme and what == "--workdir":  # a TFDS data_dir may be a bucket: tfds writes it itself
-    raise UserError(f"{what}={path!r}: {scheme.group(1)}:// paths cannot be written to yet (a "
-                    f"run would write a local directory '{scheme.group(1)}:' instead); pass a "
-                    "local path or a mounted bucket (gcsfuse), and copy the results; the "
-                    "analysis reads gs:// directly")
+    raise UserError(f"{what}={path!r}: a URL workdir is written through its local stage; "
+                    "open it with normstudy.storage.staged (the commands do)")
   path = os.path.abspath(path)
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"{what}={path!r} exists and is not a directory")

@@ -46,9 +46,12 @@ def main(argv):
     raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
   cli.check_workers(FLAGS.workers)
   from normstudy import orchestrate  # the training stack, once the command line is known good
+  from normstudy import storage
   spec = grid.Grid(path, None, {}, config_flags.get_override_values(FLAGS["config"]), module)
-  plan = orchestrate.plan(spec, FLAGS.workdir, FLAGS.allow_config_change, workers=FLAGS.workers)
-  _, outputs = orchestrate.run_grid(plan)
+  with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
+    plan = orchestrate.plan(spec, workdir, FLAGS.allow_config_change, workers=FLAGS.workers)
+    _, outputs = orchestrate.run_grid(plan)
+    outputs = {name: storage.remote(out) for name, out in outputs.items()}
   for name, out in outputs.items():
     print(f"{name}: {out}")
 

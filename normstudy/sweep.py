@@ -66,13 +66,16 @@ def main(argv):
           f"{field} ({origin}: {axes[field]}); drop --config.{field}, or sweep the values you "
           f"want with --axis={field}=v1,v2,...")
   from normstudy import orchestrate  # the training stack, once the command line is known good
+  from normstudy import storage
   spec = grid.Grid(path, variant or None, axes, overrides, module,
                    file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
-  plan = orchestrate.plan(spec, FLAGS.workdir, FLAGS.allow_config_change,
-                          FLAGS.max_runs_per_program, FLAGS.workers)
-  for line in plan.describe():
-    print(line, flush=True)
-  statuses, outputs = orchestrate.run_grid(plan)
+  with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
+    plan = orchestrate.plan(spec, workdir, FLAGS.allow_config_change,
+                            FLAGS.max_runs_per_program, FLAGS.workers)
+    for line in plan.describe():
+      print(line, flush=True)
+    statuses, outputs = orchestrate.run_grid(plan)
+    outputs = {name: storage.remote(out) for name, out in outputs.items()}
   counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}
   for name, out in outputs.items():
     print(f"{name}: {out}")

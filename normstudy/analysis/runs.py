@@ -24,23 +24,15 @@ class NoRunsError(ValueError):
 def localize(workdir: str, cache_dir: str | None = None, force_copy: bool = False) -> str:
   """A local directory with the run files of `workdir` (records, configs; no checkpoints).
 
-  Local paths are returned as they are; `gs://...` (any path TensorFlow's gfile reads) is copied
-  to `cache_dir` (default: a fresh temporary directory) first, so pandas and matplotlib can read it.
+  Local paths are returned as they are; `gs://...` is copied to `cache_dir` (default: a fresh
+  temporary directory) first (normstudy.storage.pull), so pandas and matplotlib can read it.
   """
   if "://" not in workdir and not force_copy:
     return workdir
   import tempfile
-  import tensorflow as tf  # gfile reads gs://; imported only for remote paths
+  from normstudy import storage  # etils.epath and gcsfs, only for remote paths
   local_root = cache_dir or tempfile.mkdtemp(prefix="normstudy_")
-  for root, dirs, files in tf.io.gfile.walk(workdir):
-    dirs[:] = [d for d in dirs if d.rstrip("/") not in (rundir.CHECKPOINTS,
-                                                        rundir.DAMAGED_CHECKPOINTS)]
-    relative = os.path.relpath(root, workdir) if root != workdir else ""
-    for name in files:
-      if name in RUN_FILES:
-        os.makedirs(os.path.join(local_root, relative), exist_ok=True)
-        tf.io.gfile.copy(os.path.join(root, name), os.path.join(local_root, relative, name),
-                         overwrite=True)
+  storage.pull(workdir, local_root, names=RUN_FILES)
   return local_root
 
 

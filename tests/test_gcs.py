@@ -1,0 +1,138 @@
+"""gs:// workdirs against a real GCS JSON API server on 127.0.0.1 (tests/gcs_server.py): a run
+killed with SIGKILL resumes bit-exactly from the bucket, a sweep and the analysis write every
+file there, a running workdir is refused in one line, a bad URL is one line."""
+
+import json
+import os
+import signal
+
+import pytest
+
+import gcs
+import runs
+
+SEED = "configs/seed_figure.py:pre_norm_clip1"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory):
+  root = tmp_path_factory.mktemp("gcs")
+  with gcs.emulator(root / "server.log") as env:
+    env = dict(os.environ, **env, NORMSTUDY_STAGE_DIR=str(root / "stage"))
+    yield env, root
+
+
+_LIST = """
+import base64, json, os, sys
+from etils import epath
+base, out, pending = epath.Path(sys.argv[1]), {}, [epath.Path(sys.argv[1])]
+while pending:
+  for child in pending.pop().iterdir():
+    if child.is_dir():
+      pending.append(child)
+    else:
+      out[os.path.relpath(os.fspath(child), os.fspath(base))] = base64.b64encode(
+          child.read_bytes()).decode()
+print(json.dumps(out))
+"""
+
+
+def objects(env, url):
+  """{relative path: bytes} of every object below `url` (checkpoints included), read back
+  from the server by a fresh process of its own (etils.epath over gcsfs)."""
+  import base64
+  import subprocess
+  import sys
+  result = subprocess.run([sys.executable, "-c", _LIST, url], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+  listing = json.loads(result.stdout.strip().splitlines()[-1])
+  return {k: base64.b64decode(v) for k, v in listing.items()}
+
+
+def trajectory(data: bytes):
+  return [{k: v for k, v in json.loads(line).items() if k != "tokens_per_sec"}
+          for line in data.decode().splitlines()]
+
+
+def test_a_run_killed_with_sigkill_resumes_bit_exactly_from_the_bucket(bucket, tmp_path):
+  env, root = bucket
+  from normstudy import storage
+  args = (f"--config={SEED}", *runs.tiny_args(root / "tfds", num_steps=30, every=5))
+  reference = tmp_path / "reference"
+  runs.run_module("normstudy.main", f"--workdir={reference}", *args)
+  url = f"gs://{gcs.BUCKET}/killed"
+  os.environ[storage.STAGE_DIR_ENV] = env[storage.STAGE_DIR_ENV]
+  stage = storage.stage_dir(url)
+  kills = 0
+  for kill_at in (8, 19):
+    proc = runs.start_module("normstudy.main", f"--workdir={url}", *args, env=env)
+    if runs.wait_for_records(proc, stage, kill_at):
+      proc.send_signal(signal.SIGKILL)
+      kills += 1
+    _, stderr = proc.communicate(timeout=120)
+    assert kills or "Traceback" not in stderr, stderr[-3000:]
+  assert kills == 2, stderr[-3000:]
+  written = objects(env, url)
+  assert ".normstudy.lock" in written  # the killed holder's lease, taken over below
+  assert any(k.startswith("checkpoints/") for k in written)
+  assert 5 <= len(trajectory(written["metrics.jsonl"])) < 30  # the records of its checkpoints
+  resumed = runs.run_module("normstudy.main", f"--workdir={url}", *args, env=env)
+  assert "resumed" in resumed.stderr
+  written = objects(env, url)
+  assert trajectory(written["metrics.jsonl"]) == runs.trajectory(reference)
+  assert json.loads(written["run.json"])["status"] == "finished"
+  assert json.loads(written["config.json"]) == runs.read_json(reference / "config.json")
+  assert ".normstudy.lock" not in written  # released at the end
+  assert "gs:" not in os.listdir(runs.REPO)  # nothing written to a local 'gs:' directory
+
+
+def test_a_sweep_and_its_analysis_write_every_file_to_the_bucket(bucket):
+  env, root = bucket
+  url = f"gs://{gcs.BUCKET}/sweep"
+  args = (f"--config={SEED}", f"--workdir={url}", "--axis=optimizer.learning_rate=0.001,0.002",
+          "--axis=train.seed=0",
+          "--workers=1", *runs.tiny_args(root / "tfds", num_steps=4, every=2),
+          "--config.train.tensorboard=True")
+  result = runs.run_module("normstudy.sweep", *args, env=env)
+  assert f"summary: {url}/summary.csv" in result.stdout
+  written = objects(env, url)
+  names = {"sweep.json", "summary.csv", "observations.md", "lr0.001_seed0/metrics.jsonl",
+           "lr0.002_seed0/metrics.jsonl", "lr0.001_seed0/run.json", "lr0.001_seed0/config.json"}
+  assert names <= set(written), sorted(written)
+  assert any(k.startswith("lr0.001_seed0/events.out.tfevents.") for k in written)
+  assert any(k.startswith("checkpoints/") for k in written)  # the program's, in the bucket
+  sweep = json.loads(written["sweep.json"])
+  assert [r["status"] for r in sweep["runs"]] == ["finished", "finished"]
+  assert all(f"--workdir={url}_reproduced/" in r["command"] for r in sweep["runs"])
+  assert trajectory(written["lr0.002_seed0/metrics.jsonl"])[-1]["step"] == 4
+  # The analysis of the bucket, by itself: its outputs replace the sweep's, read back.
+  again = runs.run_module("normstudy.analyze", f"--workdir={url}", env=env)
+  assert f"observations: {url}/observations.md" in again.stdout
+  assert objects(env, url)["summary.csv"] == written["summary.csv"]
+
+
+def test_a_workdir_in_use_and_a_bad_url_are_one_line(bucket):
+  env, root = bucket
+  url = f"gs://{gcs.BUCKET}/busy"
+  args = (f"--config={SEED}", *runs.tiny_args(root / "tfds", num_steps=400, every=1000))
+  from normstudy import storage
+  os.environ[storage.STAGE_DIR_ENV] = env[storage.STAGE_DIR_ENV]
+  first = runs.start_module("normstudy.main", f"--workdir={url}", *args, env=env)
+  try:
+    assert runs.wait_for_records(first, storage.stage_dir(url), 2)
+    second = runs.run_module("normstudy.main", f"--workdir={url}", *args, env=env, check=False)
+    assert second.returncode == 2  # busy, as a local workdir (normstudy.errors.WorkdirBusy)
+    line = second.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {url} is in use by process {first.pid} on "), line
+  finally:
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=120)
+  assert first.returncode == 0
+  for bad, allowed in ((f"s3://{gcs.BUCKET}/x", "s3:// is not supported"),
+                       ("gs:///x", "names no bucket")):
+    result = runs.run_module("normstudy.main", f"--workdir={bad}", *args, env=env, check=False)
+    assert result.returncode == 2
+    assert allowed in result.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in result.stderr
