@@ -21,6 +21,7 @@ The loop never asks which: it holds whatever `initial`/`hold` return and hands i
 
 from typing import Any
 
+from flax import linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +38,15 @@ def _join(parts):
 
 def _take(tree, k):
   return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, k, 1), tree)
+
+
+def _with_rules(fn):
+  """`fn` traced with the logical-axis rules, so the model's activation constraints
+  (normstudy.model._activation) name mesh axes."""
+  def ruled(*args):
+    with nn.logical_axis_rules(sharding.RULES):
+      return fn(*args)
+  return ruled
 
 
 def over_runs(fn, num_runs: int):
@@ -125,7 +135,7 @@ class ProgramSteps:
     """fn(first, batch) of one run as a step of the program's K runs. `updates_state`: fn
     returns (new state, metrics) and the state is donated."""
     outputs = sharding.runs_sharding(self.mesh)
-    step = jax.jit(over_runs(fn, 1 if self.one_at_a_time else self.num_runs),
+    step = jax.jit(over_runs(_with_rules(fn), 1 if self.one_at_a_time else self.num_runs),
                    in_shardings=(first_sharding, self._batch_sharding),
                    out_shardings=(first_sharding, outputs) if updates_state else outputs,
                    donate_argnums=0 if updates_state else (),

@@ -14,10 +14,11 @@ activations a backward pass needs, in the compute dtype (the attention scores an
 probabilities in float32, as the model computes its softmax), over the batch's share of
 data x fsdp; the float32 logits with their softmax and gradient. It ignores XLA's
 scheduling and fusion: XLA:CPU's compiled step (arguments and temporaries) needs 1.0-1.8x the
-plan (tests/test_memory.py), so the plan is a floor and a refusal by it is never a false alarm.
-At the paper's size on a TPU the compiled step needs 5-14x it (docs/pods/paper_v5e_4x4.csv):
-what the plan misses there (gathered weights, float32 copies, scores) is not yet accounted for,
-so on a pod `python -m normstudy.compile` is the figure to trust.
+plan (tests/test_memory.py), so on the host a refusal by it is never a false alarm. A TPU's
+compiled step needs 0.78-1.24x it at the paper's size on v5e:4x4 (docs/pods/paper_v5e_4x4.csv)
+and 0.3-1.5x at the small size tests/test_compile.py checks (the plan counts float32 scores
+and probabilities that a fused softmax partly avoids); `python -m normstudy.compile` gives the
+exact figure for a topology.
 """
 
 import dataclasses

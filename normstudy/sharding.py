@@ -37,6 +37,11 @@ RULES = (
     ("kv", None),
     ("vocab", None),
     ("layers", None),
+    # activations (normstudy.model._activation): the batch as above, the rest replicated
+    ("length", None),
+    ("kv_length", None),
+    ("act_embed", None),
+    ("act_vocab", None),
 )
 
 

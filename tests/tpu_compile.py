@@ -16,10 +16,13 @@ from normstudy import execution  # noqa: E402
 from normstudy import sharding  # noqa: E402
 
 
+DTYPE = "bfloat16"
+
+
 def config(fsdp, remat):
   c = config_lib.default_config()
   c.model.update(num_layers=4, d_model=256, num_heads=4, d_ff=1024, max_len=512, vocab_size=256,
-                 scan_layers=True, remat=remat)
+                 scan_layers=True, remat=remat, dtype=DTYPE)
   c.train.batch_size = 8
   c.mesh.update(data=4 // fsdp, fsdp=fsdp)
   return c
