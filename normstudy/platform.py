@@ -5,6 +5,12 @@ Asked of those devices, never of `jax.default_backend()`: a CPU host compiling f
 ahead of time (normstudy.compile) must choose as the TPU does, and the host's backend is "cpu"
 there (../shared/notes/stack-facts.md). The measurements behind each choice are in the
 benchmarks each field names; docs/throughput.md reports them.
+
+Not here, on purpose: whether the layer stack is scanned (normstudy.model.scans, a rule
+measured on XLA:CPU when `model.scan_layers` is unset). It decides the parameters' tree
+(stacked `layers` or `layer_<i>`), so it must be a function of the config alone: a run started
+on one platform then restores its checkpoints on any other. Set `model.scan_layers=True` on a
+pod to scan whatever the rule says (it compiles a deep stack once).
 """
 
 import dataclasses
