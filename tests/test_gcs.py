@@ -136,3 +136,26 @@ def test_a_workdir_in_use_and_a_bad_url_are_one_line(bucket):
     assert result.returncode == 2
     assert allowed in result.stderr.strip().splitlines()[-1]
     assert "Traceback" not in result.stderr
+
+
+def test_a_sweep_killed_with_sigkill_resumes_bit_exactly_from_the_bucket(bucket, tmp_path):
+  env, root = bucket
+  from normstudy import storage
+  args = (f"--config={SEED}", "--axis=optimizer.learning_rate=0.001,0.002", "--axis=train.seed=0",
+          "--workers=1", *runs.tiny_args(root / "tfds", num_steps=300, every=25))
+  reference = tmp_path / "reference"
+  runs.run_module("normstudy.sweep", f"--workdir={reference}", *args)
+  url = f"gs://{gcs.BUCKET}/killed_sweep"
+  os.environ[storage.STAGE_DIR_ENV] = env[storage.STAGE_DIR_ENV]
+  proc = runs.start_module("normstudy.sweep", f"--workdir={url}", *args, env=env)
+  killed = runs.wait_for_records(proc, os.path.join(storage.stage_dir(url), "lr0.001_seed0"), 30)
+  if killed:
+    proc.send_signal(signal.SIGKILL)
+  _, stderr = proc.communicate(timeout=120)
+  assert killed, stderr[-3000:]
+  resumed = runs.run_module("normstudy.sweep", f"--workdir={url}", *args, env=env)
+  assert "resumed" in resumed.stderr  # from the bucket's checkpoint, not from the start
+  written = objects(env, url)
+  for name in ("lr0.001_seed0", "lr0.002_seed0"):
+    assert trajectory(written[f"{name}/metrics.jsonl"]) == runs.trajectory(reference / name)
+  assert [r["status"] for r in json.loads(written["sweep.json"])["runs"]] == ["finished"] * 2
