@@ -116,7 +116,7 @@ def test_a_sweep_and_its_analysis_write_every_file_to_the_bucket(bucket):
 def test_a_workdir_in_use_and_a_bad_url_are_one_line(bucket):
   env, root = bucket
   url = f"gs://{gcs.BUCKET}/busy"
-  args = (f"--config={SEED}", *runs.tiny_args(root / "tfds", num_steps=400, every=1000))
+  args = (f"--config={SEED}", *runs.tiny_args(root / "tfds", num_steps=100000, every=100000))
   from normstudy import storage
   os.environ[storage.STAGE_DIR_ENV] = env[storage.STAGE_DIR_ENV]
   first = runs.start_module("normstudy.main", f"--workdir={url}", *args, env=env)

@@ -16,7 +16,7 @@ PACKAGE = os.path.dirname(normstudy.__file__)
 CORE = {"errors", "registry", "config", "placements", "precision", "optimizer", "model", "loss",
         "telemetry", "steps", "labels", "life", "per_run", "techniques", "platform", "memory"}
 # Side effects: files, devices, processes, flags.
-EDGES = {"data", "synthetic", "sharding", "execution", "checkpoints", "rundir", "metrics", "recorder", "train",
+EDGES = {"data", "synthetic", "sharding", "execution", "checkpoints", "rundir", "storage", "metrics", "recorder", "train",
          "workers",
          "orchestrate", "study", "sweep", "grid", "main", "analyze", "cli", "validation",
          "analysis", "aot", "compile"}
