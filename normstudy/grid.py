@@ -274,7 +274,7 @@ class Grid:
     return path
 
 
-def write_sweep(workdir: str, grid: Grid, runs: list, statuses: dict) -> str:
+def write_sweep(workdir: str, grid: Grid, runs: list, statuses: dict, search=None) -> str:
   """DIR/sweep.json: the sweep's --config (`config`), its axes and which came from the file's
   SWEEP (`axes_from_file`), the file's SWEEP_SETTINGS (`settings`), the command line's overrides,
   and per run its name, arm, axis values (`point`), the `overrides` that reproduce it with
@@ -288,5 +288,8 @@ def write_sweep(workdir: str, grid: Grid, runs: list, statuses: dict) -> str:
       "runs": [{"name": r.name, "arm": r.arm, "point": r.point, "overrides": r.overrides,
                 "command": r.command(os.path.join(reproduce, r.name)),
                 "status": statuses.get(r.name, life.RUNNING)} for r in runs],
+      # A search's field, bounds and rounds, and each point's bracket after every round
+      # (normstudy.search; normstudy.orchestrate.run_search).
+      **({"search": search} if search is not None else {}),
   })
   return path

@@ -269,3 +269,76 @@ def run_grid(plan_: Plan):
   for run in plan_.runs:
     logging.info("%s: %s", run.name, statuses.get(run.name) or "missing")
   return statuses, outputs
+
+
+def search_points(spec: grid.Grid) -> dict:
+  """{name: run} of the points a search bisects: the grid of `spec`, whose axes leave out the
+  searched field (a sweep's: the file's SWEEP_SETTINGS apply)."""
+  return {run.name: run for run in grid.points(spec.path, spec.variant, spec.axes,
+                                               spec.overrides, spec.module, sweep=True)}
+
+
+def search_runs(spec: grid.Grid, field: str, workdir: str, todo: dict, points: dict) -> list:
+  """[(point name, value, run)] of one round: each point's values, each a run named by the
+  searched value first (`lr0.1778_seed0`)."""
+  out = []
+  for name, values in todo.items():
+    point = points[name]
+    for value in values:
+      axes = {field: [value], **{f: [v] for f, v in point.point.items()}}
+      run, = [r for r in grid.points(spec.path, spec.variant, axes, spec.overrides, spec.module,
+                                     sweep=True, workdir=workdir) if r.arm == point.arm]
+      out.append((name, value, run))
+  return out
+
+
+def run_search(spec: grid.Grid, search_, workdir: str, allow_config_change: bool = False,
+               max_runs: int = grid.MAX_RUNS_PER_PROGRAM, workers: int = 0, describe=None):
+  """Bisects `search_.field` per point of `spec` (normstudy.search): each round's runs are
+  planned (grouped into programs, every run checked) and trained as a grid's; sweep.json
+  records every run and each point's bracket after every round; then the analysis. A round
+  already trained (a resumed or extended search) is replayed from its runs' records: finished
+  and halted runs are not trained again. Returns (statuses by run name, analysis outputs)."""
+  from normstudy import analysis
+  from normstudy import search as search_lib
+  from normstudy.analysis import detectors
+  rundir.check_writable(workdir, "--workdir")
+  points = search_points(spec)
+  # Round 1's runs are checked before anything is written; later rounds differ from them
+  # only in the searched value.
+  first = search_runs(spec, search_.field, workdir,
+                      {n: [search_.low, search_.high] for n in points}, points)
+  _plan_programs(spec, workdir, [run for _, _, run in first], allow_config_change, max_runs,
+                 workers)
+  if describe is not None:
+    describe([f"search: {search_.field} in [{search_.low:g}, {search_.high:g}] for each of "
+              f"{len(points)} point(s), {search_.rounds} round(s) (round 1 checks the bracket, "
+              f"each later one halves it): at most {len(points) * (search_.rounds + 1)} runs"])
+  all_runs, statuses = [], {}
+
+  def train_round(k, todo):
+    round_runs = search_runs(spec, search_.field, workdir, todo, points)
+    plan_ = _plan_programs(spec, workdir, [run for _, _, run in round_runs],
+                           allow_config_change, max_runs, workers)
+    logging.info("search round %d/%d: %d run(s), %d to train", k, search_.rounds,
+                 len(round_runs), sum(len(group) for _, group in plan_.todo))
+    all_runs.extend(run for _, _, run in round_runs)
+    statuses.update(train_plan(plan_))
+    outcomes = {}
+    for name, value, run in round_runs:
+      status = detectors.run_status(run.directory)
+      if status not in (*detectors.FAILED, life.FINISHED):  # a preemption raises before this
+        raise RuntimeError(f"{run.name} ended {status!r}, neither finished nor failed")
+      outcomes.setdefault(name, {})[value] = status in detectors.FAILED
+    return outcomes
+
+  rundir.ensure_directory(workdir)
+  with lock(workdir):
+    history = search_lib.run(search_, list(points), train_round)
+    record = {**search_.as_json(), "points": [
+        {"name": name, "arm": p.arm, "point": p.point,
+         "brackets": [b.as_json() for b in history[name]]} for name, p in points.items()]}
+    grid.write_sweep(workdir, spec, all_runs, statuses, search=record)
+    outputs = analysis.analyze(workdir)
+    outputs["sweep"] = grid.write_sweep(workdir, spec, all_runs, statuses, search=record)
+  return statuses, outputs

@@ -38,6 +38,11 @@ def define_flags():
   flags.DEFINE_integer("max_runs_per_program", grid.MAX_RUNS_PER_PROGRAM,
                        "Split a program of more runs into equal parts (0 = no limit); keep it "
                        "the same when resuming.")
+  flags.DEFINE_string("search", None,
+                      "FIELD:LOW,HIGH: bisect FIELD per point of the other axes instead of "
+                      "sweeping it (normstudy.search), e.g. optimizer.learning_rate:0.1,1.")
+  flags.DEFINE_integer("rounds", 5, "Rounds of --search: the first checks the bracket, each "
+                       "later one halves it; more rounds continue a finished search.")
   cli.define_workers_flag()
   flags.mark_flags_as_required(["config", "workdir"])
 
@@ -49,11 +54,19 @@ def main(argv):
   path, _, variant = spec.partition(":")
   module = grid.load_config_module(path)
   axes = grid.axes_of(module, FLAGS.axis)
+  search_ = None
+  if FLAGS.search is not None:
+    from normstudy import search as search_lib
+    search_ = search_lib.Search.parse(FLAGS.search, FLAGS.rounds)
+    if any(grid.parse_axis(text)[0] == search_.field for text in FLAGS.axis):
+      raise errors.UserError(f"--axis={search_.field}=... and --search={FLAGS.search} both set "
+                             f"{search_.field}; drop one")
+    axes.pop(search_.field, None)  # the file's grid of it: the search replaces it
   if FLAGS.max_runs_per_program < 0:
     raise errors.UserError(f"--max_runs_per_program={FLAGS.max_runs_per_program} is not allowed;"
                            " allowed: 0 (no limit) or an integer >= 1")
   cli.check_workers(FLAGS.workers)
-  if not axes:
+  if not axes and search_ is None:
     raise errors.UserError(f"no axes: pass --axis=dotted.field=v1,v2,... or declare SWEEP in "
                            f"{path}")
   overrides = config_flags.get_override_values(FLAGS["config"])
@@ -69,6 +82,17 @@ def main(argv):
   from normstudy import storage
   spec = grid.Grid(path, variant or None, axes, overrides, module,
                    file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
+  if search_ is not None and search_.field in overrides:
+    raise errors.UserError(f"--config.{search_.field}={overrides[search_.field]!r} would be "
+                           f"overwritten by --search={FLAGS.search}; drop one")
+  if search_ is not None:
+    with storage.staged(FLAGS.workdir) as workdir:
+      statuses, outputs = orchestrate.run_search(
+          spec, search_, workdir, FLAGS.allow_config_change, FLAGS.max_runs_per_program,
+          FLAGS.workers, describe=lambda lines: [print(line, flush=True) for line in lines])
+      outputs = {name: storage.remote(out) for name, out in outputs.items()}
+    _report(statuses, outputs)
+    return
   with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
     plan = orchestrate.plan(spec, workdir, FLAGS.allow_config_change,
                             FLAGS.max_runs_per_program, FLAGS.workers)
@@ -76,6 +100,10 @@ def main(argv):
       print(line, flush=True)
     statuses, outputs = orchestrate.run_grid(plan)
     outputs = {name: storage.remote(out) for name, out in outputs.items()}
+  _report(statuses, outputs)
+
+
+def _report(statuses, outputs):
   counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}
   for name, out in outputs.items():
     print(f"{name}: {out}")

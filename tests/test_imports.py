@@ -14,10 +14,11 @@ PACKAGE = os.path.dirname(normstudy.__file__)
 
 # The pure core: functions of arrays and configs. It never imports the edges below it.
 CORE = {"errors", "registry", "config", "placements", "precision", "optimizer", "model", "loss",
-        "telemetry", "steps", "labels", "life", "per_run", "techniques", "platform", "memory"}
+        "telemetry", "steps", "labels", "life", "per_run", "techniques", "platform", "memory",
+        "search"}
 # Side effects: files, devices, processes, flags.
-EDGES = {"data", "synthetic", "sharding", "execution", "checkpoints", "rundir", "storage", "metrics", "recorder", "train",
-         "workers",
+EDGES = {"data", "synthetic", "sharding", "execution", "checkpoints", "rundir", "storage",
+         "metrics", "recorder", "train", "workers",
          "orchestrate", "study", "sweep", "grid", "main", "analyze", "cli", "validation",
          "analysis", "aot", "compile"}
 # Entry modules: flags and a call. None imports another.

@@ -35,6 +35,7 @@ from normstudy.analysis.runs import load_runs
 from normstudy.analysis.runs import localize
 from normstudy.analysis.runs import series
 from normstudy.analysis.runs import smooth
+from normstudy.analysis import critical_lr
 from normstudy.analysis import sensitivity
 from normstudy.analysis import sensitivity_plots
 from normstudy.analysis import speed
@@ -87,6 +88,14 @@ def _sweep_report(df, summary, workdir):
   return outputs, sections, by_arm
 
 
+def _search_report(df, summary, workdir):
+  """A search (normstudy.search): critical_lr.csv, its points, tests and figure
+  (analysis.critical_lr), then the learning-rate sweep's report of the runs it trained."""
+  outputs, text = critical_lr.analyze(df, workdir)
+  swept, sections, table = _sweep_report(df, summary, workdir)
+  return {**outputs, **swept}, [("Critical learning rate (search)", text), *sections], table
+
+
 def _speed_report(df, summary, workdir):
   """Seeds at one learning rate: speed.csv and speed.png (analysis.speed) and a section."""
   outputs, text = speed.analyze(df, summary, workdir)
@@ -96,6 +105,7 @@ def _speed_report(df, summary, workdir):
 # The reports, in order; the first that applies to a directory's runs writes it. Runs no report
 # applies to (a study) get the per-run summary alone.
 REPORTS = (
+    Report("critical learning rate by search", critical_lr.is_search, _search_report),
     Report("learning-rate sweep", sensitivity.is_sweep, _sweep_report),
     Report("learning speed", speed.is_speed_sweep, _speed_report),
 )

@@ -111,6 +111,22 @@ def status(info: dict, diverged_at) -> str:
   return recorded
 
 
+def run_status(run_dir: str) -> str:
+  """A run directory's status as the analysis reads it (`status`): its recorded one, or
+  DIVERGED for a finished run whose losses the divergence detector flags. What a search
+  (normstudy.search) judges each run by: it fails when the status is in FAILED."""
+  import os
+  from normstudy import metrics as metrics_lib
+  from normstudy import rundir
+  info = rundir.read_json(os.path.join(run_dir, rundir.RUN))
+  config = rundir.read_json(os.path.join(run_dir, rundir.CONFIG))
+  path = os.path.join(run_dir, rundir.METRICS)
+  records = list(metrics_lib.read_records(path, skip_damaged=True)) if os.path.exists(path) else []
+  loss = pd.Series([r.get("loss", np.nan) for r in records], index=[r["step"] for r in records],
+                   dtype=float)
+  return status(info, divergence_step(loss, config.get("optimizer", {}).get("warmup_steps", 0)))
+
+
 def observe(df: pd.DataFrame, run: str) -> dict:
   """The stability observations of one run, as numbers."""
   info = df.attrs.get("runs", {}).get(run, {})

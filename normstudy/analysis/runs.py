@@ -70,7 +70,7 @@ def load_runs(workdir: str) -> pd.DataFrame:
   `df.attrs["runs"][run]`: label, entropy floor, warm-up and planned steps, dtype, status
   (finished | halted | preempted | running), halt step and reason, where a halted run first went
   non-finite (`nonfinite_site`: layer and site), the sweep's axis values (`point`) and the
-  overrides that reproduce the run.
+  overrides that reproduce the run. `df.attrs["search"]`: sweep.json's search record, if any.
   """
   frames, infos = [], {}
   for run_dir in find_runs(workdir):
@@ -115,6 +115,8 @@ def load_runs(workdir: str) -> pd.DataFrame:
   df.insert(1, "label", df.run.map(labels) if len(df) else [])
   df = df[COLUMNS]
   df.attrs["runs"] = infos
+  # A search's record (normstudy.search: each point's brackets), for its report.
+  df.attrs["search"] = rundir.read_json(os.path.join(workdir, rundir.SWEEP)).get("search")
   return df
 
 

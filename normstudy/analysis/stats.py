@@ -17,6 +17,14 @@ separated". Tests:
                                                      arms against one each (chi-square, 2 df)
   critical_lr(lrs, failed)                           the learning rate at 50% failure with a
                                                      bootstrap 95% interval over runs
+  paired_t(a, b)                                     Student's paired t-test (mean difference of
+                                                     pairs against 0, n - 1 df)
+  holm(ps)                                           Holm's step-down adjustment of a family of
+                                                     p-values (Holm 1979)
+  equivalence_factor(...)                            the smallest factor m within which two
+                                                     means of log10 values are equivalent by two
+                                                     one-sided tests at ALPHA (Schuirmann 1987):
+                                                     the 90% interval of the difference
 
 Needs numpy and scipy only (scipy comes with jax), so the analysis stays free of the training
 stack.
@@ -84,6 +92,44 @@ def welch(a, b) -> tuple[float, float, float]:
   t = (a.mean() - b.mean()) / math.sqrt(va + vb)
   df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
   return t, df, float(2 * scipy_stats.t.sf(abs(t), df))
+
+
+def paired_t(a, b) -> tuple[float, float, float]:
+  """(t, degrees of freedom, two-sided p) of the paired t-test of a against b (equal-length,
+  paired by position); NaN for fewer than 2 pairs; p = 1 for identical pairs."""
+  d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+  if len(d) < 2:
+    return math.nan, math.nan, math.nan
+  sd = d.std(ddof=1)
+  if sd == 0:
+    same = d.mean() == 0
+    return (0.0 if same else math.copysign(math.inf, d.mean())), len(d) - 1.0, float(same)
+  t = d.mean() / (sd / math.sqrt(len(d)))
+  return t, len(d) - 1.0, float(2 * scipy_stats.t.sf(abs(t), len(d) - 1))
+
+
+def holm(ps) -> list:
+  """Holm-adjusted p-values, in the order given: the i-th smallest of m is multiplied by
+  m - i (i from 0), made non-decreasing along that order, capped at 1; NaN stays NaN and does
+  not count in m."""
+  ps = [float(p) for p in ps]
+  tested = sorted((p, i) for i, p in enumerate(ps) if np.isfinite(p))
+  out, running = list(ps), 0.0
+  for rank, (p, i) in enumerate(tested):
+    running = max(running, min(1.0, (len(tested) - rank) * p))
+    out[i] = running
+  return out
+
+
+def equivalence_factor(diff: float, se: float, df: float) -> float:
+  """The smallest m such that two one-sided t-tests at ALPHA show the difference of two means
+  of log10 values within (-log10 m, log10 m): m = 10 ** max(|lower|, |upper|) of the
+  difference's 1 - 2 ALPHA (90%) t interval, `diff` +- t(1 - ALPHA, df) `se`. NaN if df or se
+  is not finite."""
+  if not (np.isfinite(df) and np.isfinite(se)):
+    return math.nan
+  half = scipy_stats.t.ppf(1 - ALPHA, df) * se
+  return float(10 ** max(abs(diff - half), abs(diff + half)))
 
 
 def mean_interval(values, level: float = 0.95) -> tuple[float, float, float]:

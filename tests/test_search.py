@@ -1,0 +1,151 @@
+"""normstudy.search and the statistics of its report, against independent computations: the
+bisection in a simulated monotone world (failure a known function of the learning rate), its
+interval's coverage over simulated seeds, Holm's adjustment, the paired t-test and the
+equivalence margin; and the command end to end on a tiny model, extended by more rounds."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from normstudy import errors
+from normstudy import search
+from normstudy.analysis import critical_lr
+from normstudy.analysis import stats
+import runs
+
+
+def world(thresholds):
+  """A stand-in program per point: a run fails exactly when its learning rate reaches the
+  point's threshold."""
+  def train_round(k, todo):
+    del k
+    return {p: {v: v >= thresholds[p] for v in values} for p, values in todo.items()}
+  return train_round
+
+
+@pytest.mark.parametrize("true", [0.0123, 0.3, 0.99, 1.7, 42.0])
+def test_the_search_brackets_a_known_threshold(true):
+  spec = search.Search.parse("optimizer.learning_rate:0.1,1", 6)
+  history = search.run(spec, ["p"], world({"p": true}))["p"]
+  final = history[-1]
+  assert final.established and final.low < true <= final.high
+  widenings = final.widenings
+  assert widenings == (0 if 0.1 < true <= 1 else 1 if 0.01 < true <= 10 else 2)
+  # Each bisection round halves the bracket in log space.
+  bisections = spec.rounds - 1 - widenings
+  width = math.log10(final.high / final.low)
+  assert width == pytest.approx(1.0 / 2 ** bisections, rel=1e-4)
+  assert len(history) == spec.rounds
+
+
+def test_a_threshold_beyond_every_widening_is_reported_beyond():
+  spec = search.Search.parse("optimizer.learning_rate:0.1,1", 5)
+  final = search.run(spec, ["p"], world({"p": 1e6}))["p"][-1]
+  assert search.gave_up(final) and not final.established
+  assert final.low == 10.0 and final.high == 100.0  # the last bracket it tried
+
+
+def test_the_interval_covers_the_true_critical_lr_at_least_90_percent_of_the_time():
+  rng = np.random.default_rng(0)
+  true_log, spread, seeds, trials = math.log10(0.42), 0.05, 6, 400
+  spec = search.Search.parse("optimizer.learning_rate:0.1,1", 6)
+  covered = 0
+  for _ in range(trials):
+    thresholds = {f"s{i}": 10 ** rng.normal(true_log, spread) for i in range(seeds)}
+    history = search.run(spec, list(thresholds), world(thresholds))
+    mids = [math.log10(h[-1].midpoint) for h in history.values()]
+    _, low, high = stats.mean_interval(mids)
+    covered += low <= true_log <= high
+  assert covered / trials >= 0.90, covered / trials
+
+
+def test_bad_search_flags_are_one_line():
+  for text, message in (("optimizer.learning_rate", "is not FIELD:LOW,HIGH"),
+                        ("optimizer.learning_rate:1,0.1", "allowed: 0 < LOW < HIGH"),
+                        ("optimizer.learning_rate:a,b", "must be numbers")):
+    with pytest.raises(errors.UserError, match=message):
+      search.Search.parse(text, 3)
+  with pytest.raises(errors.UserError, match=r"--rounds=0 is not allowed"):
+    search.Search.parse("optimizer.learning_rate:0.1,1", 0)
+
+
+def test_holm_equals_a_hand_computation():
+  ps = [0.01, 0.04, 0.03, math.nan, 0.005]
+  # Sorted: 0.005 (x4), 0.01 (x3), 0.03 (x2), 0.04 (x1), made non-decreasing.
+  expected = [0.03, 0.06, 0.06, math.nan, 0.02]
+  got = stats.holm(ps)
+  assert np.allclose(got, expected, equal_nan=True)
+
+
+def test_the_paired_t_test_equals_scipys():
+  a = [0.1, 0.35, -0.2, 0.4, 0.05, 0.3]
+  b = [0.0, 0.2, -0.1, 0.1, 0.0, 0.25]
+  t, df, p = stats.paired_t(a, b)
+  ref = scipy_stats.ttest_rel(a, b)
+  assert t == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue) and df == 5
+
+
+def test_the_equivalence_factor_makes_both_one_sided_tests_just_reject():
+  diff, se, df = 0.03, 0.02, 5
+  m = stats.equivalence_factor(diff, se, df)
+  margin = math.log10(m)
+  # Two one-sided tests of |difference| < margin: H0 diff <= -margin and H0 diff >= margin.
+  p_low = scipy_stats.t.sf((diff + margin) / se, df)
+  p_high = scipy_stats.t.cdf((diff - margin) / se, df)
+  assert max(p_low, p_high) == pytest.approx(stats.ALPHA, abs=1e-9)
+  assert stats.equivalence_factor(diff, se, df) > 10 ** abs(diff)
+
+
+def test_arms_with_the_same_seeds_are_compared_paired():
+  import pandas as pd
+  rows = []
+  for arm, shift, noises in (("a", 0.0, [0.0, 0.05, -0.04, 0.01]),
+                             ("b", 0.02, [0.01, 0.03, -0.05, 0.04])):
+    for seed, noise in enumerate(noises):
+      lr = 10 ** (-0.4 + noise + shift)
+      rows.append({"arm": arm, "group": "", "seed": seed, "established": True,
+                   "critical_lr": lr, "low": lr / 1.01, "high": lr * 1.01, "rounds": 5,
+                   "label": arm})
+  points = pd.DataFrame(rows)
+  compared = critical_lr.tests(points)
+  row = compared.iloc[0]
+  assert row.test.startswith("paired t")
+  la = np.log10(points[points.arm == "a"].critical_lr)
+  lb = np.log10(points[points.arm == "b"].critical_lr)
+  assert row.p == pytest.approx(scipy_stats.ttest_rel(la, lb).pvalue)
+  assert row.ratio == pytest.approx(10 ** (la.mean() - lb.mean()))
+
+
+@pytest.mark.slow
+def test_a_search_trains_its_rounds_records_its_brackets_and_continues(tmp_path):
+  workdir = tmp_path / "search"
+  args = ("--config=configs/seed_figure.py:pre_norm_clip1", f"--workdir={workdir}",
+          "--search=optimizer.learning_rate:0.001,10", "--axis=train.seed=0", "--workers=1",
+          *runs.tiny_args(tmp_path / "tfds", num_steps=30, every=15))
+  first = runs.run_module("normstudy.sweep", *args, "--rounds=2")
+  assert "search: optimizer.learning_rate in [0.001, 10] for each of 1 point(s), 2 round(s)" \
+      in first.stdout
+  sweep = runs.read_json(workdir / "sweep.json")
+  brackets = sweep["search"]["points"][0]["brackets"]
+  assert len(brackets) == 2 and brackets[0]["low"] == 0.001 and brackets[0]["high"] == 10
+  assert [r["name"] for r in sweep["runs"]][:2] == ["lr0.001_seed0", "lr10_seed0"]
+  assert all("--config.optimizer.learning_rate=" in r["command"] for r in sweep["runs"])
+  table = (workdir / "critical_lr.csv").read_text().splitlines()
+  assert table[0].startswith("arm,label,group,seeds,beyond,rounds,critical_lr,critical_lr_low,"
+                             "critical_lr_high,spread_decades")
+  # Each round's outcome, re-derived from the runs' records, gives the recorded bracket.
+  status = {r["name"]: r["status"] for r in sweep["runs"]}
+  assert status["lr10_seed0"] == "halted" or brackets[0]["established"] is False
+  mtimes = {p: os.path.getmtime(workdir / p / "metrics.jsonl") for p in status}
+  more = runs.run_module("normstudy.sweep", *args, "--rounds=3")
+  assert "finished earlier, skipped" in more.stderr
+  again = runs.read_json(workdir / "sweep.json")
+  assert len(again["search"]["points"][0]["brackets"]) == 3
+  assert again["search"]["points"][0]["brackets"][:2] == brackets
+  assert len(again["runs"]) == len(sweep["runs"]) + 1
+  assert all(os.path.getmtime(workdir / p / "metrics.jsonl") == t for p, t in mtimes.items())
+  assert json.loads((workdir / again["runs"][-1]["name"] / "run.json").read_text())["status"]
