@@ -55,6 +55,8 @@ def main(argv):
   module = grid.load_config_module(path)
   axes = grid.axes_of(module, FLAGS.axis)
   search_ = None
+  if FLAGS.search is None and FLAGS["rounds"].present:
+    raise errors.UserError(f"--rounds={FLAGS.rounds} needs --search=FIELD:LOW,HIGH")
   if FLAGS.search is not None:
     from normstudy import search as search_lib
     search_ = search_lib.Search.parse(FLAGS.search, FLAGS.rounds)

@@ -149,3 +149,7 @@ def test_a_search_trains_its_rounds_records_its_brackets_and_continues(tmp_path)
   assert len(again["runs"]) == len(sweep["runs"]) + 1
   assert all(os.path.getmtime(workdir / p / "metrics.jsonl") == t for p, t in mtimes.items())
   assert json.loads((workdir / again["runs"][-1]["name"] / "run.json").read_text())["status"]
+  alone = runs.run_module("normstudy.sweep", *args[:2], "--axis=train.seed=0", "--rounds=3",
+                          check=False)
+  assert alone.returncode == 2
+  assert alone.stderr.strip().splitlines()[-1] == "error: --rounds=3 needs --search=FIELD:LOW,HIGH"
