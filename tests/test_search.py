@@ -81,6 +81,27 @@ def test_holm_equals_a_hand_computation():
   assert np.allclose(got, expected, equal_nan=True)
 
 
+def test_the_stratified_exact_test_equals_enumeration():
+  import itertools
+  tables = [(0, 3, 3, 3), (1, 3, 2, 3), (2, 4, 1, 2)]
+
+  def hyper(k, a_runs, b_runs, failed):
+    return (math.comb(a_runs, k) * math.comb(b_runs, failed - k)
+            / math.comb(a_runs + b_runs, failed))
+  # Every table with the strata's margins: arm a's failures per stratum, brute force.
+  ranges = [range(max(0, fa + fb - nb), min(na, fa + fb) + 1) for fa, na, fb, nb in tables]
+  law = {}
+  for ks in itertools.product(*ranges):
+    prob = math.prod(hyper(k, na, nb, fa + fb) for k, (fa, na, fb, nb) in zip(ks, tables))
+    law[sum(ks)] = law.get(sum(ks), 0.0) + prob
+  seen = law[sum(t[0] for t in tables)]
+  expected = sum(p for p in law.values() if p <= seen * (1 + 1e-7))
+  assert stats.stratified_exact(tables) == pytest.approx(expected)
+  # One stratum is Fisher's exact test.
+  assert stats.stratified_exact([(0, 3, 3, 3)]) == pytest.approx(
+      scipy_stats.fisher_exact([[0, 3], [3, 0]]).pvalue)
+
+
 def test_the_paired_t_test_equals_scipys():
   a = [0.1, 0.35, -0.2, 0.4, 0.05, 0.3]
   b = [0.0, 0.2, -0.1, 0.1, 0.0, 0.25]

@@ -17,6 +17,12 @@ separated". Tests:
                                                      arms against one each (chi-square, 2 df)
   critical_lr(lrs, failed)                           the learning rate at 50% failure with a
                                                      bootstrap 95% interval over runs
+  stratified_exact(tables)                           the exact conditional test of two arms'
+                                                     failure shares stratified by learning rate
+                                                     (every stratum's margins fixed; the
+                                                     arm's total failures against the
+                                                     convolution of the strata's hypergeometric
+                                                     laws; two-sided as fisher_exact)
   paired_t(a, b)                                     Student's paired t-test (mean difference of
                                                      pairs against 0, n - 1 df)
   holm(ps)                                           Holm's step-down adjustment of a family of
@@ -92,6 +98,32 @@ def welch(a, b) -> tuple[float, float, float]:
   t = (a.mean() - b.mean()) / math.sqrt(va + vb)
   df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
   return t, df, float(2 * scipy_stats.t.sf(abs(t), df))
+
+
+def stratified_exact(tables) -> float:
+  """Two-sided p of the exact conditional test for [(a_failed, a_runs, b_failed, b_runs)] per
+  stratum: with each stratum's margins fixed, arm a's failures in a stratum are hypergeometric,
+  their total T the convolution over strata; p sums P(T = t) over every t at most as likely as
+  the observed total (relative tolerance 1e-7). One stratum: Fisher's exact test. NaN without
+  a stratum both arms ran."""
+  tables = [t for t in tables if t[1] > 0 and t[3] > 0]
+  if not tables:
+    return math.nan
+  law = {0: 1.0}
+  observed = 0
+  for a_failed, a_runs, b_failed, b_runs in tables:
+    failed, total = a_failed + b_failed, a_runs + b_runs
+    ks = range(max(0, failed - b_runs), min(a_runs, failed) + 1)
+    stratum = {k: math.comb(a_runs, k) * math.comb(b_runs, failed - k) / math.comb(total, failed)
+               for k in ks}
+    joined = {}
+    for t, p in law.items():
+      for k, q in stratum.items():
+        joined[t + k] = joined.get(t + k, 0.0) + p * q
+    law = joined
+    observed += a_failed
+  seen = law[observed]
+  return min(1.0, sum(p for p in law.values() if p <= seen * (1 + 1e-7)))
 
 
 def paired_t(a, b) -> tuple[float, float, float]:

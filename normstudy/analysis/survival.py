@@ -11,7 +11,10 @@ learning_rate, seed, status, attention logits). Per arm (and value of the sweep'
                   the grid: the critical learning rate lies beyond it), and per learning rate
                   `failed@<lr>` as "k/n"
   survival_tests.csv   every pair of arms in a group: Fisher's exact test at each learning rate,
-                  and the likelihood-ratio test of one curve against two
+                  the exact conditional test stratified by learning rate (stats.stratified_exact;
+                  `strata_carrying`: the learning rates whose shares differ) and the
+                  likelihood-ratio test of one curve against two, each of the last two with
+                  `p_holm`, Holm-adjusted over its family (every pair of arms)
   survival.png    failure share against learning rate with the fitted curves and the critical
                   learning rates; the largest attention logit at a fixed step against learning
                   rate (Wortsman et al.'s characteristic curve) with the 1e4 line
@@ -74,6 +77,18 @@ def tests(runs: pd.DataFrame) -> pd.DataFrame:
         out.append({**base, "test": "Fisher's exact test", "learning_rate": lr,
                     "a": f"{int(fa.sum())}/{len(fa)}", "b": f"{int(fb.sum())}/{len(fb)}",
                     "n": f"{len(fa)} and {len(fb)}", "p": p})
+      shared = sorted(set(a.learning_rate) & set(b.learning_rate))
+      strata = [(int(_failed(a[a.learning_rate == lr]).sum()), int((a.learning_rate == lr).sum()),
+                 int(_failed(b[b.learning_rate == lr]).sum()), int((b.learning_rate == lr).sum()))
+                for lr in shared]
+      # The learning rates whose failure shares differ: what carries the contrast.
+      carrying = sum(1 for fa, na, fb, nb in strata if fa * nb != fb * na)
+      out.append({**base, "test": "exact conditional test stratified by learning rate",
+                  "learning_rate": np.nan, "a": f"{sum(t[0] for t in strata)}/"
+                  f"{sum(t[1] for t in strata)}", "b": f"{sum(t[2] for t in strata)}/"
+                  f"{sum(t[3] for t in strata)}", "n": f"{sum(t[1] for t in strata)} and "
+                  f"{sum(t[3] for t in strata)}", "p": stats.stratified_exact(strata),
+                  "strata_carrying": carrying})
       outcomes = [(np.log10(r.learning_rate.to_numpy()), _failed(r)) for r in (a, b)]
       statistic, p = stats.same_curve_lrt(*outcomes)
       out.append({**base, "test": "likelihood-ratio test (one curve vs two, 2 df)",
@@ -82,6 +97,11 @@ def tests(runs: pd.DataFrame) -> pd.DataFrame:
                   "p": p, "statistic": statistic})
   frame = pd.DataFrame(out)
   if len(frame):
+    # Holm over each family of curve-level tests (every pair, one test kind); Fisher's tests
+    # at single learning rates keep their raw p.
+    frame["p_holm"] = np.nan
+    for _, family in frame[frame.learning_rate.isna()].groupby("test"):
+      frame.loc[family.index, "p_holm"] = stats.holm(family.p.tolist())
     frame["verdict"] = [stats.verdict(t, n, p) for t, n, p in zip(frame.test, frame.n, frame.p)]
   return frame
 
@@ -107,8 +127,12 @@ def observations(runs: pd.DataFrame, survival: pd.DataFrame, tests_: pd.DataFram
   if len(tests_):
     curves = tests_[tests_.learning_rate.isna()]
     for row in curves.itertuples():
-      parts.append(f"{row.label_a} against {row.label_b}: failure curves "
-                   f"{row.verdict.replace('different', 'differ')}.")
+      holm = (f" (Holm-adjusted over the {row.test} family: p = "
+              f"{stats.format_p(row.p_holm)})" if np.isfinite(row.p_holm) else "")
+      carried = (f"; {int(row.strata_carrying)} learning rate(s) carry the contrast"
+                 if "stratified" in row.test else "")
+      parts.append(f"{row.label_a} against {row.label_b}: failure "
+                   f"{row.verdict.replace('different', 'differ')}{carried}{holm}.")
     fisher = tests_[tests_.learning_rate.notna() & (tests_.p < stats.ALPHA)]
     for row in fisher.itertuples():
       parts.append(f"At lr {row.learning_rate:g}: {row.label_a} failed {row.a}, {row.label_b} "
