@@ -332,13 +332,15 @@ def run_search(spec: grid.Grid, search_, workdir: str, allow_config_change: bool
       outcomes.setdefault(name, {})[value] = status in detectors.FAILED
     return outcomes
 
-  rundir.ensure_directory(workdir)
-  with lock(workdir):
-    history = search_lib.run(search_, list(points), train_round)
-    record = {**search_.as_json(), "points": [
+  def record(history):  # sweep.json after every round: a killed search shows how far it got
+    search_record = {**search_.as_json(), "points": [
         {"name": name, "arm": p.arm, "point": p.point,
          "brackets": [b.as_json() for b in history[name]]} for name, p in points.items()]}
-    grid.write_sweep(workdir, spec, all_runs, statuses, search=record)
+    return grid.write_sweep(workdir, spec, all_runs, statuses, search=search_record)
+
+  rundir.ensure_directory(workdir)
+  with lock(workdir):
+    history = search_lib.run(search_, list(points), train_round, after_round=record)
     outputs = analysis.analyze(workdir)
-    outputs["sweep"] = grid.write_sweep(workdir, spec, all_runs, statuses, search=record)
+    outputs["sweep"] = record(history)
   return statuses, outputs

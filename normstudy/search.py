@@ -3,9 +3,9 @@ stops surviving, found by search instead of read off a grid.
 
   Search.parse(text, rounds)   --search=optimizer.learning_rate:LOW,HIGH and --rounds=N
   Bracket                      one point's (low, high): low survived, high failed
-  advance(search, brackets, outcomes)  the brackets after a round's outcomes
-  round_values(search, brackets, k)    the values each point trains at in round k
-  run(search, points, train_round)     every round, as a pure loop over `train_round`
+  round_values(bracket)        the values a point trains at in its next round
+  advance(bracket, outcomes)   the bracket after a round's outcomes {value: failed}
+  run(search, points, train_round, after_round)   every round, a pure loop over `train_round`
 
 Round 1 checks each point's bracket: it trains LOW and HIGH. A LOW that fails moves the
 bracket down (low / WIDEN_FACTOR, the failed LOW its new high), a HIGH that survives moves it up
@@ -17,7 +17,7 @@ keeps the half that still straddles: after r bisection rounds the bracket spans
 
 Nothing here trains or reads files: normstudy.orchestrate.run_search trains each round's runs
 (one program per structure, the searched value per-run data) and judges each run by
-normstudy.analysis.detectors.failed; the same outcomes always give the same rounds, so a killed
+normstudy.analysis.detectors.run_status; the same outcomes always give the same rounds, so a killed
 search resumes by replaying its rounds from the runs' records, and more rounds continue it.
 """
 
@@ -125,10 +125,11 @@ def gave_up(bracket: Bracket) -> bool:
   return not bracket.established and bracket.widenings > MAX_WIDENINGS
 
 
-def run(search: Search, points: list, train_round) -> dict:
+def run(search: Search, points: list, train_round, after_round=None) -> dict:
   """Every round of the search: `train_round(k, {point: [values]})` trains round k's runs and
-  returns {point: {value: failed}}. Returns {point: [bracket after each round]} (the history
-  sweep.json records). Pure: the same outcomes give the same rounds."""
+  returns {point: {value: failed}}; `after_round(history)` is told the history after each
+  round. Returns {point: [bracket after each round]} (the history sweep.json records). Pure:
+  the same outcomes give the same rounds."""
   brackets = {p: initial(search) for p in points}
   history = {p: [] for p in points}
   for k in range(1, search.rounds + 1):
@@ -139,4 +140,6 @@ def run(search: Search, points: list, train_round) -> dict:
       if p in outcomes:
         brackets[p] = advance(brackets[p], outcomes[p])
       history[p].append(brackets[p])
+    if after_round is not None:
+      after_round(history)
   return history

@@ -60,9 +60,9 @@ LEASE_REFRESH_S = 60.0
 LEASE_EXPIRY_S = 600.0
 _NOT_STAGED = (rundir.CHECKPOINTS, rundir.DAMAGED_CHECKPOINTS)
 
-# (size, mtime_ns) of each staged file as this process last pulled or pushed it.
+# (size, mtime_ns) of each staged file as this process last pulled or pushed it (only the main
+# thread pulls and pushes).
 _synced: dict = {}
-_sync_lock = threading.Lock()
 
 
 def is_url(path) -> bool:
@@ -111,12 +111,15 @@ def remote(path: str) -> str:
   return url if relative == "." else f"{url}/{relative.replace(os.sep, '/')}"
 
 
+def _is_staged(name: str) -> bool:
+  """Whether a file of a run directory travels with the stage (not the lock, not a tmp)."""
+  return name != rundir.LOCK and not name.endswith(".tmp")
+
+
 def _files(local_dir: str):
   for root, dirs, files in os.walk(local_dir):
     dirs[:] = [d for d in dirs if d not in _NOT_STAGED]
-    for name in files:
-      if name != rundir.LOCK and not name.endswith(".tmp"):
-        yield os.path.join(root, name)
+    yield from (os.path.join(root, name) for name in files if _is_staged(name))
 
 
 def pull(url: str, local_dir: str, names=None) -> int:
@@ -133,15 +136,14 @@ def pull(url: str, local_dir: str, names=None) -> int:
     # gcsfs gives the walk's directories without their scheme: the path below `url` only.
     relative = os.path.relpath(os.fspath(root).split("://", 1)[-1], bare)
     for name in files:
-      if name == rundir.LOCK or name.endswith(".tmp") or (names and name not in names):
+      if not _is_staged(name) or (names and name not in names):
         continue
       source = f"{url}/{name}" if relative == "." else f"{url}/{relative}/{name}"
       target = os.path.normpath(os.path.join(local_dir, relative, name))
       os.makedirs(os.path.dirname(target), exist_ok=True)
       with open(target, "wb") as f:
         f.write(_path(source).read_bytes())
-      with _sync_lock:
-        _synced[target] = _signature(target)
+      _synced[target] = _signature(target)
       count += 1
   return count
 
@@ -163,14 +165,11 @@ def push(local_dir: str) -> int:
       signature = _signature(path)
     except FileNotFoundError:  # replaced (tmp + rename) while we walked
       continue
-    with _sync_lock:
-      if _synced.get(path) == signature:
-        continue
+    if _synced.get(path) == signature:
+      continue
     with open(path, "rb") as f:
-      data = f.read()
-    _path(remote(path)).write_bytes(data)
-    with _sync_lock:
-      _synced[path] = signature
+      _path(remote(path)).write_bytes(f.read())
+    _synced[path] = signature
     count += 1
   return count
 

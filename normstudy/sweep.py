@@ -17,6 +17,9 @@ program per structural point, trained one after another or side by side (--worke
 writes DIR/<run>/ as a single run does; stacked checkpoints live under DIR/checkpoints/;
 DIR/sweep.json lists the axes and each run's status. Re-running the same command resumes where
 it stopped.
+
+--search=FIELD:LOW,HIGH --rounds=N bisects FIELD for every point of the other axes instead of
+sweeping it (normstudy.search; docs/reference.md, "The critical learning rate by search").
 """
 
 from absl import flags
@@ -80,36 +83,33 @@ def main(argv):
           f"--config.{field}={overrides[field]!r} would be overwritten by the sweep's axis "
           f"{field} ({origin}: {axes[field]}); drop --config.{field}, or sweep the values you "
           f"want with --axis={field}=v1,v2,...")
+  if search_ is not None and search_.field in overrides:
+    raise errors.UserError(f"--config.{search_.field}={overrides[search_.field]!r} would be "
+                           f"overwritten by --search={FLAGS.search}; drop one")
   from normstudy import orchestrate  # the training stack, once the command line is known good
   from normstudy import storage
   spec = grid.Grid(path, variant or None, axes, overrides, module,
                    file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
-  if search_ is not None and search_.field in overrides:
-    raise errors.UserError(f"--config.{search_.field}={overrides[search_.field]!r} would be "
-                           f"overwritten by --search={FLAGS.search}; drop one")
-  if search_ is not None:
-    with storage.staged(FLAGS.workdir) as workdir:
+  with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
+    if search_ is not None:
       statuses, outputs = orchestrate.run_search(
           spec, search_, workdir, FLAGS.allow_config_change, FLAGS.max_runs_per_program,
-          FLAGS.workers, describe=lambda lines: [print(line, flush=True) for line in lines])
-      outputs = {name: storage.remote(out) for name, out in outputs.items()}
-    _report(statuses, outputs)
-    return
-  with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
-    plan = orchestrate.plan(spec, workdir, FLAGS.allow_config_change,
-                            FLAGS.max_runs_per_program, FLAGS.workers)
-    for line in plan.describe():
-      print(line, flush=True)
-    statuses, outputs = orchestrate.run_grid(plan)
+          FLAGS.workers, describe=_print_lines)
+    else:
+      plan = orchestrate.plan(spec, workdir, FLAGS.allow_config_change,
+                              FLAGS.max_runs_per_program, FLAGS.workers)
+      _print_lines(plan.describe())
+      statuses, outputs = orchestrate.run_grid(plan)
     outputs = {name: storage.remote(out) for name, out in outputs.items()}
-  _report(statuses, outputs)
-
-
-def _report(statuses, outputs):
   counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}
   for name, out in outputs.items():
     print(f"{name}: {out}")
   print("runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+
+
+def _print_lines(lines) -> None:
+  for line in lines:
+    print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -78,16 +78,14 @@ def table(points: pd.DataFrame) -> pd.DataFrame:
 def compare(a: pd.DataFrame, b: pd.DataFrame) -> dict:
   """The test of two arms' log10 critical learning rates (their established points): paired
   by seed when both have the same seeds, else Welch's."""
-  a, b = a[a.established], b[b.established]
+  a = a[a.established].sort_values("seed")
+  b = b[b.established].sort_values("seed")
   la, lb = np.log10(a.critical_lr.to_numpy()), np.log10(b.critical_lr.to_numpy())
-  paired = len(a) > 1 and sorted(a.seed) == sorted(b.seed)
+  paired = len(a) > 1 and list(a.seed) == list(b.seed)
   if paired:
-    la = np.log10(a.sort_values("seed").critical_lr.to_numpy())
-    lb = np.log10(b.sort_values("seed").critical_lr.to_numpy())
     t, df, p = stats.paired_t(la, lb)
     d = la - lb
-    se = d.std(ddof=1) / math.sqrt(len(d)) if len(d) > 1 else math.nan
-    diff = float(d.mean()) if len(d) else math.nan
+    se, diff = d.std(ddof=1) / math.sqrt(len(d)), float(d.mean())
   else:
     t, df, p = stats.welch(la, lb)
     se = (math.sqrt(la.var(ddof=1) / len(la) + lb.var(ddof=1) / len(lb))

@@ -13,10 +13,14 @@ Definitions (docs/reference.md, "Stability telemetry and observations"):
 - Loss-scale collapse: halvings of the fp16 scale, their rate per 1K steps, the lowest scale.
 """
 
+import os
+
 import numpy as np
 import pandas as pd
 
 from normstudy import life
+from normstudy import metrics as metrics_lib
+from normstudy import rundir
 from normstudy.analysis import runs as runs_lib
 
 # The analysis's one status of its own, beside the loop's (normstudy.life): a run the loop
@@ -115,9 +119,6 @@ def run_status(run_dir: str) -> str:
   """A run directory's status as the analysis reads it (`status`): its recorded one, or
   DIVERGED for a finished run whose losses the divergence detector flags. What a search
   (normstudy.search) judges each run by: it fails when the status is in FAILED."""
-  import os
-  from normstudy import metrics as metrics_lib
-  from normstudy import rundir
   info = rundir.read_json(os.path.join(run_dir, rundir.RUN))
   config = rundir.read_json(os.path.join(run_dir, rundir.CONFIG))
   path = os.path.join(run_dir, rundir.METRICS)

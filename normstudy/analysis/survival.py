@@ -71,16 +71,14 @@ def tests(runs: pd.DataFrame) -> pd.DataFrame:
     for (arm_a, a), (arm_b, b) in itertools.combinations(arms, 2):
       base = {"group": group, "arm_a": arm_a, "arm_b": arm_b,
               "label_a": _label(a, group), "label_b": _label(b, group)}
+      strata = []  # (a failed, a runs, b failed, b runs) per learning rate both arms ran
       for lr in sorted(set(a.learning_rate) & set(b.learning_rate)):
         fa, fb = _failed(a[a.learning_rate == lr]), _failed(b[b.learning_rate == lr])
-        p = stats.fisher_exact(int(fa.sum()), len(fa), int(fb.sum()), len(fb))
+        strata.append((int(fa.sum()), len(fa), int(fb.sum()), len(fb)))
+        p = stats.fisher_exact(*strata[-1])
         out.append({**base, "test": "Fisher's exact test", "learning_rate": lr,
                     "a": f"{int(fa.sum())}/{len(fa)}", "b": f"{int(fb.sum())}/{len(fb)}",
                     "n": f"{len(fa)} and {len(fb)}", "p": p})
-      shared = sorted(set(a.learning_rate) & set(b.learning_rate))
-      strata = [(int(_failed(a[a.learning_rate == lr]).sum()), int((a.learning_rate == lr).sum()),
-                 int(_failed(b[b.learning_rate == lr]).sum()), int((b.learning_rate == lr).sum()))
-                for lr in shared]
       # The learning rates whose failure shares differ: what carries the contrast.
       carrying = sum(1 for fa, na, fb, nb in strata if fa * nb != fb * na)
       out.append({**base, "test": "exact conditional test stratified by learning rate",
