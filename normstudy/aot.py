@@ -108,6 +108,8 @@ class Compiled:
   hbm_bytes: int
   arguments: int
   temporaries: int
+  parameters: int  # of the arguments: this chip's shards of the parameters
+  optimizer_state: int  # and of the optimizer state (from the state's shardings)
   outputs: int
   flops: float
   collectives: dict
@@ -127,7 +129,8 @@ class Compiled:
             "mesh": self.mesh, "fits": self.fits, "hbm_bytes": self.hbm_bytes,
             "flops": None if self.flops != self.flops else self.flops,  # NaN: not compiled
             "per_chip_bytes": {
-                "arguments": self.arguments, "temporaries": self.temporaries,
+                "arguments": self.arguments, "parameters": self.parameters,
+                "optimizer_state": self.optimizer_state, "temporaries": self.temporaries,
                 "outputs": self.outputs, "total": self.total},
             "plan": self.plan.as_json(), "collectives": self.collectives, "error": self.error}
 
@@ -152,6 +155,8 @@ def compile_for(config, devices, topology: str = "") -> Compiled:
                  hbm_bytes=int(HBM_GIB.get(kind, 16) * memory.GIB),
                  plan=memory.plan(config, sizes))
   state = steps.abstract([config])  # outside the mesh: its host values are not the chips'
+  figures.update(parameters=_shard_bytes(state.params),
+                 optimizer_state=_shard_bytes(state.opt_state))
   with jax.set_mesh(mesh):
     lowered = steps.train.lower(state, batch)
     try:
@@ -169,6 +174,15 @@ def compile_for(config, devices, topology: str = "") -> Compiled:
                   temporaries=int(analysis.temp_size_in_bytes),
                   outputs=int(analysis.output_size_in_bytes), flops=float(cost.get("flops", 0)),
                   collectives=collectives(compiled.as_text()))
+
+
+def _shard_bytes(tree) -> int:
+  """The bytes one chip holds of `tree` (ShapeDtypeStructs with shardings): the largest shard
+  of each leaf (shards of a leaf are equal when its dimensions divide, as check_divisible
+  ensures)."""
+  import jax
+  return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
+             for x in jax.tree.leaves(tree))
 
 
 def _temporaries_of(message: str) -> int:

@@ -38,7 +38,8 @@ def _gib(n) -> str:
 def _lines(c) -> list[str]:
   mesh = ", ".join(f"{k}={v}" for k, v in c.mesh.items())
   lines = [f"{c.topology}: {c.chips} x {c.device_kind}, mesh {mesh}",
-           f"per chip: arguments {_gib(c.arguments)} (parameters, optimizer state, batch), "
+           f"per chip: arguments {_gib(c.arguments)} (parameters {_gib(c.parameters)}, "
+           f"optimizer state {_gib(c.optimizer_state)}, the batch and counters), "
            f"temporaries {_gib(c.temporaries)}, total {_gib(c.total)} of {_gib(c.hbm_bytes)} HBM",
            f"memory plan (normstudy.memory): {c.plan.describe()}",
            f"FLOPs per step per chip: {c.flops:.3g}"]

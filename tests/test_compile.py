@@ -29,6 +29,12 @@ def compiled():
 def test_each_chip_holds_a_quarter_of_the_sharded_state(compiled):
   state = compiled["state_bytes"]
   assert abs(state["per_chip"] / state["full"] - 0.25) < 0.01
+  # The command's split of the arguments: parameters and Adam's two moments, a quarter each.
+  split = compiled["fsdp4"]["per_chip_bytes"]
+  assert split["optimizer_state"] == pytest.approx(2 * split["parameters"], rel=0.01)
+  assert split["parameters"] + split["optimizer_state"] <= split["arguments"]
+  assert split["parameters"] + split["optimizer_state"] == pytest.approx(state["per_chip"],
+                                                                         rel=0.01)
   fsdp, data = compiled["fsdp4"], compiled["data4"]
   assert fsdp["chips"] == 4 and fsdp["device_kind"] == "TPU v5 lite" and fsdp["fits"]
   # The compiled program's arguments: the state's quarter (and the batch), against all of it.
