@@ -89,12 +89,14 @@ def _sendable(error: BaseException) -> BaseException:
   return error
 
 
-def _worker(cores, fn, tasks, results, stop, verbosity):
-  """A worker's life: set-up, then calls from `tasks` until its None, each reported on its own
-  pipe `results` as ("start", index) and ("done", index, error or None). A pipe's send is
-  complete when it returns, so a worker killed mid-call has already said which call it was."""
+def _worker(cores, fn, calls, tasks, results, stop, verbosity):
+  """A worker's life: set-up, then calls[i] for each i from `tasks` until its None, each
+  reported on its own pipe `results` as ("start", index) and ("done", index, error or None). A
+  pipe's send is complete when it returns, so a worker killed mid-call has already said which
+  call it was."""
   _start(cores, verbosity)
-  for index, args in iter(tasks.get, None):
+  for index in iter(tasks.get, None):
+    args = calls[index]
     if stop.is_set():
       results.send(("done", index, NotStarted(
           "stopped before this program started; run the same command to continue")))
@@ -128,13 +130,16 @@ def run(fn, calls: list, num_workers: int, describe=repr) -> None:
   cores = available_cores()
   share = len(cores) // num_workers
   context = multiprocessing.get_context("spawn")
+  # The queue carries call indices only: it is a pipe, and the calls themselves (each program's
+  # runs and configs) outgrow its buffer (64 KiB on Linux; a search's round of 72 runs did),
+  # which would block this put with no worker yet reading. Each worker gets `calls` at start.
   tasks, stop = context.SimpleQueue(), context.Event()
-  for item in list(enumerate(calls)) + [None] * num_workers:
+  for item in list(range(len(calls))) + [None] * num_workers:
     tasks.put(item)
   pipes = [context.Pipe(duplex=False) for _ in range(num_workers)]
   processes = [context.Process(
       target=_worker, name=f"normstudy-worker-{slot + 1}",
-      args=(cores[slot * share:(slot + 1) * share], fn, tasks, pipes[slot][1], stop,
+      args=(cores[slot * share:(slot + 1) * share], fn, calls, tasks, pipes[slot][1], stop,
             logging.get_verbosity())) for slot in range(num_workers)]
   signalled = []
 

@@ -30,6 +30,20 @@ def test_the_first_failure_is_raised_and_later_programs_do_not_start(tmp_path):
   assert started.read_text() == "first"
 
 
+def test_calls_larger_than_a_pipe_buffer_reach_the_workers(tmp_path):
+  # A search's round of 72 runs outgrew the 64 KiB pipe the calls once went through, and the
+  # sweep blocked before any worker started.
+  out = tmp_path / "sizes"
+  calls = [(str(out), "x" * 200_000) for _ in range(4)]
+  workers.run(_record_size, calls, 2)
+  assert sorted(out.read_text().split()) == ["200000"] * 4
+
+
+def _record_size(out, payload):
+  with open(out, "a", encoding="utf-8") as f:
+    f.write(f"{len(payload)}\n")
+
+
 def _fail(started, name):
   with open(started, "a", encoding="utf-8") as f:
     f.write(name)
