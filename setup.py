@@ -25,6 +25,10 @@ INSTALL_REQUIRES = [
     # gs:// workdirs (normstudy.storage): etils.epath's fsspec backend; orbax's arrays go
     # through tensorstore, which brings its own GCS driver.
     "gcsfs>=2025.1",
+    # jax's on-disk compilation cache locks its directory with it when given a size limit
+    # (normstudy.cli.use_compile_cache), so processes that share the cache never read a
+    # half-written program.
+    "filelock>=3.12",
 ]
 
 EXTRAS_REQUIRE = {

@@ -169,3 +169,19 @@ def test_single_run_command_line_and_overrides(tmp_path):
   losses = analysis.series(df, ".", "loss")
   assert list(losses.index) == [1, 2, 3, 4]
   assert list(losses.values) == [r["loss"] for r in recs]
+
+
+@pytest.mark.slow
+def test_commands_keep_compiled_programs_on_disk_and_reuse_them_to_the_same_bits(tmp_path):
+  # The default place (normstudy.cli.COMPILE_CACHE_ENV), under XDG_CACHE_HOME.
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  env.update(XDG_CACHE_HOME=str(tmp_path / "cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # even the tiny model's programs
+  cache = tmp_path / "cache" / "normstudy" / "xla"
+  args = (f"--config={SEED_FIGURE}:pre_norm_clip1", *runs.tiny_args(tmp_path / "tfds"))
+  runs.run_module("normstudy.main", f"--workdir={tmp_path / 'first'}", *args, env=env)
+  written = sorted(os.listdir(cache))
+  assert any(name.startswith("jit_") for name in written)
+  runs.run_module("normstudy.main", f"--workdir={tmp_path / 'second'}", *args, env=env)
+  assert sorted(os.listdir(cache)) == written  # every program found, none compiled again
+  assert runs.trajectory(tmp_path / "first") == runs.trajectory(tmp_path / "second")
