@@ -130,6 +130,11 @@ def _train() -> ml_collections.ConfigDict:
   train.log_every = 1
   train.eval_every = 100
   train.eval_steps = 4
+  # Which eval set: validation rows 0 .. eval_steps * batch_size - 1, in order, masked (encoder)
+  # by this seed, so every run with the same eval_seed is evaluated on the same rows and masks
+  # whatever its train.seed, and arms and seeds compare on the same data. -1: each run's masks
+  # from its own train.seed (how runs before 2026-12 were evaluated; 0 gives seed 0's set).
+  train.eval_seed = 0
   train.checkpoint_every = 200
   train.max_to_keep = 2
   # TensorBoard event files beside metrics.jsonl (clu's SummaryWriter). False spares the import
@@ -216,6 +221,7 @@ _RANGES = (
     ("train.log_every", lambda v: v >= 1, "an integer >= 1"),
     ("train.eval_every", lambda v: v >= 0, "0 (never) or an integer >= 1"),
     ("train.eval_steps", lambda v: v >= 1, "an integer >= 1"),
+    ("train.eval_seed", lambda v: v >= -1, "-1 (each run's own train.seed) or an integer >= 0"),
     ("train.checkpoint_every", lambda v: v >= 0, "0 (only at the end) or an integer >= 1"),
     ("train.max_to_keep", lambda v: v >= 1, "an integer >= 1"),
     ("train.max_consecutive_skips", lambda v: v >= 1, "an integer >= 1"),

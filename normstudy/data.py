@@ -42,9 +42,11 @@ def pack(documents, max_len: int) -> np.ndarray:
   return stream[: rows * max_len].reshape(rows, max_len)
 
 
-# Validation rows the masked loss floor is estimated from (about a second at the seed figure's
-# size; standard error about 0.025 nats).
-FLOOR_ROWS = 512
+# Fresh rows of the generator the masked loss floor is estimated from: about 5 s at the seed
+# figure's size, standard error about 0.005 nats (512 rows gave 0.025, and a draw 1.5 standard
+# errors low). Computed once per dataset and masking, then read from the dataset's directory.
+FLOOR_ROWS = 8192
+FLOOR_SEED = 7_000_003  # the fresh rows' and masks' seed: neither the splits' nor an eval set's
 
 
 def _synthetic(config) -> TokenSplits:
@@ -59,15 +61,42 @@ def _synthetic(config) -> TokenSplits:
   transitions = synthetic.transition_matrix(vocab_size, data_cfg.branching, data_cfg.seed)
   floor = stderr = None
   if not config.model.causal:
-    rows = splits["validation"][:FLOOR_ROWS]
-    masks = span_mask(np.random.default_rng(0), len(rows), max_len, data_cfg.mask_prob,
-                      data_cfg.mask_length)
-    floor, stderr = synthetic.masked_loss_floor(transitions, rows, masks)
+    floor, stderr = _masked_floor(builder.data_dir, transitions, data_cfg, max_len)
   return TokenSplits(splits["train"], splits["validation"],
                      float(builder.info.metadata["entropy_rate"]),
                      f"synthetic_markov/{builder.builder_config.name}",
                      unigram_entropy=synthetic.unigram_entropy(transitions),
                      masked_loss_floor=floor, masked_loss_floor_stderr=stderr)
+
+
+def _masked_floor(data_dir: str, transitions, data_cfg, max_len: int) -> tuple[float, float]:
+  """(masked loss floor, its standard error) from FLOOR_ROWS fresh rows of the chain, each
+  masked as training masks (normstudy.synthetic.masked_loss_floor); cached beside the dataset,
+  keyed by everything it depends on, written atomically (workers may compute it together)."""
+  import json
+  from normstudy import synthetic
+  key = (f"masked_floor_L{max_len}_p{data_cfg.mask_prob}_m{data_cfg.mask_length}"
+         f"_n{FLOOR_ROWS}_s{FLOOR_SEED}.json")
+  path = os.path.join(data_dir, key)
+  try:
+    with open(path) as f:
+      cached = json.load(f)
+    return cached["masked_loss_floor"], cached["masked_loss_floor_stderr"]
+  except (OSError, ValueError, KeyError):
+    pass
+  rows = synthetic.sample_documents(transitions, FLOOR_ROWS, max_len, seed=FLOOR_SEED)
+  masks = span_mask(np.random.default_rng(FLOOR_SEED), FLOOR_ROWS, max_len, data_cfg.mask_prob,
+                    data_cfg.mask_length)
+  floor, stderr = synthetic.masked_loss_floor(transitions, rows, masks)
+  try:
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as f:
+      json.dump({"masked_loss_floor": floor, "masked_loss_floor_stderr": stderr,
+                 "rows": FLOOR_ROWS}, f)
+    os.replace(temporary, path)
+  except OSError:  # a read-only dataset directory: computed again next time
+    pass
+  return floor, stderr
 
 
 def _read_utf8(path: str) -> bytes:
@@ -244,7 +273,7 @@ def batches(config, rows: np.ndarray, *, train: bool, process_index: int = 0,
     ds = ds.map(lambda tokens: {"tokens": tokens})
   else:
     data_cfg = config.data
-    seed = config.train.seed if train else config.train.seed + 1_000_003
+    seed = config.train.seed if train else eval_mask_seed(config.train)
 
     def add_mask(tokens, rng):
       mask = span_mask(rng, 1, len(tokens), data_cfg.mask_prob, data_cfg.mask_length)[0]
@@ -262,6 +291,13 @@ def batches(config, rows: np.ndarray, *, train: bool, process_index: int = 0,
     return stream[step * global_batch + process_index * local_batch + j]
 
   return grain.MapDataset.range(2**62).map(local_row).batch(local_batch, drop_remainder=True)
+
+
+def eval_mask_seed(train_cfg) -> int:
+  """The seed of the eval rows' span masks: config.train.eval_seed's, or with -1 the run's own
+  train.seed's (older runs); offset so that no eval mask repeats a training row's."""
+  eval_seed = train_cfg.get("eval_seed", -1)
+  return (train_cfg.seed if eval_seed == -1 else eval_seed) + 1_000_003
 
 
 def _process():

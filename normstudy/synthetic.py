@@ -92,13 +92,20 @@ def masked_posteriors(transitions: np.ndarray, tokens: np.ndarray,
   return posterior / posterior.sum(axis=2, keepdims=True)
 
 
+_FLOOR_CHUNK = 1024  # rows per forward-backward pass: 1024 x 64 x 256 float64 is 128 MiB
+
+
 def masked_loss_floor(transitions: np.ndarray, tokens: np.ndarray,
                       mask: np.ndarray) -> tuple[float, float]:
   """(the Bayes-optimal masked-prediction loss, its standard error): the mean over masked
   positions of -log p(true token | visible tokens), a Monte Carlo estimate over the given rows
   and masks (the standard error from the rows' spread, as a ratio estimate)."""
-  posterior = masked_posteriors(transitions, tokens, mask)
-  truth = np.take_along_axis(posterior, tokens[..., None].astype(np.int64), axis=2)[..., 0]
+  truth = np.empty(tokens.shape)
+  for start in range(0, len(tokens), _FLOOR_CHUNK):  # [rows, length, V] float64 per chunk
+    rows = slice(start, start + _FLOOR_CHUNK)
+    posterior = masked_posteriors(transitions, tokens[rows], mask[rows])
+    truth[rows] = np.take_along_axis(posterior, tokens[rows, :, None].astype(np.int64),
+                                     axis=2)[..., 0]
   losses = np.where(mask, -np.log(np.maximum(truth, 1e-300)), 0.0)
   per_row, counts = losses.sum(axis=1), mask.sum(axis=1)
   floor = per_row.sum() / counts.sum()

@@ -112,6 +112,52 @@ def test_batch_i_is_a_pure_function_of_index_and_seed(make_config, tmp_path):
   assert not np.array_equal(other["tokens"], expected[0]["tokens"])
 
 
+def test_masked_loss_floor_comes_from_fresh_rows_and_is_cached(make_config, tmp_path):
+  import glob
+  import json
+  config = _synthetic_config(make_config, tmp_path)
+  splits = data_lib.load_splits(config)
+  assert data_lib.FLOOR_ROWS >= 8000
+  # Recomputed here from the generator: FLOOR_ROWS fresh rows (not the validation split's),
+  # masked as training masks.
+  transitions = synthetic.transition_matrix(32, config.data.branching, config.data.seed)
+  rows = synthetic.sample_documents(transitions, data_lib.FLOOR_ROWS, 16, data_lib.FLOOR_SEED)
+  masks = data_lib.span_mask(np.random.default_rng(data_lib.FLOOR_SEED), len(rows), 16, 0.3, 2)
+  floor, stderr = synthetic.masked_loss_floor(transitions, rows, masks)
+  assert (splits.masked_loss_floor, splits.masked_loss_floor_stderr) == (floor, stderr)
+  assert 0 < stderr < 0.02
+  cached, = glob.glob(str(tmp_path / "**" / "masked_floor_*.json"), recursive=True)
+  with open(cached) as f:
+    assert json.load(f)["masked_loss_floor"] == floor
+  with open(cached, "w") as f:  # the next load reads the file, not the generator
+    json.dump({"masked_loss_floor": 1.5, "masked_loss_floor_stderr": 0.1}, f)
+  assert data_lib.load_splits(config).masked_loss_floor == 1.5
+
+
+def test_every_run_is_evaluated_on_the_same_rows_and_masks(make_config, tmp_path):
+  config = _synthetic_config(make_config, tmp_path)
+  splits = data_lib.load_splits(config)
+
+  def eval_set(seed, eval_seed):
+    config.train.seed, config.train.eval_seed = seed, eval_seed
+    return data_lib.eval_batches(config, splits)
+
+  shared = eval_set(0, 0)
+  for a, b in zip(shared, eval_set(3, 0)):  # another seed, the same eval set
+    np.testing.assert_array_equal(a["tokens"], b["tokens"])
+    np.testing.assert_array_equal(a["mask"], b["mask"])
+  # The rows are the first validation rows in order; the masks follow eval_seed.
+  tokens = np.concatenate([b["tokens"] for b in shared])
+  np.testing.assert_array_equal(tokens, splits.validation[:len(tokens)])
+  assert not all(np.array_equal(a["mask"], b["mask"]) for a, b in zip(shared, eval_set(0, 1)))
+  # -1: each run's own seed's masks, as runs before the field were evaluated (seed 0's set is
+  # eval_seed 0's).
+  own = eval_set(3, -1)
+  assert not all(np.array_equal(a["mask"], b["mask"]) for a, b in zip(shared, own))
+  for a, b in zip(shared, eval_set(0, -1)):
+    np.testing.assert_array_equal(a["mask"], b["mask"])
+
+
 def test_text_files_are_byte_level(make_config, tmp_path):
   (tmp_path / "a.txt").write_text("hello normstudy " * 40, encoding="utf-8")
   (tmp_path / "b.txt").write_text("ünïcode bytes " * 40, encoding="utf-8")
