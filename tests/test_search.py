@@ -139,6 +139,14 @@ def test_arms_with_the_same_seeds_are_compared_paired():
   lb = np.log10(points[points.arm == "b"].critical_lr)
   assert row.p == pytest.approx(scipy_stats.ttest_rel(la, lb).pvalue)
   assert row.ratio == pytest.approx(10 ** (la.mean() - lb.mean()))
+  # Not separated: the margin of two one-sided tests on the paired log differences, by hand,
+  # widened by each arm's bracket half-width (log10 1.01 here).
+  d = la.to_numpy() - lb.to_numpy()
+  se = d.std(ddof=1) / math.sqrt(len(d))
+  half = scipy_stats.t.ppf(0.95, len(d) - 1) * se
+  by_hand = max(abs(d.mean() - half), abs(d.mean() + half)) + 2 * math.log10(1.01)
+  assert not row.separated
+  assert math.log10(row.equivalence_factor) == pytest.approx(by_hand)
 
 
 @pytest.mark.slow

@@ -111,9 +111,13 @@ def test_arms_that_never_or_always_fail_give_bounds_and_separation_a_bracket():
   assert math.isnan(never["critical_lr"]) and never["bound"] == "> 1 (no run failed)"
   always = stats.critical_lr(lrs, np.ones(9))
   assert always["bound"] == "< 0.01 (every run failed)"
+  # Complete separation: no point estimate, the bracket the data give, said in words.
   separated = stats.critical_lr(lrs, np.array([0, 0, 0, 0, 0, 0, 1, 1, 1]))
-  assert separated["critical_lr_low"] <= 0.1 and separated["critical_lr_high"] >= 1.0
-  assert 0.1 < separated["critical_lr"] < 1.0
+  assert math.isnan(separated["critical_lr"])
+  assert (separated["critical_lr_low"], separated["critical_lr_high"]) == pytest.approx((0.1, 1))
+  assert separated["bound"] == "between 0.1 and 1 (all 3 seeds)"
+  overlapping = stats.critical_lr(lrs, np.array([0, 0, 0, 0, 1, 0, 1, 1, 1]))
+  assert overlapping["bound"] == "" and 0.01 < overlapping["critical_lr"] < 1.0
 
 
 def test_same_curve_lrt_against_independent_fits():
@@ -193,10 +197,8 @@ def _check_claims(text):
   assert "meaningful" not in text and "standard errors" not in text
 
 
-def test_speed_table_uses_welch_against_the_reference_arm(tmp_path):
-  import pandas as pd
-  from normstudy import analysis
-  finals = {"pre_ln": [3.0, 3.1, 3.05], "deepnorm": [2.5, 2.6, 2.55], "post_ln": [3.02, 2.98, 3.1]}
+def _write_speed_runs(tmp_path, finals, train=None):
+  """A seed sweep on disk: arm -> final eval loss per seed; `train`: the runs' config.train."""
   import json
   import os
   for arm, values in finals.items():
@@ -206,10 +208,18 @@ def test_speed_table_uses_welch_against_the_reference_arm(tmp_path):
       (directory / "run.json").write_text(json.dumps({
           "label": arm, "arm": arm, "arm_label": arm, "point": {"train.seed": seed},
           "status": "finished", "unigram_entropy": 4.0, "masked_loss_floor": 1.8}))
-      (directory / "config.json").write_text(json.dumps({"model": {"causal": False}}))
+      (directory / "config.json").write_text(json.dumps(
+          {"model": {"causal": False}, **({"train": train} if train else {})}))
       records = [{"step": 50, "loss": 3.9, "eval_loss": 3.95},
                  {"step": 100, "loss": final, "eval_loss": final}]
       (directory / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+
+
+def test_speed_table_uses_welch_where_each_seed_had_its_own_eval_set(tmp_path):
+  import pandas as pd
+  from normstudy import analysis
+  finals = {"pre_ln": [3.0, 3.1, 3.05], "deepnorm": [2.5, 2.6, 2.55], "post_ln": [3.02, 2.98, 3.1]}
+  _write_speed_runs(tmp_path, finals)  # runs from before train.eval_seed: each seed its own
   outputs = analysis.analyze(str(tmp_path))
   table = pd.read_csv(outputs["speed"]).set_index("arm")
   # The reference is the first arm found (a sweep's first arm; here by path: deepnorm).
@@ -221,9 +231,57 @@ def test_speed_table_uses_welch_against_the_reference_arm(tmp_path):
   assert table.loc["deepnorm", "threshold"] == pytest.approx(2.9)
   assert table.loc["deepnorm", "steps_to_threshold"] == 100
   assert table.loc["pre_ln", "reached"] == 0
+  assert set(table.eval_set) == {"each seed its own"}
   text = open(outputs["observations"], encoding="utf-8").read()
   _check_claims(text)
-  assert "Welch's t-test, n = 3 and 3" in text
+  assert "Welch's t-test, n = 3 and 3" in text and "its own eval set" in text
+
+
+def test_speed_on_a_shared_eval_set_pairs_seeds_with_holm_over_the_arms(tmp_path):
+  import pandas as pd
+  from normstudy import analysis
+  finals = {"a_ref": [3.0, 3.3, 2.9, 3.2, 3.1, 3.4],
+            "b_lower": [2.8, 3.15, 2.75, 3.0, 2.95, 3.3],  # lower in every seed, small shift
+            "c_mixed": [3.05, 3.25, 2.95, 3.1, 3.2, 3.35]}
+  _write_speed_runs(tmp_path, finals, train={"eval_seed": 0, "eval_steps": 32,
+                                             "batch_size": 16})
+  outputs = analysis.analyze(str(tmp_path))
+  table = pd.read_csv(outputs["speed"]).set_index("arm")
+  assert set(table.eval_set) == {"shared (512 rows, eval_seed 0)"}
+  ref = np.array(finals["a_ref"])
+  ps, signs = [], []
+  for arm in ("b_lower", "c_mixed"):
+    values = np.array(finals[arm])
+    assert table.loc[arm, "test"] == "paired t-test" and table.loc[arm, "n"] == "6 seeds"
+    p = scipy_stats.ttest_rel(values, ref).pvalue
+    assert table.loc[arm, "p"] == pytest.approx(p)
+    lower = int((values < ref).sum())
+    differ = int((values != ref).sum())
+    sign = scipy_stats.binomtest(lower, differ, 0.5).pvalue
+    assert (table.loc[arm, "sign_lower"], table.loc[arm, "sign_n"]) == (lower, differ)
+    assert table.loc[arm, "sign_p"] == pytest.approx(sign)
+    assert table.loc[arm, "difference"] == pytest.approx((values - ref).mean())
+    ps.append(p)
+    signs.append(sign)
+  # Holm over the family of two, by hand: the smaller p times 2, the larger times 1, monotone.
+  small, large = sorted(ps)
+  expected = {small: min(1, 2 * small), large: min(1, max(2 * small, large))}
+  for arm, p in zip(("b_lower", "c_mixed"), ps):
+    assert table.loc[arm, "p_holm"] == pytest.approx(expected[p])
+  assert table.loc["b_lower", "sign_p"] == pytest.approx(2 / 2 ** 6)
+  text = open(outputs["observations"], encoding="utf-8").read()
+  _check_claims(text)
+  assert "Holm-adjusted p" in text and "paired by seed" in text
+
+
+def test_sign_test_matches_scipys_binomial_test():
+  rng = np.random.default_rng(0)
+  for _ in range(30):
+    n = int(rng.integers(1, 15))
+    a, b = rng.integers(0, 3, n), rng.integers(0, 3, n)  # ties dropped
+    k, m, p = stats.sign_test(a, b)
+    assert (k, m) == (int((a > b).sum()), int((a != b).sum()))
+    assert p == (pytest.approx(scipy_stats.binomtest(k, m, 0.5).pvalue) if m else 1.0)
 
 
 def _brute_force_posteriors(transitions, tokens, mask):

@@ -13,7 +13,9 @@ comparisons of arms.
                          learning rates when both arms have the same seeds (else Welch's),
                          the ratio of geometric means, p, Holm-adjusted p over the whole
                          family, and for each pair not separated the factor within which the
-                         two are equivalent at 95% (two one-sided tests: stats.equivalence_factor)
+                         two are equivalent at 95% (two one-sided tests on the midpoints,
+                         stats.equivalence_factor, widened by both arms' mean bracket
+                         half-width: a midpoint is known only to within its bracket)
   critical_lr.png        each seed's bracket and the arms' geometric means with their intervals
 
 A point's estimate is its bracket's geometric midpoint, a known resolution (bracket_decades)
@@ -93,7 +95,16 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> dict:
     diff = float(la.mean() - lb.mean()) if len(la) and len(lb) else math.nan
   return {"test": "paired t on log10 critical lr" if paired else "Welch t on log10 critical lr",
           "n_a": len(la), "n_b": len(lb), "ratio": 10 ** diff if np.isfinite(diff) else math.nan,
-          "t": t, "df": df, "p": p, "equivalence_factor": stats.equivalence_factor(diff, se, df)}
+          "t": t, "df": df, "p": p,
+          "equivalence_factor": stats.equivalence_factor(diff, se, df)
+          * 10 ** (_half_width(a) + _half_width(b))}
+
+
+def _half_width(points: pd.DataFrame) -> float:
+  """The mean half-width of the points' brackets in decades: how far a seed's true critical
+  value may lie from the midpoint the tests use, so an equivalence margin on midpoints widens by
+  the two arms' half-widths (with equal seeds' brackets of 1/16 decade, a factor 1.155)."""
+  return float(np.log10(points.high / points.low).mean() / 2) if len(points) else math.nan
 
 
 def tests(points: pd.DataFrame) -> pd.DataFrame:
@@ -157,11 +168,7 @@ def observations(by_arm: pd.DataFrame, compared: pd.DataFrame) -> str:
                  f"{row.bracket_decades:.2f} decades wide)"
                  + (f"; {row.beyond} seed(s) beyond the brackets" if row.beyond else "") + ".")
   for _, row in compared.iterrows():
-    n = f"{row.n_a} and {row.n_b}"
-    text = stats.verdict(row.test, n, row.p_holm, "different")
-    text = text.replace(f"p = {stats.format_p(row.p_holm)}",
-                        f"p = {stats.format_p(row.p)}, Holm-adjusted p = "
-                        f"{stats.format_p(row.p_holm)}")
+    text = stats.verdict_holm(row.test, f"{row.n_a} and {row.n_b}", row.p, row.p_holm)
     margin = (f"; equivalent within a factor {row.equivalence_factor:.3g} at 95% (two one-sided "
               "tests)" if np.isfinite(row.equivalence_factor) else "")
     lines.append(f"- {row.arm_a} against {row.arm_b}"

@@ -95,6 +95,11 @@ def load_runs(workdir: str) -> pd.DataFrame:
         "causal": config.get("model", {}).get("causal", True),
         "unigram_entropy": info.get("unigram_entropy"),
         "masked_loss_floor": info.get("masked_loss_floor"),
+        # The eval set (normstudy.data.eval_mask_seed): -1, also for runs that predate the
+        # field, means the masks of the run's own train.seed.
+        "eval_seed": config.get("train", {}).get("eval_seed", -1),
+        "eval_rows": (config.get("train", {}).get("eval_steps", 0)
+                      * config.get("train", {}).get("batch_size", 0)),
         "status": info.get("status", life.RUNNING),
         "halt_step": info.get("halt_step"),
         "halt_reason": info.get("halt_reason"),

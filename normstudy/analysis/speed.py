@@ -6,10 +6,18 @@ value of the sweep's other axes):
   speed.csv   arm, label, group, runs, finished, final_eval_loss (mean over seeds) with its 95% t
               interval (final_eval_loss_low/high), threshold (eval loss), steps_to_threshold (the
               mean over seeds of the first eval step below it; reached: how many seeds got there),
-              and against the reference arm (the first): the difference of final eval losses, its
-              test (Welch's t-test, two-sided), n and p, and the verdict
+              and against the reference arm (the first): the difference of final eval losses,
+              its test, n, p and Holm-adjusted p over the group's arms, the sign test's count
+              (seeds where the arm ends lower), n, p and Holm-adjusted p, the verdict (judged on
+              the Holm-adjusted p of the t-test), and the eval set (eval_set)
   speed.png   eval loss against step, one line per seed, the reference lines (the unigram
               entropy, the Bayes-optimal masked loss or the entropy rate) and the threshold
+
+Where every run of two arms was evaluated on the same rows and masks (config.train.eval_seed, the
+same for all: normstudy.data.eval_mask_seed), seeds pair the arms' runs and the tests are the paired
+t-test and the sign test over the seeds both arms finished; where each seed had its own eval set
+(eval_seed -1, and every run before the field existed), the runs of two arms saw different data,
+so the comparison is Welch's t-test and the table says so.
 
 The threshold defaults to halfway from the unigram entropy (a model that uses no context) to the
 loss floor (the masked loss floor for encoders, the entropy rate for causal models).
@@ -25,7 +33,9 @@ from normstudy import grid
 from normstudy.analysis import runs as runs_lib
 from normstudy.analysis import stats
 
-TEST = "Welch's t-test"
+PAIRED = "paired t-test"
+UNPAIRED = "Welch's t-test"
+SIGN = "sign test"
 
 
 def is_speed_sweep(df: pd.DataFrame) -> bool:
@@ -52,6 +62,7 @@ def run_table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         "run": run, "arm": info.get("arm") or run, "arm_label": info.get("arm_label") or run,
         "group": grid.point_label(rest),
         "seed": point.get("train.seed"), "status": status.get(run),
+        "eval_seed": info.get("eval_seed", -1), "eval_rows": info.get("eval_rows"),
         "final_eval_loss": float(eval_loss.iloc[-1]) if len(eval_loss) else np.nan,
         "unigram_entropy": info.get("unigram_entropy"), "floor": runs_lib.loss_floor(info)})
   return pd.DataFrame(rows)
@@ -64,13 +75,42 @@ def first_step_below(df: pd.DataFrame, run: str, threshold: float):
   return int(below.index[0]) if len(below) else None
 
 
+def eval_set(rows: pd.DataFrame) -> str:
+  """How the runs were evaluated: 'shared (512 rows, eval_seed 0)' when all on one set, else
+  'each seed its own'."""
+  seeds = set(rows.eval_seed)
+  if len(seeds) == 1 and -1 not in seeds:
+    return f"shared ({int(rows.eval_rows.iloc[0])} rows, eval_seed {seeds.pop()})"
+  return "each seed its own"
+
+
+def compare(rows: pd.DataFrame, reference: pd.DataFrame) -> dict:
+  """An arm's final eval losses against the reference arm's: paired by seed (t-test and sign
+  test over the seeds both have) when all their runs share one eval set, else Welch's."""
+  both = pd.concat([rows, reference])
+  mine = rows.dropna(subset=["final_eval_loss"]).set_index("seed").final_eval_loss
+  theirs = reference.dropna(subset=["final_eval_loss"]).set_index("seed").final_eval_loss
+  if eval_set(both).startswith("shared"):
+    seeds = sorted(set(mine.index) & set(theirs.index))
+    a, b = mine[seeds].to_numpy(), theirs[seeds].to_numpy()
+    _, _, p = stats.paired_t(a, b)
+    lower, differ, sign_p = stats.sign_test(b, a)
+    return {"difference": float(np.mean(a - b)) if seeds else np.nan, "test": PAIRED,
+            "n": f"{len(seeds)} seeds", "p": p, "sign_lower": lower, "sign_n": differ,
+            "sign_p": sign_p, "eval_set": eval_set(both)}
+  _, _, p = stats.welch(mine, theirs)
+  return {"difference": float(np.mean(mine) - np.mean(theirs)), "test": UNPAIRED,
+          "n": f"{len(mine)} and {len(theirs)}", "p": p, "sign_lower": np.nan, "sign_n": np.nan,
+          "sign_p": np.nan, "eval_set": eval_set(both)}
+
+
 def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame:
   """The speed table described in the module's docstring; the reference arm is each group's
-  first."""
+  first, and each group's comparisons with it are one family for Holm's correction."""
   threshold = runs_lib.learning_threshold(runs) if threshold is None else threshold
   out = []
   for group, in_group in runs.groupby("group", sort=False):
-    reference = None
+    reference, family = None, []
     for arm, rows in in_group.groupby("arm", sort=False):
       finals = rows.final_eval_loss.dropna().to_numpy()
       mean, low, high = stats.mean_interval(finals)
@@ -83,25 +123,35 @@ def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) 
              "threshold": threshold, "reached": len(reached),
              "steps_to_threshold": float(np.mean(reached)) if reached else np.nan}
       if reference is None:
-        reference = (row["label"], finals)
+        reference = (row["label"], rows)
         row.update(reference_arm=row["label"], difference=0.0, test="", n="", p=np.nan,
-                   verdict="reference")
+                   p_holm=np.nan, sign_lower=np.nan, sign_n=np.nan, sign_p=np.nan,
+                   sign_p_holm=np.nan, verdict="reference", eval_set=eval_set(rows))
       else:
-        _, _, p = stats.welch(finals, reference[1])
-        n = f"{len(finals)} and {len(reference[1])}"
-        row.update(reference_arm=reference[0],
-                   difference=float(np.mean(finals) - np.mean(reference[1])), test=TEST, n=n,
-                   p=p, verdict=stats.verdict(TEST, n, p))
+        row.update(reference_arm=reference[0], **compare(rows, reference[1]))
+        family.append(row)
       out.append(row)
+    for key in ("p", "sign_p"):
+      for row, adjusted in zip(family, stats.holm([r[key] for r in family])):
+        row[f"{key}_holm"] = adjusted
+    for row in family:
+      row["verdict"] = stats.verdict_holm(row["test"], row["n"], row["p"], row["p_holm"])
   return pd.DataFrame(out)
 
 
 def observations(speed: pd.DataFrame) -> str:
+  shared = speed.eval_set.str.startswith("shared").all()
+  data = (f"every run was evaluated on the same eval set, {speed.eval_set.iloc[0]}, so arms "
+          f"are compared paired by seed ({PAIRED}, and the {SIGN} over the seeds as a check "
+          "that does not assume normal differences)" if shared else
+          f"each seed was evaluated on its own eval set (runs with train.eval_seed = -1, or "
+          f"from before the field existed), so arms are compared unpaired ({UNPAIRED}) and "
+          "differences between the eval sets add to the seeds' spread")
   parts = [f"Learning speed: final eval loss per arm, mean over seeds with its 95% t interval; "
-           f"each arm against the first ({TEST}, two-sided; a difference only at "
-           f"p < {stats.ALPHA}). Steps to threshold: the first eval step below "
-           f"{speed.threshold.iloc[0]:.3f} nats (halfway from the unigram entropy to the loss "
-           "floor), mean over the seeds that reached it."]
+           f"{data}. Each arm is compared with the first (two-sided, Holm's correction over the "
+           f"arms; a difference only at Holm-adjusted p < {stats.ALPHA}). Steps to threshold: "
+           f"the first eval step below {speed.threshold.iloc[0]:.3f} nats (halfway from the "
+           "unigram entropy to the loss floor), mean over the seeds that reached it."]
   for row in speed.itertuples():
     line = (f"{row.label}: {row.final_eval_loss:.3f} nats (95% CI {row.final_eval_loss_low:.3f} "
             f"to {row.final_eval_loss_high:.3f}, {row.runs} runs); reached the threshold in "
@@ -110,6 +160,10 @@ def observations(speed: pd.DataFrame) -> str:
     if row.verdict != "reference":
       line += (f"; against {row.reference_arm}: {row.difference:+.3f} nats, "
                f"{row.verdict}")
+      if np.isfinite(row.sign_p):
+        line += (f"; lower in {row.sign_lower:.0f} of {row.sign_n:.0f} seeds with unequal losses "
+                 f"({SIGN}, p = {stats.format_p(row.sign_p)}, Holm-adjusted p = "
+                 f"{stats.format_p(row.sign_p_holm)})")
     parts.append(line + ".")
   return "\n\n".join(parts)
 

@@ -25,6 +25,8 @@ separated". Tests:
                                                      laws; two-sided as fisher_exact)
   paired_t(a, b)                                     Student's paired t-test (mean difference of
                                                      pairs against 0, n - 1 df)
+  sign_test(a, b)                                    the exact two-sided sign test of paired
+                                                     values (ties dropped; binomial, 1/2)
   holm(ps)                                           Holm's step-down adjustment of a family of
                                                      p-values (Holm 1979)
   equivalence_factor(...)                            the smallest factor m within which two
@@ -140,6 +142,29 @@ def paired_t(a, b) -> tuple[float, float, float]:
   return t, len(d) - 1.0, float(2 * scipy_stats.t.sf(abs(t), len(d) - 1))
 
 
+def sign_test(a, b) -> tuple[int, int, float]:
+  """(pairs with a > b, pairs that differ, two-sided exact p) of the sign test of a against b
+  (paired by position): under no difference the count of a > b among the n pairs that differ is
+  Binomial(n, 1/2); p = min(1, 2 P(X <= min(k, n - k))). p = 1 when no pair differs."""
+  d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+  d = d[d != 0]
+  k, n = int((d > 0).sum()), len(d)
+  if n == 0:
+    return 0, 0, 1.0
+  tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1)) / 2 ** n
+  return k, n, min(1.0, 2 * tail)
+
+
+def verdict_holm(test: str, n: str, p: float, p_holm: float, what: str = "different") -> str:
+  """`verdict` judged on the Holm-adjusted p, with the raw p beside it: 'different (test, n =
+  .., p = 0.004, Holm-adjusted p = 0.02)'."""
+  text = verdict(test, n, p_holm, what)
+  if not np.isfinite(p_holm):
+    return text
+  return text.replace(f"p = {format_p(p_holm)})",
+                      f"p = {format_p(p)}, Holm-adjusted p = {format_p(p_holm)})")
+
+
 def holm(ps) -> list:
   """Holm-adjusted p-values, in the order given: the i-th smallest of m is multiplied by
   m - i (i from 0), made non-decreasing along that order, capped at 1; NaN stays NaN and does
@@ -241,13 +266,16 @@ def critical_lr(lrs, failed, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) ->
   """The learning rate at which half the runs fail, from one arm's runs (`lrs`, `failed`):
 
     critical_lr           10^(the logistic fit's 50% point), or NaN when the grid does not
-                          bracket it
+                          bracket it or the outcomes are completely separated by the learning
+                          rate (every run below some learning rate survives, every run from it
+                          fails): the data then place the critical value only between two grid
+                          points, and a fitted point would be the midpoint of the cell
     critical_lr_low/high  a 95% percentile-bootstrap interval (runs resampled with replacement,
-                          `samples` times), widened to the bracket [the highest learning rate
-                          with no failure below the first failure, the lowest with only
-                          failures] under complete separation
-    bound                 "" when estimated, else "> {max lr} (no run failed)" or
-                          "< {min lr} (every run failed)"
+                          `samples` times); under complete separation the bracket [the highest
+                          learning rate with no failure, the lowest with only failures]
+    bound                 "" when estimated, else "> {max lr} (no run failed)", "< {min lr}
+                          (every run failed)" or, under complete separation, "between {low} and
+                          {high} (all {n} seeds)" (n the runs at each of the two)
   """
   lrs = np.asarray(lrs, dtype=float)
   y = np.asarray(failed, dtype=float)
@@ -258,6 +286,13 @@ def critical_lr(lrs, failed, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) ->
     return {**out, "bound": f"> {lrs.max():g} (no run failed)"}
   if y.sum() == len(y):
     return {**out, "bound": f"< {lrs.min():g} (every run failed)"}
+  bracket = _separation_bracket(x, y)
+  if bracket is not None:
+    low, high = 10 ** bracket[0], 10 ** bracket[1]
+    counts = {int((x == b).sum()) for b in bracket}
+    runs = f"all {counts.pop()} seeds" if len(counts) == 1 else "all runs"
+    return {**out, "critical_lr_low": low, "critical_lr_high": high,
+            "bound": f"between {low:.3g} and {high:.3g} ({runs})"}
   fit = fit_logistic(x, y)
   centre = min(max(fit.critical_log_lr, x.min()), x.max()) if fit.slope > 0 else math.nan
   rng = np.random.default_rng(seed)
@@ -272,9 +307,6 @@ def critical_lr(lrs, failed, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) ->
       np.where(boot_b > 0, np.clip(crossing, x.min(), x.max()), np.nan)))
   low, high = np.nanpercentile(draws, [2.5, 97.5]) if np.isfinite(draws).any() else (
       math.nan, math.nan)
-  bracket = _separation_bracket(x, y)
-  if bracket is not None:
-    low, high = min(low, bracket[0]), max(high, bracket[1])
   return {**out, "critical_lr": 10 ** centre, "critical_lr_low": 10 ** low,
           "critical_lr_high": 10 ** high}
 

@@ -8,7 +8,9 @@ learning_rate, seed, status, attention logits). Per arm (and value of the sweep'
   survival.csv    arm, label, group, runs, failed, critical_lr, critical_lr_low,
                   critical_lr_high (stats.critical_lr: logistic fit by maximum likelihood,
                   bootstrap 95% interval over runs), bound (an arm that never or always fails in
-                  the grid: the critical learning rate lies beyond it), and per learning rate
+                  the grid: the critical learning rate lies beyond it; or whose runs the
+                  learning rate separates completely: "between 0.316 and 0.562 (all 3 seeds)",
+                  critical_lr empty and low/high the bracket), and per learning rate
                   `failed@<lr>` as "k/n"
   survival_tests.csv   every pair of arms in a group: Fisher's exact test at each learning rate,
                   the exact conditional test stratified by learning rate (stats.stratified_exact;
@@ -208,6 +210,9 @@ def _draw_arm(share_ax, logit_ax, curve, est, look, label, height):
     share_ax.errorbar([est.critical_lr], [height], color=color, capsize=3, marker="|",
                       xerr=[[est.critical_lr - est.critical_lr_low],
                             [est.critical_lr_high - est.critical_lr]])
+  elif np.isfinite(est.critical_lr_low):  # complete separation: the bracket, no point
+    share_ax.plot([est.critical_lr_low, est.critical_lr_high], [height, height], color=color,
+                  marker="|", markersize=8)
   reached = curve[curve.attn_logit_at_step.notna()]
   logit_ax.plot(reached.learning_rate, reached.attn_logit_at_step, linestyle="none",
                 marker=look["marker"], color=color, alpha=0.7, label=label)
