@@ -10,6 +10,11 @@ SENSITIVITY_ARGS ?=
 TECHNIQUES_DIR ?= runs/techniques
 SURVIVAL_DIR ?= runs/survival
 SURVIVAL_DEPTH_DIR ?= runs/survival_depth
+SURVIVAL_GRID_DIR ?= runs/survival_grid
+# The critical learning rate by bisection (normstudy.search), per arm and seed: round 1 checks
+# that 0.1 survives and 1 fails (the grid in docs/survival/ shows every arm's seeds straddle
+# them), each later round halves the bracket, so 5 rounds leave 1/16 decade (a factor 1.155).
+SURVIVAL_SEARCH ?= --search=optimizer.learning_rate:0.1,1 --rounds=5 --axis=train.seed=0,1,2,3,4,5
 SPEED_DIR ?= runs/speed
 # Almost all of the suite's time is XLA compilation, which runs on one core per process: one
 # test worker per core (pytest-xdist); an idle worker takes tests queued for a busy one.
@@ -21,7 +26,7 @@ PYTEST_ARGS ?= -n auto --dist worksteal
 TPU_AOT := .tpu-aot/.installed
 LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0] for r in m.requires('jax') if r.startswith('libtpu')))")
 
-.PHONY: install tpu-aot study sensitivity techniques survival survival-depth speed test test-fast benchmark clean
+.PHONY: install tpu-aot study sensitivity techniques survival survival-depth survival-grid speed test test-fast benchmark clean
 
 install: $(STAMP)
 
@@ -47,13 +52,17 @@ sensitivity: install
 techniques: install
 	$(PY) -m normstudy.sweep --config=configs/techniques.py --workdir=$(TECHNIQUES_DIR)
 
-# Which learning rate kills each arm, with controls (configs/survival.py); the same for DeepNorm
-# and its Post-LN control at 12 layers; how fast each arm learns at the recipe's learning rate.
+# Which learning rate kills each arm, with controls (configs/survival.py), found by search; the
+# same for DeepNorm and its Post-LN control at 12 layers; the grid version of the first, for
+# comparison; how fast each arm learns at the recipe's learning rate.
 survival: install
-	$(PY) -m normstudy.sweep --config=configs/survival.py --workdir=$(SURVIVAL_DIR)
+	$(PY) -m normstudy.sweep --config=configs/survival.py --workdir=$(SURVIVAL_DIR) $(SURVIVAL_SEARCH)
 
 survival-depth: install
-	$(PY) -m normstudy.sweep --config=configs/survival_depth.py --workdir=$(SURVIVAL_DEPTH_DIR)
+	$(PY) -m normstudy.sweep --config=configs/survival_depth.py --workdir=$(SURVIVAL_DEPTH_DIR) $(SURVIVAL_SEARCH)
+
+survival-grid: install
+	$(PY) -m normstudy.sweep --config=configs/survival.py --workdir=$(SURVIVAL_GRID_DIR)
 
 speed: install
 	$(PY) -m normstudy.sweep --config=configs/speed.py --workdir=$(SPEED_DIR)

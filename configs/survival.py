@@ -8,15 +8,23 @@ recipe (configs/seed_figure.py) with
     settles), so backward overflow, MERT's loss-scale collapse, can happen from the start;
   - runs of NUM_STEPS steps, past the window where runs die (steps 55-107 in the sensitivity
     sweep; 36-72 in this experiment's pilot, one run at 139);
-  - learning rates a quarter decade apart, placed by a pilot so that every arm's critical
-    learning rate (50% of runs failing) lies inside the grid; SEEDS seeds each.
+  - as a grid (`make survival-grid`): learning rates a quarter decade apart, placed by a pilot so
+    that every arm's critical learning rate (50% of runs failing) lies inside it; SEEDS seeds;
+  - as a search (`make survival`, the Makefile's SURVIVAL_SEARCH): each arm and seed's critical
+    learning rate by bisection from [0.1, 1] (the grid shows every arm's seeds straddle it),
+    5 rounds, 6 seeds. Within an arm failure is close to a deterministic function of the
+    learning rate (every (arm, seed) of the grid is monotone), so a quarter-decade grid can
+    only say which cell each arm's seeds fall in; bisection per seed resolves 1/16 decade.
 Arms: Pre-LN with clip 1 and clip 10, Pre-LN with attention relax, DeepNorm, and the two controls
 that separate DeepNorm's parts (Pre-LN + input norm, Post-LN + input norm).
 
-The analysis writes survival.csv/png (failure share against learning rate, the logistic fit and
-the critical learning rate with its bootstrap interval, Fisher's test per learning rate and the
-likelihood-ratio test of one curve per pair of arms) and the largest attention logit at step
-LOGIT_STEP against learning rate. configs/survival_depth.py asks the same at 12 layers.
+The search writes critical_lr.csv/png (per arm the geometric mean critical learning rate over
+seeds with its 95% t interval, pairwise paired t-tests with Holm's correction and equivalence
+margins); the grid survival.csv/png (failure share against learning rate, the logistic fit and
+the critical learning rate with its bootstrap interval, or the bracket where the learning rate
+separates the outcomes completely; Fisher's test per learning rate, the stratified exact test
+and the likelihood-ratio test of one curve per pair of arms); both the largest attention logit
+at step LOGIT_STEP against learning rate. configs/survival_depth.py asks the same at 12 layers.
 """
 
 from configs import seed_figure
