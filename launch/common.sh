@@ -12,3 +12,10 @@ die() {
   echo "error: $*" >&2
   exit 2
 }
+
+# need_value OPTION [VALUE ...]: an option that takes a value must have one (not the next option).
+need_value() {
+  if [ $# -lt 2 ] || [[ "$2" == --* ]]; then
+    die "$1 needs a value (${1#--} ...); see --help"
+  fi
+}

@@ -9,14 +9,14 @@ source "$(dirname "$0")/common.sh"
 config="" workdir="" nodes=1 gpus=8 per_gpu=0 partition="" time_limit="24:00:00" venv=".venv"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --config) config="$2"; shift 2 ;;
-    --workdir) workdir="$2"; shift 2 ;;
-    --nodes) nodes="$2"; shift 2 ;;
-    --gpus-per-node) gpus="$2"; shift 2 ;;
+    --config) need_value "$@"; config="$2"; shift 2 ;;
+    --workdir) need_value "$@"; workdir="$2"; shift 2 ;;
+    --nodes) need_value "$@"; nodes="$2"; shift 2 ;;
+    --gpus-per-node) need_value "$@"; gpus="$2"; shift 2 ;;
     --per-gpu) per_gpu=1; shift ;;
-    --partition) partition="$2"; shift 2 ;;
-    --time) time_limit="$2"; shift 2 ;;
-    --venv) venv="$2"; shift 2 ;;
+    --partition) need_value "$@"; partition="$2"; shift 2 ;;
+    --time) need_value "$@"; time_limit="$2"; shift 2 ;;
+    --venv) need_value "$@"; venv="$2"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) echo "$usage"; exit 0 ;;
     --) shift; break ;;

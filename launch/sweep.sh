@@ -9,9 +9,9 @@ source "$(dirname "$0")/common.sh"
 config="" workdir="" launcher="local"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --config) config="$2"; shift 2 ;;
-    --workdir) workdir="$2"; shift 2 ;;
-    --launcher) launcher="$2"; shift 2 ;;
+    --config) need_value "$@"; config="$2"; shift 2 ;;
+    --workdir) need_value "$@"; workdir="$2"; shift 2 ;;
+    --launcher) need_value "$@"; launcher="$2"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) echo "$usage"; exit 0 ;;
     --) shift; break ;;

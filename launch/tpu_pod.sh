@@ -10,15 +10,15 @@ name="" zone="" config="" workdir="" accelerator="v4-32" version="tpu-ubuntu2204
 create=0 delete=0 collect=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --name) name="$2"; shift 2 ;;
-    --zone) zone="$2"; shift 2 ;;
-    --config) config="$2"; shift 2 ;;
-    --workdir) workdir="$2"; shift 2 ;;
-    --accelerator) accelerator="$2"; shift 2 ;;
-    --version) version="$2"; shift 2 ;;
+    --name) need_value "$@"; name="$2"; shift 2 ;;
+    --zone) need_value "$@"; zone="$2"; shift 2 ;;
+    --config) need_value "$@"; config="$2"; shift 2 ;;
+    --workdir) need_value "$@"; workdir="$2"; shift 2 ;;
+    --accelerator) need_value "$@"; accelerator="$2"; shift 2 ;;
+    --version) need_value "$@"; version="$2"; shift 2 ;;
     --create) create=1; shift ;;
     --delete) delete=1; shift ;;
-    --collect) collect="$2"; shift 2 ;;
+    --collect) need_value "$@"; collect="$2"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) echo "$usage"; exit 0 ;;
     --) shift; break ;;

@@ -69,6 +69,13 @@ def test_sweep_starts_one_job_per_variant():
     ("sweep.sh", ("--config", "configs/nope.py", "--workdir", "w"),
      "config file 'configs/nope.py' does not exist"),
     ("sweep.sh", ("--bogus",), "unknown option '--bogus'"),
+    # An option without its value (last, or followed by the next option).
+    ("slurm_gpu.sh", ("--config", "c", "--workdir", "w", "--nodes"),
+     "--nodes needs a value (nodes ...); see --help"),
+    ("slurm_gpu.sh", ("--config", "c", "--partition", "--workdir", "w"),
+     "--partition needs a value (partition ...); see --help"),
+    ("sweep.sh", ("--config",), "--config needs a value (config ...); see --help"),
+    ("tpu_pod.sh", ("--name", "p", "--zone"), "--zone needs a value (zone ...); see --help"),
 ])
 def test_bad_usage_is_one_error_line(script, args, message):
   result = _launch(script, *args)
