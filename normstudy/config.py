@@ -216,6 +216,8 @@ _RANGES = (
     ("data.train_tokens", lambda v: v >= 1, "an integer >= 1"),
     ("data.validation_tokens", lambda v: v >= 1, "an integer >= 1"),
     ("data.validation_fraction", lambda v: 0 < v < 1, "a number in (0, 1)"),
+    ("train.seed", lambda v: 0 <= v < 2**31, "an integer in [0, 2^31)"),
+    ("data.seed", lambda v: 0 <= v < 2**31, "an integer in [0, 2^31)"),
     ("train.num_steps", lambda v: v >= 1, "an integer >= 1"),
     ("train.batch_size", lambda v: v >= 1, "an integer >= 1"),
     ("train.log_every", lambda v: v >= 1, "an integer >= 1"),

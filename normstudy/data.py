@@ -49,6 +49,12 @@ FLOOR_ROWS = 8192
 FLOOR_SEED = 7_000_003  # the fresh rows' and masks' seed: neither the splits' nor an eval set's
 
 
+def synthetic_tokens(requested: int) -> int:
+  """The tokens a synthetic split holds for `requested` (whole documents of DOC_LENGTH)."""
+  doc_length = 4096  # normstudy.synthetic.DOC_LENGTH, without importing tensorflow_datasets
+  return max(1, -(-requested // doc_length)) * doc_length
+
+
 def _synthetic(config) -> TokenSplits:
   from normstudy import synthetic  # imports tensorflow_datasets; only needed here
   data_cfg, max_len, vocab_size = config.data, config.model.max_len, config.model.vocab_size
@@ -111,20 +117,52 @@ def _read_utf8(path: str) -> bytes:
   return content
 
 
-def _text_files(data_cfg, max_len: int) -> TokenSplits:
+def _text_file_paths(data_cfg) -> list:
   paths = sorted(p for p in glob.glob(data_cfg.files, recursive=True) if os.path.isfile(p))
   if not paths:
     raise ValueError(f"config.data.files={data_cfg.files!r} matches no file")
-  stream = np.concatenate(
-      [np.frombuffer(_read_utf8(p), np.uint8) for p in paths]).astype(np.int32)
-  cut = int(len(stream) * (1 - data_cfg.validation_fraction))
+  return paths
+
+
+def _check_size(data_cfg, total: int, files: int, max_len: int) -> int:
+  """Where the corpus of `total` bytes is cut into training and validation; ValueError unless
+  each part holds a row."""
+  cut = int(total * (1 - data_cfg.validation_fraction))
   need = 2 * max_len / min(data_cfg.validation_fraction, 1 - data_cfg.validation_fraction)
-  if cut < max_len or len(stream) - cut < max_len:
+  if cut < max_len or total - cut < max_len:
     raise ValueError(
-        f"config.data.files={data_cfg.files!r} holds {len(stream)} bytes in {len(paths)} "
+        f"config.data.files={data_cfg.files!r} holds {total} bytes in {files} "
         f"file(s): too little for one training and one validation row of config.model.max_len="
         f"{max_len} bytes with config.data.validation_fraction={data_cfg.validation_fraction} "
         f"(needs about {int(need)} bytes)")
+  return cut
+
+
+def check_files(config) -> None:
+  """ConfigError unless the files a text_files config names are there, are UTF-8 and hold a
+  training and a validation row (what loading them would find, asked before a run's directory
+  is created)."""
+  data_cfg = config.data
+  if data_cfg.name != "text_files":
+    return
+  try:
+    paths = _text_file_paths(data_cfg)
+    for path in paths:
+      _read_utf8(path)
+    _check_size(data_cfg, sum(os.path.getsize(p) for p in paths), len(paths),
+                config.model.max_len)
+  except ValueError as e:
+    raise errors.ConfigError(str(e)) from None
+  except OSError as e:
+    raise errors.ConfigError(f"config.data.files={data_cfg.files!r}: {e.filename} cannot be "
+                             f"read ({e.strerror})") from None
+
+
+def _text_files(data_cfg, max_len: int) -> TokenSplits:
+  paths = _text_file_paths(data_cfg)
+  stream = np.concatenate(
+      [np.frombuffer(_read_utf8(p), np.uint8) for p in paths]).astype(np.int32)
+  cut = _check_size(data_cfg, len(stream), len(paths), max_len)
   return TokenSplits(pack([stream[:cut]], max_len), pack([stream[cut:]], max_len), None,
                      f"text_files:{data_cfg.files}")
 

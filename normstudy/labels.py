@@ -8,6 +8,7 @@ fields are filled in from the config. A fixed text without braces is taken as it
 import re
 
 from normstudy import config as config_lib
+from normstudy import errors
 from normstudy import placements
 from normstudy import techniques
 
@@ -41,3 +42,28 @@ def resolve(config, template: str | None = None) -> str:
     return format(value, spec) if spec else _number(value)
 
   return _FIELD.sub(fill, template)
+
+
+def check(config) -> None:
+  """ConfigError unless every {field[:format]} of `config.label` names a config field and its
+  format applies to the field's value (checked with the config, before anything is written)."""
+  template = config.label or "{auto}"
+  for match in _FIELD.finditer(template):
+    name, spec = match.group(1), match.group(2)
+    if name == "auto":
+      continue
+    try:
+      value = config_lib.get_field(config, name)
+    except (KeyError, AttributeError):
+      raise errors.ConfigError(
+          f"config.label={template!r}: {{{name}}} is not a config field; allowed: {{auto}} or "
+          "{section.field} / {section.field:format} of the config, e.g. "
+          "{optimizer.learning_rate:g}") from None
+    if spec:
+      try:
+        format(value, spec)
+      except (ValueError, TypeError):
+        raise errors.ConfigError(
+            f"config.label={template!r}: the format {spec!r} does not apply to "
+            f"config.{name}={value!r}; allowed: a Python format spec for its type, e.g. "
+            "{optimizer.learning_rate:g}") from None

@@ -44,6 +44,7 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
   any config may take it."""
   sizes = sharding.mesh_shape(runs[0].config.mesh, jax.device_count())
   checkpointed = rundir.checkpointed_steps(storage.remote(checkpoint_dir))
+  files_checked = set()
   for run in runs:
     validation.validate(run.config)
     sharding.check_divisible(run.config, sizes, num_runs=len(runs))
@@ -51,8 +52,14 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
     rundir.check_writable(run.directory, "--workdir")
     data_dir = run.config.data.data_dir
     if run.config.data.name != "text_files":
-      rundir.check_writable(os.path.expanduser(data_dir) if data_dir else data_lib.default_dir(),
-                            "config.data.data_dir")
+      data_dir = os.path.expanduser(data_dir) if data_dir else data_lib.default_dir()
+      rundir.check_writable(data_dir, "config.data.data_dir")
+      if not storage.is_url(data_dir):  # the dataset's cache, not the run: making it is safe
+        rundir.ensure_directory(data_dir, "config.data.data_dir")
+    corpus = (run.config.data.files, run.config.model.max_len)
+    if corpus not in files_checked:  # read once per corpus, not per run
+      data_lib.check_files(run.config)
+      files_checked.add(corpus)
     if checkpointed and not allow_config_change:
       _check_saved_config(run, checkpointed)
 

@@ -12,6 +12,7 @@ The mesh's divisibility is checked by normstudy.sharding.check_divisible, which 
 from normstudy import config as config_lib
 from normstudy import data as data_lib
 from normstudy import errors
+from normstudy import labels
 from normstudy import model as model_lib
 from normstudy import optimizer as optimizer_lib
 from normstudy import placements
@@ -47,6 +48,18 @@ RULES = (
           or c.model.vocab_size >= 256,
           lambda c: f"config.model.vocab_size={c.model.vocab_size} is too small for byte-level "
                     "tokens (config.data.tokenizer='bytes' or text_files); allowed: >= 256"),
+    *(_rule(lambda c, split=split: c.data.name != "synthetic"
+            or data_lib.synthetic_tokens(c.data[f"{split}_tokens"]) >= c.model.max_len,
+            lambda c, split=split: (
+                f"config.model.max_len={c.model.max_len} is longer than the synthetic {split} "
+                f"split holds (config.data.{split}_tokens={c.data[f'{split}_tokens']}: "
+                f"{data_lib.synthetic_tokens(c.data[f'{split}_tokens'])} tokens); allowed: "
+                f"max_len <= {data_lib.synthetic_tokens(c.data[f'{split}_tokens'])}, or more "
+                f"{split}_tokens"))
+      for split in ("train", "validation")),
+    _rule(lambda c: c.data.name != "text_files" or c.data.tokenizer == "bytes",
+          lambda c: f"config.data.tokenizer={c.data.tokenizer!r} applies to TFDS catalog "
+                    "datasets; text_files are read as byte-level tokens; allowed: 'bytes'"),
     _rule(lambda c: c.data.name != "synthetic" or c.data.branching <= c.model.vocab_size,
           lambda c: f"config.data.branching={c.data.branching} exceeds "
                     f"config.model.vocab_size={c.model.vocab_size}"),
@@ -65,3 +78,4 @@ def validate(config) -> None:
       raise errors.ConfigError(message(config))
   for message in techniques.conflicts(config):
     raise errors.ConfigError(message)
+  labels.check(config)

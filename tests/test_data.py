@@ -186,6 +186,22 @@ def test_text_files_that_are_empty_or_binary_are_named(make_config, tmp_path):
     data_lib.load_splits(config)
 
 
+def test_text_files_are_checked_before_a_run_starts(make_config, tmp_path):
+  from normstudy import errors
+  config = make_config(vocab_size=256)
+  config.data.update(name="text_files", files=str(tmp_path / "*.txt"))
+  with pytest.raises(errors.ConfigError, match=r"matches no file"):
+    data_lib.check_files(config)
+  (tmp_path / "short.txt").write_text("hello")
+  with pytest.raises(errors.ConfigError, match=r"holds 5 bytes in 1 file\(s\): too little"):
+    data_lib.check_files(config)
+  (tmp_path / "short.txt").write_bytes(b"x" * 4000 + bytes([0xc3]))
+  with pytest.raises(errors.ConfigError, match=r"short.txt is not UTF-8 text \(byte 4000"):
+    data_lib.check_files(config)
+  (tmp_path / "short.txt").write_text("x" * 4000)
+  data_lib.check_files(config)  # enough UTF-8 text: accepted
+
+
 @pytest.mark.parametrize("name", ["lm1b", "c4/en"])
 def test_catalog_dataset_byte_level_with_mock_data(make_config, tmp_path, name):
   import tensorflow_datasets as tfds

@@ -171,19 +171,43 @@ BAD_VALUES = [
     ("model.attention_relax", -1.0, "0 (off) or a number > 0"),
     ("data.mask_prob", 1.5, "a number in [0, 1]"),
     ("train.on_nonfinite", "retry", "allowed: halt, skip"),
+    ("train.seed", -1, "an integer in [0, 2^31)"),  # once grain's traceback, checkpoints/ made
+    ("data.seed", -1, "an integer in [0, 2^31)"),  # once "expected non-negative integer"
+    ("train.eval_seed", -2, "-1 (each run's own train.seed) or an integer >= 0"),
+    ("model.max_len", 100000, "allowed: max_len <= 65536, or more validation_tokens"),
+    ("label", "{no.such.field}", "{no.such.field} is not a config field; allowed: {auto} or"),
+    ("label", "{optimizer.learning_rate:q}",
+     "the format 'q' does not apply to config.optimizer.learning_rate=0.001"),
 ]
 
 
 @pytest.mark.parametrize("field,value,allowed", BAD_VALUES)
 def test_validate_names_field_value_and_allowed(field, value, allowed):
   config = config_lib.default_config()
-  section, name = field.split(".")
-  config[section][name] = value
+  section, _, name = field.rpartition(".")
+  (config[section] if section else config)[name] = value
   with pytest.raises(errors.ConfigError) as e:
     validation.validate(config)
-  assert str(e.value).startswith(f"config.{field}={value!r} ")
+  assert str(e.value).startswith(f"config.{field}={value!r}")
   assert allowed in str(e.value)
   assert "\n" not in str(e.value)
+
+
+def test_a_tokenizer_for_text_files_is_refused_not_ignored():
+  config = config_lib.default_config()
+  config.data.update(name="text_files", files="*.txt", tokenizer="missing.model")
+  config.model.vocab_size = 256
+  with pytest.raises(errors.ConfigError, match="config.data.tokenizer='missing.model' applies "
+                     "to TFDS catalog datasets; text_files are read as byte-level tokens"):
+    validation.validate(config)
+
+
+def test_synthetic_split_sizes_follow_the_generator():
+  from normstudy import data as data_lib
+  from normstudy import synthetic
+  for requested in (1, 10, 4096, 4097, 2**16):
+    docs = max(1, -(-requested // synthetic.DOC_LENGTH))
+    assert data_lib.synthetic_tokens(requested) == docs * synthetic.DOC_LENGTH
 
 
 @pytest.mark.slow
@@ -196,6 +220,15 @@ def test_validate_names_field_value_and_allowed(field, value, allowed):
     ((f"--config={SEED}", "--config.modell.x=3"),
      "unknown config field 'modell' (--config.modell.x=3); did you mean 'model'?"),
     ((f"--config={SEED}", "--config.train.batch_size=0"), "config.train.batch_size=0"),
+    # Checked before the workdir is made (each once wrote it, and its lock, or a traceback).
+    ((f"--config={SEED}", "--config.train.seed=-1"), "config.train.seed=-1 is not allowed"),
+    ((f"--config={SEED}", "--config.label={no.such.field}"),
+     "config.label='{no.such.field}': {no.such.field} is not a config field"),
+    ((f"--config={SEED}", "--config.data.data_dir=/proc/nope/tfds"),
+     "config.data.data_dir='/proc/nope/tfds' cannot be created"),
+    ((f"--config={SEED}", "--config.data.name=text_files", "--config.model.vocab_size=256",
+      "--config.data.files=/nonexistent/*.txt"),
+     "config.data.files='/nonexistent/*.txt' matches no file"),
 ])
 def test_bad_command_line_is_one_line_and_creates_nothing(tmp_path, args, message):
   workdir = tmp_path / "never"
