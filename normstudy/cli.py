@@ -98,6 +98,9 @@ def flag_error_line(error: Exception, argv) -> str:
     overrides = [a for a in argv[1:] if name and f".{name[-1]}=" in a]
     return (f"unknown config field {name[-1]!r}" if name else "unknown config field") + (
         f" ({overrides[0]})" if overrides else "")
+  typed = _typed_value_line(text, argv)
+  if typed is not None:
+    return typed
   users = _users_frame(error)
   if users is not None:
     return users
@@ -123,12 +126,82 @@ def _users_frame(error: Exception):
 
 
 def _missing_config_file(argv):
-  # config_flags defers a missing file's error to the first use of the config, as a traceback.
+  """A config file that cannot be a config, in one line (config_flags defers a missing file's
+  error to the first use of the config, as a traceback, and words the others in Python)."""
   for arg in argv[1:]:
     if arg.startswith("--config="):
-      path = arg.split("=", 1)[1].split(":", 1)[0]
+      spec = arg.split("=", 1)[1]
+      path = spec.split(":", 1)[0]
+      if os.path.isdir(path):
+        return (f"config file {path!r} is a directory (--config={spec}); allowed: a Python "
+                "file defining get_config(), e.g. configs/seed_figure.py")
       if not os.path.isfile(path):
-        return f"config file {path!r} does not exist (--config={arg.split('=', 1)[1]})"
+        return f"config file {path!r} does not exist (--config={spec})"
+      try:
+        with open(path, encoding="utf-8") as f:
+          source = f.read()
+      except OSError as e:
+        return f"config file {path!r} cannot be read: {e.strerror} (--config={spec})"
+      except UnicodeDecodeError:
+        return f"config file {path!r} is not UTF-8 Python source (--config={spec})"
+      if not _defines(source, "get_config"):
+        return (f"config file {path!r} defines no get_config(); a config file's "
+                "get_config(variant) returns its ml_collections.ConfigDict")
+  return None
+
+
+def _defines(source: str, name: str) -> bool:
+  """Whether Python `source` defines or imports `name` at its top level (a file that does not
+  parse is left to config_flags, whose error names the line)."""
+  import ast
+  try:
+    tree = ast.parse(source)
+  except SyntaxError:
+    return True
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+      return True
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+      targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+      if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+        return True
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+      if any((alias.asname or alias.name) == name or alias.name == "*" for alias in node.names):
+        return True
+  return False
+
+
+_NOT_INT = re.compile(r"flag (--config\.[\w.]+)=(.*): invalid literal for int\(\) with base 10")
+_NOT_BOOL = re.compile(r"flag (--config\.[\w.]+)=(.*): \('Non-boolean argument to boolean flag'")
+
+
+_INTEGRAL_FLOAT = re.compile(r"^(--config\.[\w.]+)=(\d+(?:\.\d*)?[eE]\+?\d+|\d+\.0*)$")
+
+
+def _integral_override(arg: str) -> str:
+  """--config.train.num_steps=1e3 (or 1000.0, as people write step counts) as =1000, which an
+  integer field parses and a float field reads as the same number. A text field given such a
+  value gets the integer's digits."""
+  match = _INTEGRAL_FLOAT.match(arg)
+  if not match:
+    return arg
+  number = float(match[2])
+  return f"{match[1]}={int(number)}" if number.is_integer() and number < 2**63 else arg
+
+
+def _typed_value_line(text: str, argv):
+  """One plain line for a value of the wrong type, or None."""
+  match = _NOT_INT.search(text)
+  if match:
+    return (f"{match[1]}={match[2]} is not allowed; allowed: an integer "
+            f"({match[1][2:]} is one)")
+  match = _NOT_BOOL.search(text)
+  if match:
+    return f"{match[1]}={match[2]} is not allowed; allowed: true or false"
+  if "--config must have a value other than None" in text:
+    spec = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), "")
+    return (f"get_config() of {spec.split(':', 1)[0]!r} returned None (--config={spec}); it "
+            "must return an ml_collections.ConfigDict")
   return None
 
 
@@ -156,6 +229,7 @@ def _parse_flags(argv):
   if missing:
     print(f"error: {missing}", file=sys.stderr)
     sys.exit(2)
+  argv = [_integral_override(arg) for arg in argv]
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # a flag or config-file mistake: one line, no traceback

@@ -182,6 +182,9 @@ def check_writable(path: str, what: str) -> None:
     raise UserError(f"{what}={path!r}: a URL workdir is written through its local stage; "
                     "open it with normstudy.storage.staged (the commands do)")
   path = os.path.abspath(path)
+  if os.path.islink(path) and not os.path.exists(path):
+    raise UserError(f"{what}={path!r} is a symlink to {os.readlink(path)!r}, which does not "
+                    "exist; create its target or choose another directory")
   if os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"{what}={path!r} exists and is not a directory")
   probe = path

@@ -229,11 +229,45 @@ def test_synthetic_split_sizes_follow_the_generator():
     ((f"--config={SEED}", "--config.data.name=text_files", "--config.model.vocab_size=256",
       "--config.data.files=/nonexistent/*.txt"),
      "config.data.files='/nonexistent/*.txt' matches no file"),
+    # Plain words, not Python's (each once read as below).
+    (("--config=configs",), "config file 'configs' is a directory"),  # "does not exist"
+    (("--config=configs/__init__.py",),  # "unknown config field 'get_config'"
+     "config file 'configs/__init__.py' defines no get_config()"),
+    ((f"--config={SEED}", "--config.train.num_steps=2.5"),  # "invalid literal for int() ..."
+     "--config.train.num_steps=2.5 is not allowed; allowed: an integer"),
+    ((f"--config={SEED}", "--config.train.tensorboard=maybe"),  # "('Non-boolean argument ..."
+     "--config.train.tensorboard=maybe is not allowed; allowed: true or false"),
 ])
 def test_bad_command_line_is_one_line_and_creates_nothing(tmp_path, args, message):
   workdir = tmp_path / "never"
   result = runs.run_module("normstudy.main", *args, f"--workdir={workdir}", check=False)
   _assert_one_line(result, message, workdir)
+
+
+@pytest.mark.slow
+def test_config_files_and_workdirs_that_cannot_be_used_are_one_line(tmp_path):
+  none = tmp_path / "none.py"
+  none.write_text("def get_config(variant=None):\n  return None\n")
+  workdir = tmp_path / "never"
+  result = runs.run_module("normstudy.main", f"--config={none}", f"--workdir={workdir}",
+                           check=False)  # once "--config=None: Flag --config must have ..."
+  _assert_one_line(result, f"get_config() of '{none}' returned None", workdir)
+  link = tmp_path / "link"
+  link.symlink_to(tmp_path / "nowhere")
+  result = runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={link}",
+                           check=False)  # once "[Errno 17] File exists"
+  _assert_one_line(result, f"--workdir='{link}' is a symlink to '{tmp_path / 'nowhere'}', "
+                   "which does not exist", tmp_path / "nowhere")
+
+
+def test_integral_numbers_written_as_floats_are_integers():
+  from normstudy import cli
+  assert cli._integral_override("--config.train.num_steps=1e3") == "--config.train.num_steps=1000"
+  assert cli._integral_override("--config.train.num_steps=2000.0") == (
+      "--config.train.num_steps=2000")
+  for kept in ("--config.optimizer.learning_rate=1e-3", "--config.train.num_steps=2.5",
+               "--config.label=1e3x", "--workdir=1e3"):
+    assert cli._integral_override(kept) == kept
 
 
 @pytest.mark.slow
