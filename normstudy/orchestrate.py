@@ -117,6 +117,7 @@ def lock(directory: str):
 def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) -> dict:
   """Trains one run in `workdir` (resuming if it holds a checkpoint); returns its last record.
   Raises RunHalted when the run halts."""
+  rundir.check_kind(workdir, "run")
   run = grid.Run(os.path.basename(os.path.normpath(workdir)) or workdir, config, workdir)
   checkpoint_dir = rundir.RunDir(workdir).checkpoints
   preflight([run], checkpoint_dir, allow_config_change)
@@ -187,6 +188,7 @@ def plan(spec: grid.Grid, workdir: str, allow_config_change: bool = False,
   anything is written). `workers`: programs at a time (0: one per core, up to one per
   program; 1: one after another in this process)."""
   rundir.check_writable(workdir, "--workdir")  # before its runs' directories are named
+  rundir.check_kind(workdir, "sweep" if spec.axes else "study")
   runs = spec.runs(workdir)
   return _plan_programs(spec, workdir, runs, allow_config_change, max_runs, workers)
 
@@ -310,6 +312,7 @@ def run_search(spec: grid.Grid, search_, workdir: str, allow_config_change: bool
   from normstudy import search as search_lib
   from normstudy.analysis import detectors
   rundir.check_writable(workdir, "--workdir")
+  rundir.check_kind(workdir, "sweep")
   points = search_points(spec)
   # Round 1's runs are checked before anything is written; later rounds differ from them
   # only in the searched value.

@@ -196,6 +196,32 @@ def check_writable(path: str, what: str) -> None:
     raise UserError(f"{what}={path!r} is not writable ({probe} is read-only or not ours)")
 
 
+# What a directory holds, by the file its command writes at its root.
+_KIND_FILES = (("sweep", SWEEP), ("study", STUDY), ("run", RUN), ("run", METRICS))
+
+
+def directory_kind(path: str):
+  """('sweep' | 'study' | 'run', the file that says so) for a directory a command wrote, else
+  None (absent, empty, or another directory)."""
+  for kind, name in _KIND_FILES:
+    if os.path.exists(os.path.join(path, name)):
+      return kind, name
+  return None
+
+
+def check_kind(path: str, kind: str, what: str = "--workdir") -> None:
+  """UserError when `path` holds another kind of directory than `kind`: a run trained into a
+  sweep's or a study's root would sit among its runs and be counted as one, a sweep or study
+  into a run directory would train around it."""
+  found = directory_kind(path)
+  if found is None or found[0] == kind:
+    return
+  inside = (f", or {os.path.join(path, '<run>')} to continue one of its runs"
+            if kind == "run" else "")
+  raise UserError(f"{what}={path!r} holds a {found[0]} ({found[1]}); a {kind} goes into a "
+                  f"directory of its own: choose another {what}{inside}")
+
+
 def ensure_directory(path: str, what: str = "--workdir") -> None:
   """Creates `path` (and its parents); one line if that is impossible (a file in the way, a
   read-only mount, no permission)."""

@@ -334,3 +334,41 @@ def test_config_differences_ignore_what_may_change():
   new["train"]["seed"] = 3
   assert rundir.config_differences(old, new) == ["model.d_model: 128 -> 64",
                                                  "train.seed: 0 -> 3"]
+
+
+def test_a_directory_of_another_kind_is_refused():
+  import tempfile
+  for holds, kind in (("sweep.json", "run"), ("study.json", "run"), ("run.json", "sweep"),
+                      ("metrics.jsonl", "study"), ("study.json", "sweep")):
+    with tempfile.TemporaryDirectory() as path:
+      open(os.path.join(path, holds), "w").close()
+      with pytest.raises(errors.UserError) as e:
+        rundir.check_kind(path, kind)
+      found = {"sweep.json": "sweep", "study.json": "study"}.get(holds, "run")
+      assert str(e.value).startswith(f"--workdir={path!r} holds a {found} ({holds}); a {kind} "
+                                     "goes into a directory of its own")
+      rundir.check_kind(path, found)  # its own kind continues
+  with tempfile.TemporaryDirectory() as path:
+    rundir.check_kind(path, "run")  # empty: any kind
+
+
+@pytest.mark.slow
+def test_a_run_into_a_sweep_and_a_sweep_into_a_run_are_one_line(tmp_path):
+  sweep = tmp_path / "sweep"
+  sweep.mkdir()
+  (sweep / "sweep.json").write_text("{}")
+  before = _tree_listing(sweep)
+  result = runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={sweep}",
+                           check=False)  # once trained into the sweep's root
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert f"error: --workdir='{sweep}' holds a sweep (sweep.json); a run goes into" in (
+      result.stderr)
+  assert _tree_listing(sweep) == before
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "run.json").write_text("{}")
+  result = runs.run_module("normstudy.sweep", f"--config={SEED}", f"--workdir={run}",
+                           "--axis=train.seed=0,1", check=False)  # once trained around it
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert f"error: --workdir='{run}' holds a run (run.json); a sweep goes into" in result.stderr
+  assert sorted(os.listdir(run)) == ["run.json"]
