@@ -169,10 +169,26 @@ def test_torn_and_damaged_lines(tmp_path, caplog):
   assert any("metrics.jsonl:2: skipping a damaged line" in r.getMessage() for r in caplog.records)
 
 
-def test_min_loss_scale_is_the_lowest_after_the_scale_first_grew():
+def test_min_loss_scale_is_the_lowest_after_the_scale_first_fell():
   from normstudy.analysis import detectors
-  grew = pd.Series([128.0, 256.0, 512.0, 256.0, 512.0], index=[1, 2, 3, 4, 5])
-  assert detectors.lowest_scale_after_growth(grew) == 256.0  # not the initial 128
+  # A climb from 128 to 2^16, then overflows: the level they drove it to, not the climb's 256.
+  climbed = pd.Series([128.0, 256.0, 512.0, 65536.0, 32768.0, 65536.0, 16384.0, 32768.0])
+  assert detectors.lowest_scale_after_first_fall(climbed) == 16384.0
   fell = pd.Series([128.0, 64.0, 32.0, 64.0], index=[1, 2, 3, 4])
-  assert detectors.lowest_scale_after_growth(fell) == 32.0  # never grew: the lowest overall
-  assert np.isnan(detectors.lowest_scale_after_growth(pd.Series([], dtype=float)))
+  assert detectors.lowest_scale_after_first_fall(fell) == 32.0
+  never = pd.Series([128.0, 256.0, 512.0])
+  assert detectors.lowest_scale_after_first_fall(never) == 128.0  # never fell: the lowest
+  assert np.isnan(detectors.lowest_scale_after_first_fall(pd.Series([], dtype=float)))
+
+
+def test_ties_in_the_comparison_are_named_as_ties():
+  from normstudy.analysis import report
+  summary = pd.DataFrame({
+      "label": ["relax", "deepnorm", "clip10"], "status": ["finished"] * 3,
+      "final_eval_loss": [2.6, 2.1, 2.9],
+      "loss_spikes": [0, 0, 1], "scale_halvings": [9, 9, 8],
+      "final_loss_scale": [32768.0, 32768.0, 65536.0], "clipped_fraction": [0.9, 0.98, 0.01],
+      "halt_step": [np.nan] * 3, "halt_reason": [None] * 3, "nonfinite_at": [None] * 3})
+  text = report.compare_runs(summary)
+  assert "Most loss-scale halvings: relax, deepnorm (a tie of 2) (9)" in text
+  assert "lowest final loss scale: relax, deepnorm (a tie of 2) (2^15)" in text

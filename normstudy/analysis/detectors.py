@@ -95,15 +95,16 @@ def scale_collapses(scale: pd.Series) -> dict:
           "lowest_scale_step": lowest[1] if lowest else None}
 
 
-def lowest_scale_after_growth(scale: pd.Series) -> float:
-  """The lowest fp16 loss scale from the first step the scale grew above its initial value on
-  (the initial scale, 128 by fairseq's default, is a starting point, not a level reached); the
-  lowest overall when it never grew, NaN without a scale."""
+def lowest_scale_after_first_fall(scale: pd.Series) -> float:
+  """The lowest fp16 loss scale from the scaler's first fall (its first overflow) on: the level
+  overflows drove it to, not a step of its climb from the initial scale (which min over the run
+  reports: 256 for every seed-figure run, whose scales settled at 2^15-2^16); the lowest overall
+  when it never fell, NaN without a scale."""
   values = scale.to_numpy(dtype=float)
   if not len(values):
     return np.nan
-  grown = np.flatnonzero(values > values[0])
-  return float(np.nanmin(values[grown[0]:] if len(grown) else values))
+  fell = np.flatnonzero(values[1:] < values[:-1])
+  return float(np.nanmin(values[fell[0] + 1:] if len(fell) else values))
 
 
 def status(info: dict, diverged_at) -> str:

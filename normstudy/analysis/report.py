@@ -24,7 +24,7 @@ def _last(values: pd.Series):
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
   """One row per run: label, status (finished | halted | diverged | preempted | running), steps
   taken, halt step and reason, final/min loss, max loss after warm-up, final eval loss, skipped
-  steps, lowest loss scale after it first grew (detectors.lowest_scale_after_growth) and final
+  steps, lowest loss scale from its first fall on (detectors.lowest_scale_after_first_fall) and final
   loss scale, and the observation counts (detectors.observe)."""
   infos = df.attrs.get("runs", {})
   rows = []
@@ -49,7 +49,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         "final_eval_loss": _last(runs_lib.series(df, run, "eval_loss")),
         "skipped_steps": int(_last(runs_lib.series(df, run, "skipped_total")) or 0)
         if len(runs_lib.series(df, run, "skipped_total")) else 0,
-        "min_loss_scale": detectors.lowest_scale_after_growth(scale),
+        "min_loss_scale": detectors.lowest_scale_after_first_fall(scale),
         "final_loss_scale": _last(scale),
         "entropy_floor": info.get("entropy_floor"),
         "loss_spikes": seen["loss_spikes"],
@@ -164,15 +164,26 @@ def compare_runs(summary: pd.DataFrame) -> str:
   parts.append(f"Diverged: {', '.join(diverged.label)}." if len(diverged) else
                "No run diverged." if not len(halted) else "No other run diverged.")
   if (summary.scale_halvings > 0).any():
-    final = summary.sort_values("final_loss_scale").iloc[0]
-    halved = summary.sort_values("scale_halvings", ascending=False).iloc[0]
-    parts.append(f"Most loss-scale halvings: {halved.label} ({int(halved.scale_halvings)}); "
-                 f"lowest final loss scale: {final.label} "
-                 f"({power_of_two(final.final_loss_scale)}).")
+    most = summary.scale_halvings.max()
+    lowest = summary.final_loss_scale.min()
+    parts.append(f"Most loss-scale halvings: {_tied(summary, summary.scale_halvings == most)} "
+                 f"({int(most)}); lowest final loss scale: "
+                 f"{_tied(summary, summary.final_loss_scale == lowest)} "
+                 f"({power_of_two(lowest)}).")
   clipped = summary.sort_values("clipped_fraction", ascending=False)
   parts.append("Share of steps clipped: " + ", ".join(
       f"{row.label} {row.clipped_fraction:.0%}" for row in clipped.itertuples()) + ".")
   return " ".join(parts)
+
+
+def _tied(summary: pd.DataFrame, where) -> str:
+  """The labels of the runs `where` selects: one, or every tied one, said as a tie."""
+  labels = list(summary.label[where])
+  if len(labels) == 1:
+    return labels[0]
+  if len(labels) == len(summary):
+    return f"every run (a tie of {len(labels)})"
+  return ", ".join(labels) + f" (a tie of {len(labels)})"
 
 
 def write_observations(df: pd.DataFrame, summary: pd.DataFrame, path: str,
