@@ -39,6 +39,31 @@ def main(argv):
   # A gs:// workdir is worked in through a local stage (normstudy.storage).
   with storage.staged(FLAGS.workdir, writer=jax.process_index() == 0) as workdir:
     orchestrate.train_and_evaluate(FLAGS.config, workdir, FLAGS.allow_config_change)
+    line = finished_line(workdir, FLAGS.workdir)
+  if jax.process_index() == 0:
+    print(line, flush=True)
+
+
+def finished_line(workdir: str, shown: str) -> str:
+  """'finished: step 1000, loss 2.4881, eval loss 2.4880 (step 1000); records in DIR', from the
+  run's records (also for a run that had finished before; a halted run ends with its own line,
+  normstudy.errors.RunHalted)."""
+  import math
+  import os
+  from normstudy import metrics as metrics_lib
+  from normstudy import rundir
+  last, last_eval = {}, None
+  for record in metrics_lib.read_records(os.path.join(workdir, rundir.METRICS),
+                                         skip_damaged=True):
+    last = record
+    if isinstance(record.get("eval_loss"), (int, float)):
+      last_eval = record
+  parts = [f"step {last.get('step', 0)}"]
+  if isinstance(last.get("loss"), (int, float)) and math.isfinite(last["loss"]):
+    parts.append(f"loss {last['loss']:.4f}")
+  if last_eval is not None:
+    parts.append(f"eval loss {last_eval['eval_loss']:.4f} (step {last_eval['step']})")
+  return f"finished: {', '.join(parts)}; records in {shown}"
 
 
 if __name__ == "__main__":

@@ -151,9 +151,15 @@ def test_localize_copies_run_files_but_not_checkpoints(tmp_path):
 @pytest.mark.slow
 def test_single_run_command_line_and_overrides(tmp_path):
   workdir = tmp_path / "run"
-  runs.run_module("normstudy.main", f"--config={SEED_FIGURE}:pre_norm_attn_relax_clip1",
-                  f"--workdir={workdir}", *runs.tiny_args(tmp_path / "tfds", num_steps=4),
-                  "--config.optimizer.clip_norm=0.25", "--config.model.dtype=float32")
+  result = runs.run_module(
+      "normstudy.main", f"--config={SEED_FIGURE}:pre_norm_attn_relax_clip1",
+      f"--workdir={workdir}", *runs.tiny_args(tmp_path / "tfds", num_steps=4),
+      "--config.optimizer.clip_norm=0.25", "--config.model.dtype=float32")
+  recs = runs.records(workdir)
+  evals = [r for r in recs if "eval_loss" in r]
+  assert result.stdout.strip().splitlines()[-1] == (
+      f"finished: step 4, loss {recs[-1]['loss']:.4f}, eval loss {evals[-1]['eval_loss']:.4f} "
+      f"(step {evals[-1]['step']}); records in {workdir}")
   config = runs.read_json(workdir / "config.json")
   assert config["optimizer"]["clip_norm"] == 0.25
   assert config["model"]["attention_relax"] == 32.0
