@@ -29,6 +29,7 @@ def define_flags():
   flags.DEFINE_bool("allow_config_change", False,
                     "Continue runs whose saved config differs in model, optimizer or data.")
   cli.define_workers_flag()
+  flags.declare_key_flag("workers")  # defined in normstudy.cli; listed in this command's --help
   flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -1,4 +1,4 @@
-"""Train a grid of runs, K at a time in one compiled program, then the analysis.
+"""Train a grid of runs, then the analysis; runs that differ only in data share one program.
 
   python -m normstudy.sweep --config=configs/seed_figure.py:pre_norm_clip1 --workdir=DIR \\
       --axis=optimizer.learning_rate=1e-3,3e-3,1e-2 --axis=train.seed=0,1,2 [--config.x=y ...]
@@ -47,6 +47,7 @@ def define_flags():
   flags.DEFINE_integer("rounds", 5, "Rounds of --search: the first checks the bracket, each "
                        "later one halves it; more rounds continue a finished search.")
   cli.define_workers_flag()
+  flags.declare_key_flag("workers")  # defined in normstudy.cli; listed in this command's --help
   flags.mark_flags_as_required(["config", "workdir"])
 
 

@@ -372,3 +372,17 @@ def test_a_run_into_a_sweep_and_a_sweep_into_a_run_are_one_line(tmp_path):
   assert result.returncode == 2 and "Traceback" not in result.stderr
   assert f"error: --workdir='{run}' holds a run (run.json); a sweep goes into" in result.stderr
   assert sorted(os.listdir(run)) == ["run.json"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["main", "study", "sweep", "analyze"])
+def test_help_lists_every_flag_the_command_takes(entry):
+  import re
+  source = open(os.path.join(runs.REPO, "normstudy", f"{entry}.py"), encoding="utf-8").read()
+  expected = set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", source))
+  if "define_workers_flag()" in source:
+    expected.add("workers")  # defined in normstudy.cli, taken by this command
+  result = runs.run_module(f"normstudy.{entry}", "--help")
+  assert result.returncode == 0 and expected
+  listed = set(re.findall(r"^  --(?:\[no\])?(\w+)", result.stdout, re.M))
+  assert expected <= listed, expected - listed
