@@ -242,11 +242,14 @@ def _parse_flags(argv):
 # 2 CPU cores compiling one (about 20 s) costs as much as training a round's runs of it. The
 # cache returns the same executable, so records are bit-equal with and without it (checked for
 # a search of 2 rounds, 2026-12-01, jax 0.10.2). JAX_COMPILATION_CACHE_DIR chooses another
-# directory; JAX_ENABLE_COMPILATION_CACHE=false turns it off.
+# directory; JAX_ENABLE_COMPILATION_CACHE=false turns it off. One directory per number of cores
+# this process may use: XLA:CPU fixes its thread pool's size when a client starts and its
+# programs' last bits follow it, while jax's cache key leaves it out, so a home directory shared
+# by machines of other sizes must not hand one machine's programs to another.
 COMPILE_CACHE_ENV = {
     "JAX_COMPILATION_CACHE_DIR": os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "normstudy", "xla"),
+        "normstudy", "xla", f"cpus{len(os.sched_getaffinity(0))}"),
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1",  # cheap programs are not worth a file
     "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 * 2**30),  # least recently used files go first
 }

@@ -183,7 +183,7 @@ def test_commands_keep_compiled_programs_on_disk_and_reuse_them_to_the_same_bits
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   env.update(XDG_CACHE_HOME=str(tmp_path / "cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")  # even the tiny model's programs
-  cache = tmp_path / "cache" / "normstudy" / "xla"
+  cache = tmp_path / "cache" / "normstudy" / "xla" / f"cpus{len(os.sched_getaffinity(0))}"
   args = (f"--config={SEED_FIGURE}:pre_norm_clip1", *runs.tiny_args(tmp_path / "tfds"))
   runs.run_module("normstudy.main", f"--workdir={tmp_path / 'first'}", *args, env=env)
   written = sorted(os.listdir(cache))
