@@ -22,6 +22,7 @@ from absl import logging
 import jax
 
 from normstudy import data as data_lib
+from normstudy import errors
 from normstudy import execution
 from normstudy import grid
 from normstudy import life
@@ -270,7 +271,8 @@ def run_grid(plan_: Plan):
   rundir.ensure_directory(workdir)
   with lock(workdir):
     spec.record(workdir, plan_.runs, {})
-    statuses = train_plan(plan_)
+    with _recorded_on_stop(lambda: spec.record(workdir, plan_.runs, _statuses(plan_.runs))):
+      statuses = train_plan(plan_)
     outputs = analysis.analyze(workdir)
     recorded = spec.record(workdir, plan_.runs, statuses)
     if spec.axes:
@@ -278,6 +280,24 @@ def run_grid(plan_: Plan):
   for run in plan_.runs:
     logging.info("%s: %s", run.name, statuses.get(run.name) or "missing")
   return statuses, outputs
+
+
+def _statuses(runs: list) -> dict:
+  """{run name: its recorded status} of the runs that started (normstudy.life)."""
+  found = {run.name: rundir.RunDir(run.directory).status() for run in runs}
+  return {name: status for name, status in found.items() if status}
+
+
+@contextlib.contextmanager
+def _recorded_on_stop(record):
+  """Calls `record()` (sweep.json or study.json with the runs' statuses) when training stops
+  by a signal or a killed worker, so the record says which runs were preempted, then lets the
+  stop go on."""
+  try:
+    yield
+  except (errors.Preempted, errors.WorkerKilled):
+    record()
+    raise
 
 
 def search_points(spec: grid.Grid) -> dict:
@@ -324,7 +344,7 @@ def run_search(spec: grid.Grid, search_, workdir: str, allow_config_change: bool
     describe([f"search: {search_.field} in [{search_.low:g}, {search_.high:g}] for each of "
               f"{len(points)} point(s), {search_.rounds} round(s) (round 1 checks the bracket, "
               f"each later one halves it): at most {len(points) * (search_.rounds + 1)} runs"])
-  all_runs, statuses = [], {}
+  all_runs, statuses, recorded = [], {}, {"search": None}
 
   def train_round(k, todo):
     round_runs = search_runs(spec, search_.field, workdir, todo, points)
@@ -333,7 +353,10 @@ def run_search(spec: grid.Grid, search_, workdir: str, allow_config_change: bool
     logging.info("search round %d/%d: %d run(s), %d to train", k, search_.rounds,
                  len(round_runs), sum(len(group) for _, group in plan_.todo))
     all_runs.extend(run for _, _, run in round_runs)
-    statuses.update(train_plan(plan_))
+    with _recorded_on_stop(lambda: grid.write_sweep(  # this round's runs too, as they stopped
+        workdir, spec, all_runs, {**statuses, **_statuses(all_runs)},
+        search=recorded["search"])):
+      statuses.update(train_plan(plan_))
     outcomes = {}
     for name, value, run in round_runs:
       status = detectors.run_status(run.directory)
@@ -346,6 +369,7 @@ def run_search(spec: grid.Grid, search_, workdir: str, allow_config_change: bool
     search_record = {**search_.as_json(), "points": [
         {"name": name, "arm": p.arm, "point": p.point,
          "brackets": [b.as_json() for b in history[name]]} for name, p in points.items()]}
+    recorded["search"] = search_record
     return grid.write_sweep(workdir, spec, all_runs, statuses, search=search_record)
 
   rundir.ensure_directory(workdir)

@@ -164,18 +164,30 @@ def run(fn, calls: list, num_workers: int, describe=repr) -> None:
       process.join()
     for s, handler in previous.items():
       signal.signal(s, handler)
-  if signalled:
-    failures.sort(key=lambda e: (not isinstance(e, Preempted), isinstance(e, NotStarted)))
-  else:
-    failures = [e for e in failures if not isinstance(e, NotStarted)] + failures
+  if signalled and any(isinstance(e, Preempted) for _, e in failures):
+    raise _stopped(signal.Signals(signalled[0]).name, failures, calls, describe)
+  failures = [e for _, e in failures if not isinstance(e, NotStarted)] + [
+      e for _, e in failures]
   if failures:
     raise failures[0]
 
 
+def _stopped(name: str, failures: list, calls: list, describe) -> Preempted:
+  """After a stop signal: one line per program that stopped at its checkpoint (logged), and
+  one Preempted that counts them and the programs that had not started."""
+  stopped = sorted((i, e) for i, e in failures if not isinstance(e, NotStarted))
+  for index, error in stopped:
+    logging.warning("%s: %s", describe(calls[index]), str(error).split("\n")[0])
+  waiting = sum(isinstance(e, NotStarted) for _, e in failures)
+  return Preempted(
+      f"{name}: {len(stopped)} program(s) stopped, each at its checkpoint (one line each "
+      f"above), {waiting} not started; run the same command to continue")
+
+
 def _collect(processes, readers, stop, calls, describe) -> list:
-  """Every call's outcome, until each worker's pipe has ended (it exited): the failures, in
-  the order they came (a worker that ended without reporting its call done, or with a non-zero
-  exit, is a WorkerKilled)."""
+  """Every call's outcome, until each worker's pipe has ended (it exited): the failures as
+  (call index, error), in the order they came (a worker that ended without reporting its call
+  done, or with a non-zero exit, is a WorkerKilled)."""
   running, failures, open_ = {}, [], dict(enumerate(readers))
   while open_:
     for reader in connection.wait(list(open_.values())):
@@ -186,8 +198,8 @@ def _collect(processes, readers, stop, calls, describe) -> list:
         del open_[slot]
         processes[slot].join()
         if processes[slot].exitcode != 0 or slot in running:
-          failures.append(_killed(slot, processes[slot], running.pop(slot, None), calls,
-                                  describe))
+          index = running.pop(slot, None)
+          failures.append((index, _killed(slot, processes[slot], index, calls, describe)))
           stop.set()
         continue
       if kind == "start":
@@ -195,5 +207,5 @@ def _collect(processes, readers, stop, calls, describe) -> list:
       else:
         running.pop(slot, None)
         if error[0] is not None:
-          failures.append(error[0])
+          failures.append((index, error[0]))
   return failures

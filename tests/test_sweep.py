@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import signal
 import textwrap
@@ -300,3 +301,24 @@ def test_sweep_arguments_that_clash_or_are_not_finite_are_refused_before_anythin
                            check=False)
   assert broken.returncode == 2 and "Traceback" not in broken.stderr
   assert f"KeyError 'v' in {os.path.relpath(buggy, runs.REPO)}:6 (get_config)" in broken.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_sweep_in_one_process_records_its_runs_as_preempted(tmp_path):
+  args = ("--config=configs/seed_figure.py:pre_norm_clip1",
+          "--axis=model.placement=pre_ln,post_ln", "--axis=train.seed=0",
+          "--axis=optimizer.learning_rate=1e-3", "--workers=1",
+          *runs.tiny_args(tmp_path / "tfds", num_steps=400, every=100),
+          "--config.train.telemetry_every=0", f"--workdir={tmp_path / 'sweep'}")
+  proc = runs.start_module("normstudy.sweep", *args)
+  assert runs.wait_for_records(proc, tmp_path / "sweep" / "lr0.001_seed0_placement-pre_ln", 3)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 0, stderr[-3000:]
+  assert re.match(r"preempted: SIGTERM at step \d+", stderr.strip().splitlines()[-1])
+  # sweep.json says so (it once stayed at "running"); the program not started stays unrun.
+  sweep = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+  statuses = {r["name"]: r["status"] for r in sweep["runs"]}
+  assert statuses["lr0.001_seed0_placement-pre_ln"] == "preempted"
+  assert runs.read_json(tmp_path / "sweep" / "lr0.001_seed0_placement-pre_ln" / "run.json")[
+      "status"] == "preempted"

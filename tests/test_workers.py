@@ -2,6 +2,7 @@
 sweep trained that way, stopped by SIGTERM and resumed, gives the uninterrupted trajectories."""
 
 import os
+import re
 import signal
 
 import pytest
@@ -100,9 +101,16 @@ def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(t
   assert proc.returncode == 0, stderr[-3000:]
   assert "programs: 2 at a time, each in a worker process" in stdout
   assert "SIGTERM received: passing it to the workers" in stderr
-  assert stderr.strip().splitlines()[-1].startswith("preempted: SIGTERM at step ")
-  statuses = {runs.read_json(stopped / n / "run.json")["status"] for n in names}
-  assert "preempted" in statuses
+  # Every program's stop, one line each with its step, then one line for the sweep; every
+  # stopped run preempted in its run.json and in sweep.json (once left at "running").
+  assert stderr.strip().splitlines()[-1] == (
+      "preempted: SIGTERM: 2 program(s) stopped, each at its checkpoint (one line each above), "
+      "0 not started; run the same command to continue")
+  for i, name in enumerate(names, start=1):
+    assert re.search(rf"program {i}/2 \({name}\): SIGTERM at step \d+", stderr), stderr[-3000:]
+    assert runs.read_json(stopped / name / "run.json")["status"] == "preempted"
+  sweep = runs.read_json(stopped / "sweep.json")
+  assert [r["status"] for r in sweep["runs"]] == ["preempted", "preempted"]
   runs.run_module("normstudy.sweep", *args, "--workers=1", f"--workdir={stopped}")
   for name in names:
     resumed, uninterrupted = runs.trajectory(stopped / name), runs.trajectory(reference / name)
