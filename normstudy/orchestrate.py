@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import time
 
 from absl import logging
 import jax
@@ -221,13 +222,37 @@ def train_plan(plan_: Plan) -> dict:
       logging.info("[program %d/%d] %s: finished earlier, skipped", i, len(plan_.programs),
                    ", ".join(run.name for run in group))
   calls = [(i, len(plan_.programs), group, plan_.workdir) for i, group in plan_.todo]
+  overall = _OverallProgress(calls)
   if plan_.workers > 1:
     _prepare_data([group for _, group in plan_.todo])
-    workers_lib.run(_train_group, calls, plan_.workers, describe=_describe_call)
+    workers_lib.run(_train_group, calls, plan_.workers, describe=_describe_call,
+                    on_done=overall.done)
   else:
     for call in calls:
       _train_group(*call)
+      overall.done()
   return {run.name: rundir.RunDir(run.directory).status() for run in plan_.runs}
+
+
+class _OverallProgress:
+  """The sweep-wide line after each program: programs done, runs trained, time so far and an
+  ETA from the programs done so far (runs of the remaining programs at their mean time a run)."""
+
+  def __init__(self, calls):
+    self.runs = [len(group) for _, _, group, _ in calls]
+    self.finished = 0
+    self.started = time.perf_counter()
+
+  def done(self):
+    self.finished += 1
+    if len(self.runs) < 2:
+      return
+    elapsed = time.perf_counter() - self.started
+    runs_done = sum(self.runs[:self.finished])  # programs finish about in order; a guide
+    left = sum(self.runs) - runs_done
+    eta = elapsed / max(runs_done, 1) * left
+    logging.info("[sweep] programs %d/%d done, runs %d/%d | %.0fs so far | ETA %.0fs",
+                 self.finished, len(self.runs), runs_done, sum(self.runs), elapsed, eta)
 
 
 def _describe_call(call) -> str:
@@ -254,7 +279,8 @@ def _train_group(index: int, total: int, group: list, root: str) -> None:
     for run in group:
       rundir.ensure_directory(run.directory)  # the run's, once: normstudy.train expects it
       locks.enter_context(lock(run.directory))
-    train.train_program(group, program_checkpoints(root, group))
+    train.train_program(group, program_checkpoints(root, group),
+                        tag=f"[program {index}/{total}]" if total > 1 else "")
 
 
 def worker_count(num_programs: int, requested: int = 0) -> int:

@@ -105,24 +105,46 @@ class Recorder:
 
 
 class Progress:
-  """One log line per interval for the whole program: step, rate and ETA (over the last
-  interval, so compilation does not distort them), runs alive and halted, best and worst loss."""
+  """One log line per interval for the whole program: which program (`tag`), step, rate and ETA,
+  runs alive and halted, best and worst loss.
 
-  def __init__(self, runs, start_step, num_steps):
+  The rate is the steady state's: the median of the last RATE_INTERVALS intervals' seconds per
+  step, leaving out the first interval (which holds the step's compilation) and so any one that
+  compiled a telemetry or eval step; until a steady interval exists the ETA is not given."""
+
+  RATE_INTERVALS = 5
+
+  def __init__(self, runs, start_step, num_steps, tag: str = ""):
     self.names = [run.name for run in runs]
     self.num_steps = num_steps
     self.every = max(1, num_steps // 20)
     self.last = (start_step, time.perf_counter())
+    self.tag = tag
+    self.reports = 0
+    self.intervals = []  # seconds per step of each interval after the first
+
+  def steady_rate(self):
+    """Steps per second in the steady state, or None before one interval after the first."""
+    recent = sorted(self.intervals[-self.RATE_INTERVALS:])
+    return 1.0 / recent[len(recent) // 2] if recent else None
 
   def report(self, step, losses: dict, stopped: dict):
     if step % self.every and step != self.num_steps:
       return
     now = time.perf_counter()
-    rate = (step - self.last[0]) / max(now - self.last[1], 1e-9)
+    self.reports += 1
+    if self.reports > 1 and step > self.last[0]:
+      self.intervals.append((now - self.last[1]) / (step - self.last[0]))
     self.last = (step, now)
-    eta = (self.num_steps - step) / rate if rate > 0 else 0.0
+    rate = self.steady_rate()
     halted = sum(1 for s in stopped.values() if s == life.HALTED)
-    parts = [f"step {step}/{self.num_steps}", f"{rate:.2f} steps/s", f"ETA {eta:.0f}s"]
+    parts = [f"step {step}/{self.num_steps}"]
+    if rate is None:
+      parts.append("ETA after the first interval (this one compiled the step)")
+    else:
+      parts += [f"{rate:.2f} steps/s", f"ETA {(self.num_steps - step) / rate:.0f}s"]
+    if self.tag:
+      parts.insert(0, self.tag)
     if len(self.names) > 1:
       parts.append(f"runs alive {len(self.names) - len(stopped)}/{len(self.names)}, "
                    f"halted {halted}")

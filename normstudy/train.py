@@ -96,6 +96,7 @@ class Program:
   pending: PendingStep | None = None
   last_saved: int | None = None
   halted_line: str | None = None  # set when the single run halts
+  tag: str = ""  # which program of a sweep, on each progress line
 
   @property
   def tokens_per_step(self) -> int:
@@ -154,12 +155,14 @@ def stop_signals():
       signal.signal(getattr(signal, name), old)
 
 
-def train_program(runs: list, checkpoint_dir: str, single: bool = False) -> list:
+def train_program(runs: list, checkpoint_dir: str, single: bool = False, tag: str = "") -> list:
   """Trains runs that share a program; returns their Recorders (status, last record) in the
   order of the runs. `single`: normstudy.main's one run, which stops with RunHalted when it
   halts (its newest checkpoint then holds the last good state); otherwise a halted run is
-  frozen and saved with the others, which go on. Raises Preempted on SIGTERM/SIGINT."""
+  frozen and saved with the others, which go on. `tag` ("program 2/5") begins each progress
+  line. Raises Preempted on SIGTERM/SIGINT."""
   program = _setup(runs, checkpoint_dir, single)
+  program.tag = tag
   try:
     program.start_step = restore(program)
     open_recorders(program)
@@ -307,7 +310,8 @@ def _loop(program: Program, stop: dict):
   """Steps until every run has stopped, the single run halted, or a stop signal arrived;
   returns (the last step dispatched, the signal's name or None)."""
   train_cfg = program.config.train
-  progress = recorder_lib.Progress(program.runs, program.start_step, program.num_steps)
+  progress = recorder_lib.Progress(program.runs, program.start_step, program.num_steps,
+                                   tag=program.tag)
   step = program.start_step
   batch = program.batch(step + 1)
   while len(program.stopped) < len(program.runs) and program.halted_line is None:

@@ -122,11 +122,12 @@ def _killed(slot: int, process, index, calls, describe) -> WorkerKilled:
       f"from their newest checkpoints: run the same command ({shlex.join(sys.orig_argv)})")
 
 
-def run(fn, calls: list, num_workers: int, describe=repr) -> None:
+def run(fn, calls: list, num_workers: int, describe=repr, on_done=None) -> None:
   """fn(*args) for every args in `calls`, in `num_workers` spawned processes, each pinned to
   its own share of len(cores) // num_workers cores. After a failure or a stop signal no further
   call starts; once every started call has returned, raises Preempted after a signal, else the
-  first failure (WorkerKilled for a worker that died: `describe(args)` names its call)."""
+  first failure (WorkerKilled for a worker that died: `describe(args)` names its call).
+  `on_done()` is called here after each call that returns without failing."""
   cores = available_cores()
   share = len(cores) // num_workers
   context = multiprocessing.get_context("spawn")
@@ -158,7 +159,8 @@ def run(fn, calls: list, num_workers: int, describe=repr) -> None:
     for process, (_, sender) in zip(processes, pipes):
       process.start()
       sender.close()  # the worker's end: a worker's exit then ends its pipe here
-    failures = _collect(processes, [reader for reader, _ in pipes], stop, calls, describe)
+    failures = _collect(processes, [reader for reader, _ in pipes], stop, calls, describe,
+                        on_done)
   finally:
     for process in processes:
       process.join()
@@ -184,7 +186,7 @@ def _stopped(name: str, failures: list, calls: list, describe) -> Preempted:
       f"above), {waiting} not started; run the same command to continue")
 
 
-def _collect(processes, readers, stop, calls, describe) -> list:
+def _collect(processes, readers, stop, calls, describe, on_done=None) -> list:
   """Every call's outcome, until each worker's pipe has ended (it exited): the failures as
   (call index, error), in the order they came (a worker that ended without reporting its call
   done, or with a non-zero exit, is a WorkerKilled)."""
@@ -208,4 +210,6 @@ def _collect(processes, readers, stop, calls, describe) -> list:
         running.pop(slot, None)
         if error[0] is not None:
           failures.append((index, error[0]))
+        elif on_done is not None:
+          on_done()
   return failures

@@ -192,3 +192,25 @@ def test_ties_in_the_comparison_are_named_as_ties():
   text = report.compare_runs(summary)
   assert "Most loss-scale halvings: relax, deepnorm (a tie of 2) (9)" in text
   assert "lowest final loss scale: relax, deepnorm (a tie of 2) (2^15)" in text
+
+
+def test_progress_eta_is_the_steady_state_not_the_compiling_interval(monkeypatch, caplog):
+  import logging
+  from types import SimpleNamespace
+  from normstudy import recorder
+  clock = iter([0.0,            # start
+                100.0,          # step 10: compiling took 100 s
+                101.0, 102.0,   # steps 20, 30: 0.1 s a step
+                112.0,          # step 40: a telemetry step compiled (10 s)
+                113.0])         # step 50
+  monkeypatch.setattr(recorder.time, "perf_counter", lambda: next(clock))
+  progress = recorder.Progress([SimpleNamespace(name="a")], 0, 200, tag="[program 2/3]")
+  caplog.set_level(logging.INFO)
+  for step in (10, 20, 30, 40, 50):
+    progress.report(step, {"a": 3.0}, {})
+  lines = [r.getMessage() for r in caplog.records if "step " in r.getMessage()]
+  assert all(line.startswith("[program 2/3] | step ") for line in lines)
+  assert "ETA after the first interval" in lines[0]  # 100 s of compiling is no rate
+  assert "10.00 steps/s | ETA 18s" in lines[1]  # (200 - 20) steps at 0.1 s
+  # The median of the steady intervals (0.1, 0.1, 1.0, 0.1 s a step): the compile is ignored.
+  assert "10.00 steps/s | ETA 15s" in lines[4]

@@ -92,6 +92,10 @@ def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(t
   reference = tmp_path / "reference"
   result = runs.run_module("normstudy.sweep", *args, "--workers=1", f"--workdir={reference}")
   assert result.stdout.splitlines()[-1] == "runs: 2 finished"
+  # Each progress line names its program; the sweep-wide line counts programs and runs.
+  assert re.search(r"\[program 2/2\] \| step 300/300 \| [\d.]+ steps/s \| ETA 0s", result.stderr)
+  assert re.search(r"\[sweep\] programs 1/2 done, runs 1/2 \| \d+s so far \| ETA \d+s",
+                   result.stderr)
   stopped = tmp_path / "stopped"
   proc = runs.start_module("normstudy.sweep", *args, "--workers=2", f"--workdir={stopped}",
                            env=worker_env)
