@@ -6,11 +6,14 @@ generator is seeded by the element index. A run at step s reads batch s - 1, so 
 exactly the batches it would have seen, and the runs of a sweep each read their own order.
 """
 
+import contextlib
 import dataclasses
 import glob
+import io
 import os
 from typing import Optional
 
+from absl import logging
 import grain
 import numpy as np
 
@@ -59,7 +62,13 @@ def _synthetic(config) -> TokenSplits:
   from normstudy import synthetic  # imports tensorflow_datasets; only needed here
   data_cfg, max_len, vocab_size = config.data, config.model.max_len, config.model.vocab_size
   builder = synthetic.builder(data_cfg, vocab_size)
-  builder.download_and_prepare(file_format="array_record")
+  if not os.path.isdir(builder.data_dir):
+    logging.info("generating the synthetic language %s into %s", builder.builder_config.name,
+                 builder.data_dir)
+  # tfds prints "Downloading and preparing dataset ..." to stdout for every builder; nothing is
+  # downloaded here, so its words are kept off the terminal.
+  with contextlib.redirect_stdout(io.StringIO()):
+    builder.download_and_prepare(file_format="array_record")
   splits = {}
   for split in ("train", "validation"):
     source = builder.as_data_source(split=split)

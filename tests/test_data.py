@@ -79,9 +79,10 @@ def _synthetic_config(make_config, tmp_path, causal=False):
   return config
 
 
-def test_synthetic_dataset_prepares_offline_and_records_entropy(make_config, tmp_path):
+def test_synthetic_dataset_prepares_offline_and_records_entropy(make_config, tmp_path, capsys):
   config = _synthetic_config(make_config, tmp_path)
   splits = data_lib.load_splits(config)
+  assert "Download" not in capsys.readouterr().out  # generated here: nothing is downloaded
   assert splits.train.shape == (2**14 // 16, 16)
   assert splits.validation.shape[1] == 16
   assert splits.train.max() < 32 and splits.train.dtype == np.int32
