@@ -317,3 +317,14 @@ def test_masked_posteriors_and_floor_match_brute_force_on_a_tiny_chain():
   pi = synthetic.stationary_distribution(transitions)
   assert synthetic.unigram_entropy(transitions) == pytest.approx(-(pi * np.log(pi)).sum())
 
+
+
+@pytest.mark.slow  # a sweep's whole analysis
+def test_a_sweep_where_no_run_died_draws_no_deaths_figure(tmp_path):
+  import os
+  from normstudy import analysis
+  _write_sweep_runs(tmp_path, {"pre_ln": {0.01: [0, 0], 0.1: [0, 0]},
+                               "deepnorm": {0.01: [0, 0], 0.1: [0, 0]}})
+  outputs = analysis.analyze(str(tmp_path))
+  assert "deaths_figure" not in outputs and not os.path.exists(tmp_path / "deaths.png")
+  assert os.path.getsize(outputs["deaths"]) > 0  # the table still says none died

@@ -96,9 +96,10 @@ def sensitivity_figure(runs: pd.DataFrame):
                 Line2D([], [], color="black", linestyle=":",
                        label=f"unigram entropy, no context ({unigram[0]:.3f})" if len(unigram)
                        else "unigram entropy"),
-                Line2D([], [], color="gray", linestyle=":", label=f"loss at init ({init:.2f})"),
-                Line2D([], [], color="gray", marker="X", linestyle="none",
-                       markeredgecolor="black", label="a halted / diverged run")]
+                Line2D([], [], color="gray", linestyle=":", label=f"loss at init ({init:.2f})")]
+    if in_group.status.isin(sensitivity.FAILED).any():  # a legend only for what is drawn
+      handles.append(Line2D([], [], color="gray", marker="X", linestyle="none",
+                            markeredgecolor="black", label="a halted / diverged run"))
     _legend(fig, ax, handles, len(arms))
   axes[0][0].set_ylabel("final eval loss (nats/token), mean and seeds' range")
   fig.suptitle("Learning-rate sensitivity")
@@ -193,6 +194,7 @@ def deaths_figure(runs: pd.DataFrame, died: pd.DataFrame):
     ax.set_title(label + (f"\n{group}" if group else ""), fontsize=8)
     ax.set_xlabel("peak learning rate", fontsize=8)
     ax.grid(alpha=0.3, axis="y")
+    ax.set_ylim(0, total.max() + 0.5)
   for i, ax in enumerate(axes):
     if i >= len(panels):
       ax.set_visible(False)
@@ -202,14 +204,18 @@ def deaths_figure(runs: pd.DataFrame, died: pd.DataFrame):
   handles.append(Line2D([], [], color="black", marker="_", linestyle="none", markersize=12,
                         label="runs at this lr"))
   fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=8)
-  fig.suptitle("Where runs first went non-finite (L<i>: layer)")
+  fig.suptitle("Where runs first went non-finite\n(L<i>: layer)" if columns == 1 else
+               "Where runs first went non-finite (L<i>: layer)", fontsize=10)
   return fig
 
 
 def plot_all(runs: pd.DataFrame, died: pd.DataFrame, workdir: str) -> dict:
   """lr_sensitivity.png, lr_attn_logit.png and deaths.png (each with an .svg) in `workdir`."""
-  return {
+  outputs = {
       "lr_sensitivity": save(sensitivity_figure(runs), os.path.join(workdir, "lr_sensitivity.png")),
       "lr_attn_logit": save(attn_logit_figure(runs), os.path.join(workdir, "lr_attn_logit.png")),
-      "deaths_figure": save(deaths_figure(runs, died), os.path.join(workdir, "deaths.png")),
   }
+  if len(died) and died["count"].sum() > 0:  # no empty figure for a sweep where none died
+    outputs["deaths_figure"] = save(deaths_figure(runs, died),
+                                    os.path.join(workdir, "deaths.png"))
+  return outputs
