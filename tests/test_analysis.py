@@ -214,3 +214,9 @@ def test_progress_eta_is_the_steady_state_not_the_compiling_interval(monkeypatch
   assert "10.00 steps/s | ETA 18s" in lines[1]  # (200 - 20) steps at 0.1 s
   # The median of the steady intervals (0.1, 0.1, 1.0, 0.1 s a step): the compile is ignored.
   assert "10.00 steps/s | ETA 15s" in lines[4]
+
+
+def test_step_ticks_fit_the_run_length():
+  from normstudy.analysis import plots
+  assert [plots._k_formatter(v, None) for v in (0, 25, 150, 1000, 2500, 20000)] == [
+      "0", "25", "150", "1K", "2.5K", "20K"]

@@ -36,7 +36,11 @@ def style(i: int) -> dict:
 
 
 def _k_formatter(value, _):
-  return f"{value / 1000:g}K"
+  """Step ticks as the paper draws them (20K) from 1000 on, as plain steps below (a 200-step
+  run's ticks are 0, 50, 100, not 0.05K)."""
+  if abs(value) >= 1000:
+    return f"{value / 1000:g}K"
+  return f"{value:g}"
 
 
 def save(fig, path: str) -> str:
