@@ -78,6 +78,41 @@ def define_workers_flag():
       "process). The runs' bits do not depend on it.")
 
 
+def define_print_config_flag():
+  flags.DEFINE_bool("print_config", False,
+                    "Print the resolved config (every field, as config.json will hold it) and "
+                    "exit without training.")
+  flags.declare_key_flag("print_config")
+
+
+def config_text(config) -> str:
+  """The resolved config as config.json holds it (sorted, indented JSON)."""
+  import json
+  from normstudy import rundir
+  return json.dumps(rundir.config_json(config), indent=2, sort_keys=True)
+
+
+def runs_config_text(runs) -> str:
+  """{run name: its resolved config} of a grid's runs, as each run's config.json will hold it."""
+  import json
+  from normstudy import rundir
+  return json.dumps({run.name: rundir.config_json(run.config) for run in runs}, indent=2,
+                    sort_keys=True)
+
+
+def config_changes(config) -> list[str]:
+  """Lines naming every field whose resolved value differs from normstudy.config's defaults
+  (the variant's recipe and the command line's overrides together)."""
+  from normstudy import config as config_lib
+  from normstudy import rundir
+  defaults = rundir.flatten(rundir.config_json(config_lib.default_config()))
+  resolved = rundir.flatten(rundir.config_json(config))
+  changed = [f"  {field}={value!r}" for field, value in sorted(resolved.items())
+             if field not in defaults or defaults[field] != value]
+  return [f"config: {len(changed)} field(s) differ from the defaults (--print_config shows "
+          "all):"] + changed
+
+
 def check_workers(requested: int) -> None:
   if requested < 0:
     raise UserError(f"--workers={requested} is not allowed; allowed: 0 (one per core, up to one "

@@ -22,12 +22,18 @@ def define_flags():
                       "host:port of process 0, for multi-process runs.")
   flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
   flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
+  cli.define_print_config_flag()
   flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if FLAGS.print_config:
+    print(cli.config_text(FLAGS.config))
+    return
+  for line in cli.config_changes(FLAGS.config):
+    print(line, flush=True)
   # The training stack (JAX, Flax, Orbax: a second to import) loads after the flags parsed:
   # a mistyped flag or config field is answered at once.
   import jax

@@ -29,6 +29,7 @@ def define_flags():
   flags.DEFINE_bool("allow_config_change", False,
                     "Continue runs whose saved config differs in model, optimizer or data.")
   cli.define_workers_flag()
+  cli.define_print_config_flag()
   flags.declare_key_flag("workers")  # defined in normstudy.cli; listed in this command's --help
   flags.mark_flags_as_required(["config", "workdir"])
 
@@ -49,6 +50,9 @@ def main(argv):
   from normstudy import orchestrate  # the training stack, once the command line is known good
   from normstudy import storage
   spec = grid.Grid(path, None, {}, config_flags.get_override_values(FLAGS["config"]), module)
+  if FLAGS.print_config:
+    print(cli.runs_config_text(spec.runs(FLAGS.workdir)))
+    return
   with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
     plan = orchestrate.plan(spec, workdir, FLAGS.allow_config_change, workers=FLAGS.workers)
     _, outputs = orchestrate.run_grid(plan)

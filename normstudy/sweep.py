@@ -47,6 +47,7 @@ def define_flags():
   flags.DEFINE_integer("rounds", 5, "Rounds of --search: the first checks the bracket, each "
                        "later one halves it; more rounds continue a finished search.")
   cli.define_workers_flag()
+  cli.define_print_config_flag()
   flags.declare_key_flag("workers")  # defined in normstudy.cli; listed in this command's --help
   flags.mark_flags_as_required(["config", "workdir"])
 
@@ -91,6 +92,10 @@ def main(argv):
   from normstudy import storage
   spec = grid.Grid(path, variant or None, axes, overrides, module,
                    file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
+  if FLAGS.print_config:  # a search's points, at the file's value of the searched field
+    print(cli.runs_config_text(orchestrate.search_points(spec).values() if search_ is not None
+                               else spec.runs(FLAGS.workdir)))
+    return
   with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
     if search_ is not None:
       statuses, outputs = orchestrate.run_search(

@@ -386,3 +386,25 @@ def test_help_lists_every_flag_the_command_takes(entry):
   assert result.returncode == 0 and expected
   listed = set(re.findall(r"^  --(?:\[no\])?(\w+)", result.stdout, re.M))
   assert expected <= listed, expected - listed
+
+
+@pytest.mark.slow
+def test_print_config_prints_the_resolved_config_and_writes_nothing(tmp_path):
+  from configs import seed_figure
+  workdir = tmp_path / "never"
+  result = runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={workdir}",
+                           "--config.train.num_steps=1e3", "--print_config")
+  expected = seed_figure.get_config("pre_norm_clip1")
+  expected.train.num_steps = 1000
+  assert json.loads(result.stdout) == rundir.config_json(expected)
+  assert not workdir.exists()
+
+
+def test_a_run_starts_by_naming_what_differs_from_the_defaults():
+  from normstudy import cli
+  config = config_lib.default_config()
+  config.optimizer.clip_norm = 10.0
+  config.model.placement = "post_ln"
+  lines = cli.config_changes(config)
+  assert lines == ["config: 2 field(s) differ from the defaults (--print_config shows all):",
+                   "  model.placement='post_ln'", "  optimizer.clip_norm=10.0"]
