@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # One job per variant of a config file's study (its STUDY_VARIANTS, else VARIANTS), locally, on
-# SLURM, or on TPU pods: normstudy.study's runs as separate jobs.
+# SLURM, or on TPU pods: normstudy.study's runs as separate jobs. With --grid: a sweep's grid
+# (the file's SWEEP and any --axis in the normstudy options) as --shares tasks, each training
+# its share of the grid's programs (normstudy.sweep --programs=I/N), then the sweep run whole,
+# which trains nothing left and writes sweep.json and the analysis: locally one after another,
+# on SLURM a job array and a job that depends on it.
 usage="usage: launch/sweep.sh --config FILE --workdir DIR [--launcher local|slurm|tpu]
-       [--dry-run] [-- LAUNCHER OPTIONS ... -- --config.a.b=value ...]"
+       [--grid --shares N] [--dry-run] [-- LAUNCHER OPTIONS ... -- --config.a.b=value ...]"
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
-config="" workdir="" launcher="local"
+config="" workdir="" launcher="local" grid=0 shares=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --config) need_value "$@"; config="$2"; shift 2 ;;
     --workdir) need_value "$@"; workdir="$2"; shift 2 ;;
     --launcher) need_value "$@"; launcher="$2"; shift 2 ;;
+    --grid) grid=1; shift ;;
+    --shares) need_value "$@"; shares="$2"; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) echo "$usage"; exit 0 ;;
     --) shift; break ;;
@@ -31,6 +37,54 @@ overrides=("$@")
 here="$(dirname "$0")"
 python="${PYTHON:-$here/../.venv/bin/python}"
 [ -x "$python" ] || python=python3
+
+if [ "$grid" = 1 ]; then
+  [[ "$shares" =~ ^[1-9][0-9]*$ ]] || die "--grid needs --shares N, a positive integer (got '${shares}')"
+  case "$launcher" in local|slurm) ;; *) die "--grid runs on --launcher local or slurm" ;; esac
+  sweep=("$python" -m normstudy.sweep --config="$config" --workdir="$workdir" "${overrides[@]}")
+  if [ "$launcher" = local ]; then
+    for i in $(seq 1 "$shares"); do run "${sweep[@]}" --programs="$i/$shares"; done
+    run "${sweep[@]}"
+    exit 0
+  fi
+  repo="$(cd "$here/.." && pwd)"
+  # The job's shell starts in the repository: the interpreter by its absolute path.
+  [[ "$python" == */* ]] && sweep[0]="$(cd "$(dirname "$python")" && pwd)/$(basename "$python")"
+  quoted="$(printf '%q ' "${sweep[@]}")"
+  time_limit="24:00:00" partition=""
+  set -- "${launcher_opts[@]}"
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --time) need_value "$@"; time_limit="$2"; shift 2 ;;
+      --partition) need_value "$@"; partition="$2"; shift 2 ;;
+      *) die "--grid on slurm takes --time and --partition; not '$1'" ;;
+    esac
+  done
+  header="#SBATCH --time=$time_limit
+#SBATCH --signal=TERM@120
+${partition:+#SBATCH --partition=$partition
+}cd $(printf "%q" "$repo")"
+  array="#!/bin/bash
+#SBATCH --job-name=normstudy-grid
+#SBATCH --array=1-$shares
+$header
+exec $quoted--programs=\$SLURM_ARRAY_TASK_ID/$shares
+"
+  final="#!/bin/bash
+#SBATCH --job-name=normstudy-grid-analysis
+$header
+exec $quoted
+"
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "sbatch --parsable <<'SCRIPT'"; echo "$array"; echo "SCRIPT"
+    echo "sbatch --dependency=afterok:<array job id> <<'SCRIPT'"; echo "$final"; echo "SCRIPT"
+  else
+    job=$(sbatch --parsable <<<"$array")
+    echo "submitted job array $job ($shares tasks)"
+    sbatch --dependency="afterok:$job" <<<"$final"
+  fi
+  exit 0
+fi
 variants=$("$python" -c "
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location('sweep_config', sys.argv[1])

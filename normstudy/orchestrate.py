@@ -204,6 +204,25 @@ def _plan_programs(spec, workdir, runs, allow_config_change, max_runs, workers) 
   return Plan(spec, workdir, runs, programs, todo, worker_count(len(todo), workers))
 
 
+def share(plan_: Plan, index: int, count: int) -> Plan:
+  """The plan cut to the index-th of `count` shares of its programs (1-based; program i goes to
+  share (i - 1) % count + 1, so shares of a grid's programs balance), for one task of a cluster
+  job array. The programs keep their numbers, directories and locks, so shares run side by side
+  into the same directory, and the sweep without a share afterwards finds their runs trained."""
+  mine = [(i, group) for i, group in plan_.todo if (i - 1) % count == index - 1]
+  return dataclasses.replace(plan_, todo=mine, workers=worker_count(len(mine), plan_.workers))
+
+
+def train_share(plan_: Plan) -> dict:
+  """Trains a share of a plan (`share`): its programs only, without the sweep's lock or record
+  (other shares train beside it; the sweep run whole afterwards writes sweep.json and the
+  analysis). Returns {run name: status} of the share's runs."""
+  rundir.ensure_directory(plan_.workdir)
+  train_plan(dataclasses.replace(plan_, runs=[run for _, group in plan_.todo for run in group]))
+  return {run.name: rundir.RunDir(run.directory).status()
+          for _, group in plan_.todo for run in group}
+
+
 def train_programs(runs: list, root: str, allow_config_change: bool = False,
                    max_runs: int = grid.MAX_RUNS_PER_PROGRAM, workers: int = 1) -> dict:
   """Trains every run (grouped into programs, checked first) with stacked checkpoints under

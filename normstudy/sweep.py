@@ -44,6 +44,11 @@ def define_flags():
   flags.DEFINE_string("search", None,
                       "FIELD:LOW,HIGH: bisect FIELD per point of the other axes instead of "
                       "sweeping it (normstudy.search), e.g. optimizer.learning_rate:0.1,1.")
+  flags.DEFINE_string("programs", None,
+                      "I/N: train only the I-th of N shares of the grid's programs (a cluster "
+                      "job array's task: program i goes to share (i - 1) % N + 1), into the same "
+                      "directories; then the sweep without --programs writes sweep.json and the "
+                      "analysis (launch/sweep.sh --grid).")
   flags.DEFINE_integer("rounds", 5, "Rounds of --search: the first checks the bracket, each "
                        "later one halves it; more rounds continue a finished search.")
   cli.define_workers_flag()
@@ -69,6 +74,10 @@ def main(argv):
       raise errors.UserError(f"--axis={search_.field}=... and --search={FLAGS.search} both set "
                              f"{search_.field}; drop one")
     axes.pop(search_.field, None)  # the file's grid of it: the search replaces it
+  share = _parse_share(FLAGS.programs) if FLAGS.programs is not None else None
+  if share is not None and search_ is not None:
+    raise errors.UserError(f"--programs={FLAGS.programs} shares a grid's programs; a search's "
+                           "rounds depend on every point's outcome, so run it whole")
   if FLAGS.max_runs_per_program < 0:
     raise errors.UserError(f"--max_runs_per_program={FLAGS.max_runs_per_program} is not allowed;"
                            " allowed: 0 (no limit) or an integer >= 1")
@@ -105,12 +114,31 @@ def main(argv):
       plan = orchestrate.plan(spec, workdir, FLAGS.allow_config_change,
                               FLAGS.max_runs_per_program, FLAGS.workers)
       _print_lines(plan.describe())
+      if share is not None:
+        plan = orchestrate.share(plan, *share)
+        _print_lines([f"share {share[0]}/{share[1]}: programs "
+                      f"{', '.join(str(i) for i, _ in plan.todo) or 'none left to train'}"])
+        statuses = orchestrate.train_share(plan)
+        counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}
+        print(f"share {share[0]}/{share[1]}: runs " + ", ".join(
+            f"{n} {s}" for s, n in counts.items()) if counts else
+            f"share {share[0]}/{share[1]}: nothing to train")
+        return
       statuses, outputs = orchestrate.run_grid(plan)
     outputs = {name: storage.remote(out) for name, out in outputs.items()}
   counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}
   for name, out in outputs.items():
     print(f"{name}: {out}")
   print("runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+
+
+def _parse_share(text: str) -> tuple[int, int]:
+  """(I, N) of --programs=I/N; UserError unless 1 <= I <= N."""
+  index, slash, count = text.partition("/")
+  if slash and index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count):
+    return int(index), int(count)
+  raise errors.UserError(f"--programs={text} is not allowed; allowed: I/N with "
+                         "1 <= I <= N, e.g. --programs=2/8 (the second of 8 shares)")
 
 
 def _print_lines(lines) -> None:

@@ -58,6 +58,24 @@ def test_sweep_starts_one_job_per_variant():
   assert slurm.stdout.count("sbatch <<'SCRIPT'") == 4 and "#SBATCH --nodes=2" in slurm.stdout
 
 
+def test_a_grid_goes_to_slurm_as_a_job_array_then_its_analysis():
+  result = _launch("sweep.sh", "--config", "configs/survival.py", "--workdir", "runs/g",
+                   "--grid", "--shares", "4", "--launcher", "slurm", "--dry-run", "--",
+                   "--time", "2:00:00", "--", "--config.train.num_steps=10")
+  assert result.returncode == 0, result.stderr
+  array, final = result.stdout.split("sbatch --dependency=afterok:<array job id>")
+  assert "#SBATCH --array=1-4" in array and "#SBATCH --time=2:00:00" in array
+  command = ("-m normstudy.sweep --config=configs/survival.py --workdir=runs/g "
+             "--config.train.num_steps=10")
+  assert f"{command} --programs=$SLURM_ARRAY_TASK_ID/4" in array
+  assert f"{command} \n" in final and "--programs" not in final  # the whole sweep: the record
+  local = _launch("sweep.sh", "--config", "configs/survival.py", "--workdir", "runs/g", "--grid",
+                  "--shares", "2", "--dry-run")
+  lines = [l for l in local.stdout.splitlines() if "normstudy.sweep" in l]
+  assert [l.split()[-1] for l in lines] == ["--programs=1/2", "--programs=2/2",
+                                            "--workdir=runs/g"]
+
+
 @pytest.mark.parametrize("script,args,message", [
     ("tpu_pod.sh", (), "--name, --zone, --config and --workdir are required"),
     ("tpu_pod.sh", ("--name", "p", "--zone", "z", "--config", "c", "--workdir", "/local"),
@@ -76,6 +94,8 @@ def test_sweep_starts_one_job_per_variant():
      "--partition needs a value (partition ...); see --help"),
     ("sweep.sh", ("--config",), "--config needs a value (config ...); see --help"),
     ("tpu_pod.sh", ("--name", "p", "--zone"), "--zone needs a value (zone ...); see --help"),
+    ("sweep.sh", ("--config", "configs/survival.py", "--workdir", "w", "--grid"),
+     "--grid needs --shares N, a positive integer (got '')"),
 ])
 def test_bad_usage_is_one_error_line(script, args, message):
   result = _launch(script, *args)

@@ -322,3 +322,35 @@ def test_sigterm_to_a_sweep_in_one_process_records_its_runs_as_preempted(tmp_pat
   assert statuses["lr0.001_seed0_placement-pre_ln"] == "preempted"
   assert runs.read_json(tmp_path / "sweep" / "lr0.001_seed0_placement-pre_ln" / "run.json")[
       "status"] == "preempted"
+
+
+@pytest.mark.slow
+def test_shares_of_a_grid_trained_apart_equal_the_sweep_trained_whole(tmp_path):
+  args = ("--config=configs/seed_figure.py:pre_norm_clip1",
+          "--axis=model.placement=pre_ln,post_ln,sandwich_ln", "--axis=train.seed=0",
+          "--axis=optimizer.learning_rate=1e-3", "--workers=1",
+          *runs.tiny_args(tmp_path / "tfds", num_steps=6, every=3),
+          "--config.train.telemetry_every=0")
+  whole = tmp_path / "whole"
+  runs.run_module("normstudy.sweep", *args, f"--workdir={whole}")
+  shared = tmp_path / "shared"
+  first = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}", "--programs=1/2")
+  assert "share 1/2: programs 1, 3" in first.stdout
+  assert first.stdout.splitlines()[-1] == "share 1/2: runs 2 finished"
+  assert not (shared / "sweep.json").exists()  # the whole sweep's, afterwards
+  second = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}", "--programs=2/2")
+  assert "share 2/2: programs 2" in second.stdout
+  # The sweep run whole afterwards trains nothing and writes the record and the analysis.
+  last = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}")
+  assert last.stdout.splitlines()[-1] == "runs: 3 finished"
+  assert "finished earlier, skipped" in last.stderr
+  names = [r["name"] for r in json.loads((whole / "sweep.json").read_text())["runs"]]
+  assert len(names) == 3
+  for name in names:
+    assert runs.trajectory(shared / name) == runs.trajectory(whole / name), name
+  bad = runs.run_module("normstudy.sweep", *args, f"--workdir={tmp_path / 'never'}",
+                        "--programs=3/2", check=False)
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
+      "error: --programs=3/2 is not allowed; allowed: I/N with 1 <= I <= N, e.g. "
+      "--programs=2/8 (the second of 8 shares)")
+  assert not (tmp_path / "never").exists()
