@@ -35,7 +35,10 @@ EXTRAS_REQUIRE = {
     "test": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.10",
              "ipykernel>=6.29",
              # A GCS JSON API server on 127.0.0.1 for the gs:// tests (tests/gcs_server.py).
-             "gcp-storage-emulator>=2024.8,<2027"],
+             "gcp-storage-emulator>=2024.8,<2027",
+             # The Weights & Biases writer, tested in its offline mode (tests/test_tracking.py).
+             "wandb>=0.19,<1"],
+    "wandb": ["wandb>=0.19,<1"],
     "gpu": ["jax[cuda12]>=0.10.2,<0.13"],
     "tpu": ["jax[tpu]>=0.10.2,<0.13"],
 }

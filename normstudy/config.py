@@ -141,6 +141,9 @@ def _train() -> ml_collections.ConfigDict:
   # of TensorFlow (seconds of CPU per process); metrics.jsonl, which the analysis reads, is always
   # written.
   train.tensorboard = True
+  # A Weights & Biases project to send every record to as well ("" = off; needs the `wandb`
+  # extra: pip install -e '.[wandb]'). WANDB_MODE=offline keeps the runs in <run>/wandb/.
+  train.wandb_project = ""
   # Per-layer telemetry (attention-logit max, activation RMS, gradient/update/parameter norms)
   # every this many steps, by a second compiled step; 0 = off.
   train.telemetry_every = 0

@@ -15,6 +15,7 @@ every run before anything is written.
 import contextlib
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import time
@@ -58,12 +59,21 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
       rundir.check_writable(data_dir, "config.data.data_dir")
       if not storage.is_url(data_dir):  # the dataset's cache, not the run: making it is safe
         rundir.ensure_directory(data_dir, "config.data.data_dir")
+    check_tracking(run.config)
     corpus = (run.config.data.files, run.config.model.max_len)
     if corpus not in files_checked:  # read once per corpus, not per run
       data_lib.check_files(run.config)
       files_checked.add(corpus)
     if checkpointed and not allow_config_change:
       _check_saved_config(run, checkpointed)
+
+
+def check_tracking(config) -> None:
+  """UserError when config.train.wandb_project asks for Weights & Biases and wandb is not
+  installed (the `wandb` extra)."""
+  if config.train.wandb_project and importlib.util.find_spec("wandb") is None:
+    raise UserError(f"config.train.wandb_project={config.train.wandb_project!r} needs wandb, "
+                    "which is not installed: pip install -e '.[wandb]'")
 
 
 def memory_limit() -> tuple[int | None, str]:

@@ -1,5 +1,6 @@
-"""A run's side effects while it trains: its records (metrics.jsonl), TensorBoard scalars and
-run.json (`Recorder`), and the program's progress line (`Progress`).
+"""A run's side effects while it trains: its records (metrics.jsonl), TensorBoard scalars, an
+optional Weights & Biases run and run.json (`Recorder`), and the program's progress line
+(`Progress`).
 
 Process 0 of a multi-process run keeps them; the others keep none.
 """
@@ -49,6 +50,38 @@ class _TensorBoard:
     self.pool.submit(self._close).result()
 
 
+class _WandB:
+  """A run's records in Weights & Biases (config.train.wandb_project; the `wandb` extra), the
+  keys of metrics.jsonl at their steps, on the writer thread (`pool`: wandb.init takes about a
+  second). The wandb run's id lives in run.json, so a resumed run continues the same wandb run;
+  steps it recomputes after its checkpoint carry the values already sent (resumes are
+  bit-exact), which wandb keeps once. WANDB_MODE=offline keeps everything in <run>/wandb/."""
+
+  def __init__(self, run, label: str, run_dir, pool):
+    self.pool = pool
+    self._run = None
+    run_id = run_dir.info().get("wandb_run_id")
+    if run_id is None:
+      import uuid
+      run_id = uuid.uuid4().hex[:12]
+      run_dir.update_info(wandb_run_id=run_id)
+    pool.submit(self._open, run, label, run_id)
+
+  def _open(self, run, label, run_id):
+    import wandb
+    self._run = wandb.init(project=run.config.train.wandb_project, id=run_id, name=label,
+                           dir=run.directory, config=rundir.config_json(run.config),
+                           resume="allow", reinit="create_new")
+
+  def write(self, step: int, record: dict) -> None:
+    scalars = {k: float(v) for k, v in record.items()
+               if k != "step" and isinstance(v, (int, float))}
+    self.pool.submit(lambda: self._run.log(scalars, step=step))
+
+  def close(self) -> None:
+    self.pool.submit(lambda: self._run is not None and self._run.finish()).result()
+
+
 class Recorder:
   """One run's side effects: its records (metrics.jsonl), TensorBoard scalars and run.json.
   `run` has .name, .config and .directory; `info` goes into run.json with the run's status
@@ -64,6 +97,7 @@ class Recorder:
     self.last_record = None
     self.timer = (resume_step or 0, time.perf_counter())  # (step, time) of the last record
     self._tensorboard = None
+    self._wandb = None
     self.log = metrics_lib.NullLog()
     if is_writer:
       self.dir.write_config(rundir.config_json(run.config))
@@ -71,12 +105,16 @@ class Recorder:
       self.log = metrics_lib.MetricsLog(run.directory, resume_step)
       self._tensorboard = _TensorBoard(run.directory, resume_step or 0, writer_pool,
                                        bool(run.config.train.tensorboard))
+      if run.config.train.get("wandb_project"):
+        self._wandb = _WandB(run, info.get("label") or run.name, self.dir, writer_pool)
 
   def write(self, record: dict) -> None:
     self.last_record = {k: metrics_lib.plain(v) for k, v in record.items()}
     if self.is_writer:
       self.log.write(self.last_record)
       self._tensorboard.write(record["step"], self.last_record)
+      if self._wandb is not None:
+        self._wandb.write(record["step"], self.last_record)
 
   def tokens_per_sec(self, step: int, tokens_per_step: int) -> float:
     """Tokens per second since the last record; restarts the timer at `step`."""
@@ -101,6 +139,8 @@ class Recorder:
     self.log.close()
     if self.is_writer:
       self._tensorboard.close()
+      if self._wandb is not None:
+        self._wandb.close()
       storage.push(self.dir.path)
 
 

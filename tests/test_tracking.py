@@ -1,0 +1,95 @@
+"""The Weights & Biases writer in wandb's offline mode: the runs' files read back with a reader
+written here from the format (LevelDB's log of protobuf records), never the network."""
+
+import glob
+import os
+import signal
+import struct
+
+import pytest
+
+import runs
+
+SEED = "configs/seed_figure.py:pre_norm_clip1"
+BLOCK = 32768  # LevelDB log blocks; a .wandb file is ":W&B" + 3 bytes, then the log
+
+
+def wandb_history(run_dir):
+  """{step: {key: value}} of every .wandb file under `run_dir`/wandb (oldest first), with the
+  id of the wandb run each belongs to."""
+  from wandb.proto import wandb_internal_pb2 as pb
+  history, ids = {}, set()
+  for path in sorted(glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "*.wandb"))):
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    pos, pending, chunks = 7, b"", []
+    while pos + 7 <= len(data):
+      left = BLOCK - pos % BLOCK
+      if left < 7:
+        pos += left
+        continue
+      _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+      if kind == 0 and length == 0:  # the block's zero padding
+        pos += left
+        continue
+      chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+      if kind == 1:
+        chunks.append(chunk)
+      elif kind in (2, 3):
+        pending += chunk
+      elif kind == 4:
+        chunks.append(pending + chunk)
+        pending = b""
+    for raw in chunks:
+      record = pb.Record()
+      record.ParseFromString(raw)
+      kind = record.WhichOneof("record_type")
+      if kind == "run":
+        ids.add(record.run.run_id)
+      elif kind == "history":
+        items = {item.key or "/".join(item.nested_key): item.value_json
+                 for item in record.history.item}
+        history.setdefault(int(items["_step"]), {}).update(
+            {k: float(v) for k, v in items.items() if not k.startswith("_")})
+  return history, ids
+
+
+@pytest.mark.slow
+def test_a_run_sends_its_records_to_wandb_offline_and_a_resume_continues_the_same_run(tmp_path):
+  pytest.importorskip("wandb")
+  env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
+  workdir = tmp_path / "run"
+  args = (f"--config={SEED}", f"--workdir={workdir}", "--config.train.wandb_project=normstudy",
+          *runs.tiny_args(tmp_path / "tfds", num_steps=400, every=100))
+  proc = runs.start_module("normstudy.main", *args, env=env)
+  assert runs.wait_for_records(proc, workdir, 150)
+  proc.send_signal(signal.SIGTERM)  # preempted: checkpoint, then stop
+  proc.communicate(timeout=120)
+  runs.run_module("normstudy.main", *args, env=env)
+  records = runs.records(workdir)
+  history, ids = wandb_history(workdir)
+  run_id = runs.read_json(workdir / "run.json")["wandb_run_id"]
+  assert ids == {run_id}  # one wandb run, continued by the resume
+  assert sorted(history) == [r["step"] for r in records]
+  for record in records:  # the same keys and values as metrics.jsonl
+    sent = history[record["step"]]
+    for key, value in record.items():
+      if key != "step" and isinstance(value, (int, float)):
+        assert sent[key] == pytest.approx(float(value), nan_ok=True), (record["step"], key)
+
+
+def test_wandb_project_without_wandb_installed_is_refused(monkeypatch):
+  import importlib.util
+  from normstudy import config as config_lib
+  from normstudy import errors
+  from normstudy import orchestrate
+  config = config_lib.default_config()
+  config.train.wandb_project = "p"
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "wandb" else real(name, *a))
+  with pytest.raises(errors.UserError, match=r"^config.train.wandb_project='p' needs wandb, "
+                     r"which is not installed: pip install -e '.\[wandb\]'$"):
+    orchestrate.check_tracking(config)
+  config.train.wandb_project = ""
+  orchestrate.check_tracking(config)  # off: nothing asked
