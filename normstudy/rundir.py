@@ -41,6 +41,7 @@ CHANGEABLE_FIELDS = (
     "train.num_steps", "train.log_every", "train.eval_every",
     "train.checkpoint_every", "train.max_to_keep", "train.on_nonfinite",
     "train.max_consecutive_skips", "train.telemetry_every", "train.tensorboard",
+    "train.wandb_project",
 )
 
 
@@ -79,13 +80,18 @@ def flatten(tree: dict, prefix: str = "") -> dict:
   return flat
 
 
+# Fields whose runs from before the field existed behaved as another value than its default: a
+# run saved without train.eval_seed was evaluated on its own seed's masks (-1), not seed 0's.
+BEFORE_THE_FIELD = {"train.eval_seed": -1}
+
+
 def config_differences(old: dict, new: dict, changeable=CHANGEABLE_FIELDS) -> list[str]:
   """'field: old -> new' for every field that differs and may not change between sessions. A
   field the saved config lacks (it was written before the field existed) differs only if the
-  new value is not the field's default: the default is what such a run did."""
+  new value is not what such a run did: the field's default, or BEFORE_THE_FIELD's value."""
   from normstudy import config as config_lib  # the schema; rundir is read without it too
   old_flat, new_flat = flatten(old), flatten(new)
-  defaults = flatten(config_json(config_lib.default_config()))
+  defaults = {**flatten(config_json(config_lib.default_config())), **BEFORE_THE_FIELD}
   return [f"{k}: {old_flat.get(k, '<absent>')!r} -> {new_flat.get(k, '<absent>')!r}"
           for k in sorted(set(old_flat) | set(new_flat))
           if old_flat.get(k) != new_flat.get(k) and k not in changeable

@@ -334,6 +334,16 @@ def test_config_differences_ignore_what_may_change():
   new["train"]["seed"] = 3
   assert rundir.config_differences(old, new) == ["model.d_model: 128 -> 64",
                                                  "train.seed: 0 -> 3"]
+  # A run saved before train.eval_seed existed was evaluated on its own seed's masks (-1): it
+  # continues as it was with -1, and the new default would change its eval set.
+  older = json.loads(config_lib.default_config().to_json_best_effort())
+  del older["train"]["eval_seed"]
+  current = json.loads(config_lib.default_config().to_json_best_effort())
+  assert rundir.config_differences(older, current) == ["train.eval_seed: '<absent>' -> 0"]
+  current["train"]["eval_seed"] = -1
+  assert rundir.config_differences(older, current) == []
+  current["train"]["wandb_project"] = "p"  # tracking may start on a resume
+  assert rundir.config_differences(older, current) == []
 
 
 def test_a_directory_of_another_kind_is_refused():
