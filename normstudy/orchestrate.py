@@ -60,12 +60,28 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
       if not storage.is_url(data_dir):  # the dataset's cache, not the run: making it is safe
         rundir.ensure_directory(data_dir, "config.data.data_dir")
     check_tracking(run.config)
-    corpus = (run.config.data.files, run.config.model.max_len)
-    if corpus not in files_checked:  # read once per corpus, not per run
+    corpus = json.dumps([run.config.data.to_dict(), run.config.model.max_len], default=str)
+    if corpus not in files_checked:  # once per corpus, not per run
       data_lib.check_files(run.config)
+      _warn_small_synthetic(run.config)
       files_checked.add(corpus)
     if checkpointed and not allow_config_change:
       _check_saved_config(run, checkpointed)
+
+
+def _warn_small_synthetic(config) -> None:
+  """One warning when a synthetic split is asked for fewer tokens than a document holds: the
+  split is one whole document, which the run then reads over and over."""
+  data_cfg = config.data
+  if data_cfg.name != "synthetic":
+    return
+  for split in ("train", "validation"):
+    asked = data_cfg[f"{split}_tokens"]
+    held = data_lib.synthetic_tokens(asked)
+    if held >= 2 * asked:
+      logging.warning("config.data.%s_tokens=%d is less than one synthetic document: the %s "
+                      "split holds %d tokens (%d rows of config.model.max_len=%d)", split, asked,
+                      split, held, held // config.model.max_len, config.model.max_len)
 
 
 def check_tracking(config) -> None:

@@ -259,3 +259,16 @@ print(*[data.is_catalog_dataset(n) for n in names], "tensorflow" in sys.modules)
                           text=True, timeout=120)
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.split() == ["True", "True", "True", "False", "False", "False"]
+
+
+def test_a_synthetic_split_smaller_than_a_document_is_said(make_config, caplog):
+  import logging
+  from normstudy import orchestrate
+  config = make_config()
+  config.data.update(name="synthetic", train_tokens=10, validation_tokens=2**16)
+  caplog.set_level(logging.WARNING)
+  orchestrate._warn_small_synthetic(config)
+  lines = [r.getMessage() for r in caplog.records]
+  assert lines == [f"config.data.train_tokens=10 is less than one synthetic document: the train "
+                   f"split holds 4096 tokens ({4096 // config.model.max_len} rows of "
+                   f"config.model.max_len={config.model.max_len})"]
