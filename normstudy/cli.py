@@ -113,6 +113,31 @@ def config_changes(config) -> list[str]:
           "all):"] + changed
 
 
+def grid_config_changes(runs, varied) -> list[str]:
+  """config_changes for a grid's arms: the fields every arm changes from the defaults alike,
+  then each arm's own, leaving out the fields the grid varies (`varied`: axes, a searched
+  field)."""
+  from normstudy import config as config_lib
+  from normstudy import rundir
+  defaults = rundir.flatten(rundir.config_json(config_lib.default_config()))
+  arms = {}
+  for run in runs:
+    arms.setdefault(run.arm or run.name, rundir.flatten(rundir.config_json(run.config)))
+  varied = {*varied, "label"}  # a run's label names its point
+  changed = {arm: {k: v for k, v in flat.items()
+                   if k not in varied and (k not in defaults or defaults[k] != v)}
+             for arm, flat in arms.items()}
+  common = {k: v for k, v in next(iter(changed.values()), {}).items()
+            if all(other.get(k, object()) == v for other in changed.values())}
+  lines = [f"config: {len(common)} field(s) differ from the defaults in every arm "
+           "(--print_config shows all):"] + [f"  {k}={v!r}" for k, v in sorted(common.items())]
+  for arm, fields in changed.items():
+    own = {k: v for k, v in fields.items() if k not in common}
+    if own:
+      lines.append(f"  arm {arm}: " + ", ".join(f"{k}={v!r}" for k, v in sorted(own.items())))
+  return lines
+
+
 def check_workers(requested: int) -> None:
   if requested < 0:
     raise UserError(f"--workers={requested} is not allowed; allowed: 0 (one per core, up to one "

@@ -55,6 +55,7 @@ def main(argv):
     return
   with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
     plan = orchestrate.plan(spec, workdir, FLAGS.allow_config_change, workers=FLAGS.workers)
+    print("\n".join(cli.grid_config_changes(plan.runs, set())), flush=True)
     _, outputs = orchestrate.run_grid(plan)
     outputs = {name: storage.remote(out) for name, out in outputs.items()}
   for name, out in outputs.items():

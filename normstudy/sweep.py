@@ -105,15 +105,19 @@ def main(argv):
     print(cli.runs_config_text(orchestrate.search_points(spec).values() if search_ is not None
                                else spec.runs(FLAGS.workdir)))
     return
+  # After the plan is checked: what every arm's config changes from the defaults.
+  changes = cli.grid_config_changes(
+      orchestrate.search_points(spec).values() if search_ is not None
+      else spec.runs(FLAGS.workdir), {*axes, *([search_.field] if search_ else [])})
   with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
     if search_ is not None:
       statuses, outputs = orchestrate.run_search(
           spec, search_, workdir, FLAGS.allow_config_change, FLAGS.max_runs_per_program,
-          FLAGS.workers, describe=_print_lines)
+          FLAGS.workers, describe=lambda lines: _print_lines([*lines, *changes]))
     else:
       plan = orchestrate.plan(spec, workdir, FLAGS.allow_config_change,
                               FLAGS.max_runs_per_program, FLAGS.workers)
-      _print_lines(plan.describe())
+      _print_lines([*plan.describe(), *changes])
       if share is not None:
         plan = orchestrate.share(plan, *share)
         _print_lines([f"share {share[0]}/{share[1]}: programs "

@@ -418,3 +418,21 @@ def test_a_run_starts_by_naming_what_differs_from_the_defaults():
   lines = cli.config_changes(config)
   assert lines == ["config: 2 field(s) differ from the defaults (--print_config shows all):",
                    "  model.placement='post_ln'", "  optimizer.clip_norm=10.0"]
+
+
+def test_a_grid_starts_by_naming_what_its_arms_change_from_the_defaults():
+  from types import SimpleNamespace
+  from normstudy import cli
+
+  def run(arm, seed, **fields):
+    config = config_lib.default_config()
+    config.model.d_model, config.train.seed = 64, seed
+    for dotted, value in fields.items():
+      section, name = dotted.split("__")
+      config[section][name] = value
+    return SimpleNamespace(arm=arm, name=f"{arm}/{seed}", config=config)
+
+  runs_ = [run("pre", 0), run("pre", 1), run("post", 0, model__placement="post_ln")]
+  assert cli.grid_config_changes(runs_, {"train.seed"}) == [
+      "config: 1 field(s) differ from the defaults in every arm (--print_config shows all):",
+      "  model.d_model=64", "  arm post: model.placement='post_ln'"]
