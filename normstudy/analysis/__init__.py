@@ -67,10 +67,10 @@ class Report:
   write: Callable
 
 
-def _sweep_report(df, summary, workdir):
+def _sweep_report(df, summary, workdir, grid_survival: bool = True):
   """A learning-rate sweep: per-arm summary.csv (sensitivity.summarize), runs.csv (a study's
   summary plus the sweep's columns), deaths.csv (sensitivity.deaths), its figures, and survival
-  (analysis.survival) and sensitivity sections."""
+  (analysis.survival, unless `grid_survival` is False) and sensitivity sections."""
   runs = sensitivity.table(df, summary)
   by_arm = sensitivity.summarize(runs)
   died = sensitivity.deaths(runs)
@@ -81,18 +81,21 @@ def _sweep_report(df, summary, workdir):
       outputs["run_table"], index=False)
   died.to_csv(outputs["deaths"], index=False)
   outputs.update(sensitivity_plots.plot_all(runs, died, workdir))
-  survived, survival_text = survival.analyze(df, runs, workdir)
-  outputs.update(survived)
-  sections = [("Survival", survival_text),
-              ("Learning-rate sensitivity", sensitivity.observations(runs, by_arm, died))]
+  sections = [("Learning-rate sensitivity", sensitivity.observations(runs, by_arm, died))]
+  if grid_survival:
+    survived, survival_text = survival.analyze(df, runs, workdir)
+    outputs.update(survived)
+    sections.insert(0, ("Survival", survival_text))
   return outputs, sections, by_arm
 
 
 def _search_report(df, summary, workdir):
   """A search (normstudy.search): critical_lr.csv, its points, tests and figure
-  (analysis.critical_lr), then the learning-rate sweep's report of the runs it trained."""
+  (analysis.critical_lr), then the learning-rate sweep's report of the runs it trained without
+  the grid's survival tables: a search's learning rates follow each point's outcomes, so the
+  grid's per-learning-rate tests and logistic fit answer nothing its design asks."""
   outputs, text = critical_lr.analyze(df, workdir)
-  swept, sections, table = _sweep_report(df, summary, workdir)
+  swept, sections, table = _sweep_report(df, summary, workdir, grid_survival=False)
   return {**outputs, **swept}, [("Critical learning rate (search)", text), *sections], table
 
 

@@ -168,7 +168,9 @@ def observations(by_arm: pd.DataFrame, compared: pd.DataFrame) -> str:
                  f"{row.bracket_decades:.2f} decades wide)"
                  + (f"; {row.beyond} seed(s) beyond the brackets" if row.beyond else "") + ".")
   for _, row in compared.iterrows():
-    text = stats.verdict_holm(row.test, f"{row.n_a} and {row.n_b}", row.p, row.p_holm)
+    n = (f"{row.n_a} seeds, paired" if row.test.startswith("paired")
+         else f"{row.n_a} and {row.n_b}")
+    text = stats.verdict_holm(row.test, n, row.p, row.p_holm)
     margin = (f"; equivalent within a factor {row.equivalence_factor:.3g} at 95% (two one-sided "
               "tests)" if np.isfinite(row.equivalence_factor) else "")
     lines.append(f"- {row.arm_a} against {row.arm_b}"
