@@ -274,6 +274,37 @@ def test_speed_on_a_shared_eval_set_pairs_seeds_with_holm_over_the_arms(tmp_path
   assert "Holm-adjusted p" in text and "paired by seed" in text
 
 
+def test_speed_tests_every_pair_with_holm_and_an_equivalence_margin(tmp_path):
+  import pandas as pd
+  from normstudy import analysis
+  finals = {"a_ref": [3.0, 3.3, 2.9, 3.2, 3.1, 3.4],
+            "b_same": [3.02, 3.28, 2.93, 3.19, 3.12, 3.41],  # close to a: not separated
+            "c_lower": [2.2, 2.5, 2.15, 2.4, 2.3, 2.6]}
+  _write_speed_runs(tmp_path, finals, train={"eval_seed": 0, "eval_steps": 32,
+                                             "batch_size": 16})
+  outputs = analysis.analyze(str(tmp_path))
+  pairs = pd.read_csv(outputs["speed_tests"]).set_index(["arm_a", "arm_b"])
+  assert list(pairs.index) == [("a_ref", "b_same"), ("a_ref", "c_lower"), ("b_same", "c_lower")]
+  ps = []
+  for (a, b), row in pairs.iterrows():
+    x, y = np.array(finals[a]), np.array(finals[b])
+    assert row.p == pytest.approx(scipy_stats.ttest_rel(x, y).pvalue)
+    assert row.difference == pytest.approx((x - y).mean())
+    ps.append(row.p)
+  assert list(pairs.p_holm) == pytest.approx(stats.holm(ps))
+  same = pairs.loc[("a_ref", "b_same")]
+  assert not same.separated
+  d = np.array(finals["a_ref"]) - np.array(finals["b_same"])
+  half = scipy_stats.t.ppf(0.95, 5) * d.std(ddof=1) / np.sqrt(6)
+  assert same.equivalence_margin == pytest.approx(max(abs(d.mean() - half),
+                                                      abs(d.mean() + half)))
+  assert pairs.loc[("a_ref", "c_lower")].separated
+  assert np.isnan(pairs.loc[("a_ref", "c_lower")].equivalence_margin)
+  text = open(outputs["observations"], encoding="utf-8").read()
+  _check_claims(text)
+  assert "equivalent within" in text and "nats at 95%" in text
+
+
 def test_sign_test_matches_scipys_binomial_test():
   rng = np.random.default_rng(0)
   for _ in range(30):

@@ -10,6 +10,8 @@ value of the sweep's other axes):
               its test, n, p and Holm-adjusted p over the group's arms, the sign test's count
               (seeds where the arm ends lower), n, p and Holm-adjusted p, the verdict (judged on
               the Holm-adjusted p of the t-test), and the eval set (eval_set)
+  speed_tests.csv  every pair of arms in a group: the same tests, Holm over the pairs, and for a
+              pair not separated the margin in nats two one-sided tests bound (`pairwise`)
   speed.png   eval loss against step, one line per seed, the reference lines (the unigram
               entropy, the Bayes-optimal masked loss or the entropy rate) and the threshold
 
@@ -23,6 +25,7 @@ The threshold defaults to halfway from the unigram entropy (a model that uses no
 loss floor (the masked loss floor for encoders, the entropy rate for causal models).
 """
 
+import itertools
 import os
 
 import numpy as np
@@ -93,15 +96,18 @@ def compare(rows: pd.DataFrame, reference: pd.DataFrame) -> dict:
   if eval_set(both).startswith("shared"):
     seeds = sorted(set(mine.index) & set(theirs.index))
     a, b = mine[seeds].to_numpy(), theirs[seeds].to_numpy()
-    _, _, p = stats.paired_t(a, b)
+    _, df, p = stats.paired_t(a, b)
     lower, differ, sign_p = stats.sign_test(b, a)
+    se = float(np.std(a - b, ddof=1) / np.sqrt(len(seeds))) if len(seeds) > 1 else np.nan
     return {"difference": float(np.mean(a - b)) if seeds else np.nan, "test": PAIRED,
             "n": f"{len(seeds)} seeds", "p": p, "sign_lower": lower, "sign_n": differ,
-            "sign_p": sign_p, "eval_set": eval_set(both)}
-  _, _, p = stats.welch(mine, theirs)
+            "sign_p": sign_p, "eval_set": eval_set(both), "se": se, "df": df}
+  _, df, p = stats.welch(mine, theirs)
+  se = (float(np.sqrt(mine.var(ddof=1) / len(mine) + theirs.var(ddof=1) / len(theirs)))
+        if len(mine) > 1 and len(theirs) > 1 else np.nan)
   return {"difference": float(np.mean(mine) - np.mean(theirs)), "test": UNPAIRED,
           "n": f"{len(mine)} and {len(theirs)}", "p": p, "sign_lower": np.nan, "sign_n": np.nan,
-          "sign_p": np.nan, "eval_set": eval_set(both)}
+          "sign_p": np.nan, "eval_set": eval_set(both), "se": se, "df": df}
 
 
 def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame:
@@ -128,7 +134,9 @@ def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) 
                    p_holm=np.nan, sign_lower=np.nan, sign_n=np.nan, sign_p=np.nan,
                    sign_p_holm=np.nan, verdict="reference", eval_set=eval_set(rows))
       else:
-        row.update(reference_arm=reference[0], **compare(rows, reference[1]))
+        compared = compare(rows, reference[1])
+        compared.pop("se"), compared.pop("df")
+        row.update(reference_arm=reference[0], **compared)
         family.append(row)
       out.append(row)
     for key in ("p", "sign_p"):
@@ -137,6 +145,45 @@ def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) 
     for row in family:
       row["verdict"] = stats.verdict_holm(row["test"], row["n"], row["p"], row["p_holm"])
   return pd.DataFrame(out)
+
+
+def pairwise(runs: pd.DataFrame) -> pd.DataFrame:
+  """Every pair of arms in a group (speed_tests.csv): `compare`'s test of arm_a's final eval
+  losses against arm_b's (difference a - b in nats), Holm's correction over the group's pairs for
+  the t-test and for the sign test, and for each pair the t-test does not separate the margin in
+  nats within which two one-sided tests put the two at 95% (stats.equivalence_margin)."""
+  out = []
+  for group, in_group in runs.groupby("group", sort=False):
+    arms = list(dict.fromkeys(in_group.arm))
+    family = []
+    for arm_a, arm_b in itertools.combinations(arms, 2):
+      compared = compare(in_group[in_group.arm == arm_a], in_group[in_group.arm == arm_b])
+      se, df = compared.pop("se"), compared.pop("df")
+      family.append({"group": group, "arm_a": arm_a, "arm_b": arm_b, **compared,
+                     "equivalence_margin": stats.equivalence_margin(
+                         compared["difference"], se, df)})
+    for key in ("p", "sign_p"):
+      for row, adjusted in zip(family, stats.holm([r[key] for r in family])):
+        row[f"{key}_holm"] = adjusted
+    for row in family:
+      row["separated"] = bool(row["p_holm"] < stats.ALPHA)
+      if row["separated"]:  # a margin is what "not separated" bounds
+        row["equivalence_margin"] = np.nan
+    out += family
+  return pd.DataFrame(out, columns=[
+      "group", "arm_a", "arm_b", "test", "n", "difference", "p", "p_holm", "sign_lower",
+      "sign_n", "sign_p", "sign_p_holm", "separated", "equivalence_margin", "eval_set"])
+
+
+def pairwise_observations(pairs: pd.DataFrame) -> str:
+  lines = []
+  for row in pairs.itertuples():
+    text = stats.verdict_holm(row.test, row.n, row.p, row.p_holm)
+    margin = (f"; equivalent within {row.equivalence_margin:.3f} nats at 95% (two one-sided "
+              "tests)" if np.isfinite(row.equivalence_margin) else "")
+    lines.append(f"- {row.arm_a} against {row.arm_b}" + (f" ({row.group})" if row.group else "")
+                 + f": {row.difference:+.3f} nats, {text}{margin}.")
+  return "\n".join(lines)
 
 
 def observations(speed: pd.DataFrame) -> str:
@@ -208,8 +255,15 @@ def analyze(df: pd.DataFrame, summary: pd.DataFrame, workdir: str) -> tuple[dict
   from normstudy.analysis.plots import save
   runs = run_table(df, summary)
   speed = table(df, runs)
-  outputs = {"speed": os.path.join(workdir, "speed.csv")}
+  pairs = pairwise(runs)
+  outputs = {"speed": os.path.join(workdir, "speed.csv"),
+             "speed_tests": os.path.join(workdir, "speed_tests.csv")}
   speed.to_csv(outputs["speed"], index=False)
+  pairs.to_csv(outputs["speed_tests"], index=False)
   outputs["speed_figure"] = save(figure(df, runs, speed.threshold.iloc[0]),
                                  os.path.join(workdir, "speed.png"))
-  return outputs, observations(speed)
+  text = observations(speed)
+  if len(pairs):
+    text += ("\n\nEvery pair of arms (speed_tests.csv; Holm's correction over the pairs):\n\n"
+             + pairwise_observations(pairs))
+  return outputs, text

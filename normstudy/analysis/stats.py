@@ -29,10 +29,11 @@ separated". Tests:
                                                      values (ties dropped; binomial, 1/2)
   holm(ps)                                           Holm's step-down adjustment of a family of
                                                      p-values (Holm 1979)
-  equivalence_factor(...)                            the smallest factor m within which two
-                                                     means of log10 values are equivalent by two
-                                                     one-sided tests at ALPHA (Schuirmann 1987):
-                                                     the 90% interval of the difference
+  equivalence_margin(...)                            the smallest margin within which two means
+                                                     are equivalent by two one-sided tests at
+                                                     ALPHA (Schuirmann 1987): the 90% interval
+                                                     of the difference; equivalence_factor the
+                                                     same for log10 values, as a factor
 
 Needs numpy and scipy only (scipy comes with jax), so the analysis stays free of the training
 stack.
@@ -178,15 +179,20 @@ def holm(ps) -> list:
   return out
 
 
-def equivalence_factor(diff: float, se: float, df: float) -> float:
-  """The smallest m such that two one-sided t-tests at ALPHA show the difference of two means
-  of log10 values within (-log10 m, log10 m): m = 10 ** max(|lower|, |upper|) of the
-  difference's 1 - 2 ALPHA (90%) t interval, `diff` +- t(1 - ALPHA, df) `se`. NaN if df or se
-  is not finite."""
+def equivalence_margin(diff: float, se: float, df: float) -> float:
+  """The smallest margin m such that two one-sided t-tests at ALPHA (Schuirmann 1987) show a
+  difference of means within (-m, m): max(|lower|, |upper|) of the difference's 1 - 2 ALPHA
+  (90%) t interval, `diff` +- t(1 - ALPHA, df) `se`. NaN if df or se is not finite."""
   if not (np.isfinite(df) and np.isfinite(se)):
     return math.nan
   half = scipy_stats.t.ppf(1 - ALPHA, df) * se
-  return float(10 ** max(abs(diff - half), abs(diff + half)))
+  return float(max(abs(diff - half), abs(diff + half)))
+
+
+def equivalence_factor(diff: float, se: float, df: float) -> float:
+  """equivalence_margin for a difference of means of log10 values, as a factor: two arms'
+  geometric means within a factor m = 10 ** margin of each other."""
+  return float(10 ** equivalence_margin(diff, se, df))
 
 
 def mean_interval(values, level: float = 0.95) -> tuple[float, float, float]:
