@@ -128,7 +128,8 @@ def plot(points: pd.DataFrame, by_arm: pd.DataFrame, path: str) -> str:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   keys = list(dict.fromkeys(zip(by_arm.group, by_arm.arm)))
-  fig, ax = plt.subplots(figsize=(7, 0.6 * len(keys) + 1.5))
+  from matplotlib.ticker import FuncFormatter
+  fig, ax = plt.subplots(figsize=(9, 0.6 * len(keys) + 1.8))
   for y, (group, arm) in enumerate(keys):
     at = points[(points.group == group) & (points.arm == arm) & points.established]
     jitter = np.linspace(-0.2, 0.2, len(at)) if len(at) > 1 else np.zeros(len(at))
@@ -145,7 +146,13 @@ def plot(points: pd.DataFrame, by_arm: pd.DataFrame, path: str) -> str:
   ax.set_yticklabels([f"{by_arm[(by_arm.group == g) & (by_arm.arm == a)].label.iloc[0]}"
                       + (f" ({g})" if g else "") for g, a in keys], fontsize=8)
   ax.set_xscale("log")
-  ax.set_xlabel("critical learning rate (each seed's final bracket; geometric mean, 95% t)")
+  plain = FuncFormatter(lambda value, _: f"{value:g}")  # 0.3, not 3 x 10^-1
+  ax.xaxis.set_major_formatter(plain)
+  ax.xaxis.set_minor_formatter(plain)
+  ax.tick_params(axis="x", which="minor", labelsize=7)
+  ax.set_xlabel("critical learning rate: each seed's final bracket (grey) and the arms'\n"
+                "geometric mean with its 95% t interval (blue)")
+  ax.grid(alpha=0.3, axis="x", which="both")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
