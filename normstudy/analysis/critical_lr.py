@@ -84,19 +84,12 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> dict:
   b = b[b.established].sort_values("seed")
   la, lb = np.log10(a.critical_lr.to_numpy()), np.log10(b.critical_lr.to_numpy())
   paired = len(a) > 1 and list(a.seed) == list(b.seed)
-  if paired:
-    t, df, p = stats.paired_t(la, lb)
-    d = la - lb
-    se, diff = d.std(ddof=1) / math.sqrt(len(d)), float(d.mean())
-  else:
-    t, df, p = stats.welch(la, lb)
-    se = (math.sqrt(la.var(ddof=1) / len(la) + lb.var(ddof=1) / len(lb))
-          if len(la) > 1 and len(lb) > 1 else math.nan)
-    diff = float(la.mean() - lb.mean()) if len(la) and len(lb) else math.nan
+  tested = stats.mean_difference(la, lb, paired)
+  diff = tested["difference"]
   return {"test": "paired t on log10 critical lr" if paired else "Welch t on log10 critical lr",
           "n_a": len(la), "n_b": len(lb), "ratio": 10 ** diff if np.isfinite(diff) else math.nan,
-          "t": t, "df": df, "p": p,
-          "equivalence_factor": stats.equivalence_factor(diff, se, df)
+          "t": tested["t"], "df": tested["df"], "p": tested["p"],
+          "equivalence_factor": stats.equivalence_factor(diff, tested["se"], tested["df"])
           * 10 ** (_half_width(a) + _half_width(b))}
 
 

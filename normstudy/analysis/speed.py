@@ -96,18 +96,16 @@ def compare(rows: pd.DataFrame, reference: pd.DataFrame) -> dict:
   if eval_set(both).startswith("shared"):
     seeds = sorted(set(mine.index) & set(theirs.index))
     a, b = mine[seeds].to_numpy(), theirs[seeds].to_numpy()
-    _, df, p = stats.paired_t(a, b)
+    tested = stats.mean_difference(a, b, paired=True)
     lower, differ, sign_p = stats.sign_test(b, a)
-    se = float(np.std(a - b, ddof=1) / np.sqrt(len(seeds))) if len(seeds) > 1 else np.nan
-    return {"difference": float(np.mean(a - b)) if seeds else np.nan, "test": PAIRED,
-            "n": f"{len(seeds)} seeds", "p": p, "sign_lower": lower, "sign_n": differ,
-            "sign_p": sign_p, "eval_set": eval_set(both), "se": se, "df": df}
-  _, df, p = stats.welch(mine, theirs)
-  se = (float(np.sqrt(mine.var(ddof=1) / len(mine) + theirs.var(ddof=1) / len(theirs)))
-        if len(mine) > 1 and len(theirs) > 1 else np.nan)
-  return {"difference": float(np.mean(mine) - np.mean(theirs)), "test": UNPAIRED,
-          "n": f"{len(mine)} and {len(theirs)}", "p": p, "sign_lower": np.nan, "sign_n": np.nan,
-          "sign_p": np.nan, "eval_set": eval_set(both), "se": se, "df": df}
+    test, n = PAIRED, f"{len(seeds)} seeds"
+  else:
+    tested = stats.mean_difference(mine.to_numpy(), theirs.to_numpy(), paired=False)
+    lower = differ = sign_p = np.nan
+    test, n = UNPAIRED, f"{len(mine)} and {len(theirs)}"
+  return {"difference": tested["difference"], "test": test, "n": n, "p": tested["p"],
+          "sign_lower": lower, "sign_n": differ, "sign_p": sign_p, "eval_set": eval_set(both),
+          "se": tested["se"], "df": tested["df"]}
 
 
 def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame:
@@ -139,12 +137,18 @@ def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) 
         row.update(reference_arm=reference[0], **compared)
         family.append(row)
       out.append(row)
-    for key in ("p", "sign_p"):
-      for row, adjusted in zip(family, stats.holm([r[key] for r in family])):
-        row[f"{key}_holm"] = adjusted
+    _holm(family)
     for row in family:
       row["verdict"] = stats.verdict_holm(row["test"], row["n"], row["p"], row["p_holm"])
   return pd.DataFrame(out)
+
+
+def _holm(family: list) -> None:
+  """Adds p_holm and sign_p_holm to each row of a family of comparisons (Holm over the family,
+  for the t-test and the sign test apart)."""
+  for key in ("p", "sign_p"):
+    for row, adjusted in zip(family, stats.holm([r[key] for r in family])):
+      row[f"{key}_holm"] = adjusted
 
 
 def pairwise(runs: pd.DataFrame) -> pd.DataFrame:
@@ -162,9 +166,7 @@ def pairwise(runs: pd.DataFrame) -> pd.DataFrame:
       family.append({"group": group, "arm_a": arm_a, "arm_b": arm_b, **compared,
                      "equivalence_margin": stats.equivalence_margin(
                          compared["difference"], se, df)})
-    for key in ("p", "sign_p"):
-      for row, adjusted in zip(family, stats.holm([r[key] for r in family])):
-        row[f"{key}_holm"] = adjusted
+    _holm(family)
     for row in family:
       row["separated"] = bool(row["p_holm"] < stats.ALPHA)
       if row["separated"]:  # a margin is what "not separated" bounds

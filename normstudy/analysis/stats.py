@@ -25,6 +25,8 @@ separated". Tests:
                                                      laws; two-sided as fisher_exact)
   paired_t(a, b)                                     Student's paired t-test (mean difference of
                                                      pairs against 0, n - 1 df)
+  mean_difference(a, b, paired)                      the difference of means, its standard error
+                                                     and its test (paired t or Welch)
   sign_test(a, b)                                    the exact two-sided sign test of paired
                                                      values (ties dropped; binomial, 1/2)
   holm(ps)                                           Holm's step-down adjustment of a family of
@@ -141,6 +143,24 @@ def paired_t(a, b) -> tuple[float, float, float]:
     return (0.0 if same else math.copysign(math.inf, d.mean())), len(d) - 1.0, float(same)
   t = d.mean() / (sd / math.sqrt(len(d)))
   return t, len(d) - 1.0, float(2 * scipy_stats.t.sf(abs(t), len(d) - 1))
+
+
+def mean_difference(a, b, paired: bool) -> dict:
+  """The difference of mean(a) and mean(b) with its test: `paired` (a and b paired by position)
+  the paired t-test, else Welch's. {"difference", "se" (its standard error), "t", "df", "p"};
+  NaN where the samples are too small. What equivalence_margin needs besides the p."""
+  a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+  if paired:
+    t, df, p = paired_t(a, b)
+    d = a - b
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan
+    diff = float(d.mean()) if len(d) else math.nan
+  else:
+    t, df, p = welch(a, b)
+    se = (math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))
+          if len(a) > 1 and len(b) > 1 else math.nan)
+    diff = float(a.mean() - b.mean()) if len(a) and len(b) else math.nan
+  return {"difference": diff, "se": se, "t": t, "df": df, "p": p}
 
 
 def sign_test(a, b) -> tuple[int, int, float]:
