@@ -100,33 +100,32 @@ def runs_config_text(runs) -> str:
                     sort_keys=True)
 
 
-def config_changes(config) -> list[str]:
-  """Lines naming every field whose resolved value differs from normstudy.config's defaults
-  (the variant's recipe and the command line's overrides together)."""
+def _changed_fields(config, leave_out=()) -> dict:
+  """{dotted field: value} of every field whose resolved value differs from normstudy.config's
+  defaults (the variant's recipe and the command line's overrides together)."""
   from normstudy import config as config_lib
   from normstudy import rundir
   defaults = rundir.flatten(rundir.config_json(config_lib.default_config()))
-  resolved = rundir.flatten(rundir.config_json(config))
-  changed = [f"  {field}={value!r}" for field, value in sorted(resolved.items())
-             if field not in defaults or defaults[field] != value]
+  return {k: v for k, v in rundir.flatten(rundir.config_json(config)).items()
+          if k not in leave_out and (k not in defaults or defaults[k] != v)}
+
+
+def config_changes(config) -> list[str]:
+  """Lines naming every field that differs from the defaults (_changed_fields)."""
+  changed = _changed_fields(config)
   return [f"config: {len(changed)} field(s) differ from the defaults (--print_config shows "
-          "all):"] + changed
+          "all):"] + [f"  {k}={v!r}" for k, v in sorted(changed.items())]
 
 
 def grid_config_changes(runs, varied) -> list[str]:
   """config_changes for a grid's arms: the fields every arm changes from the defaults alike,
   then each arm's own, leaving out the fields the grid varies (`varied`: axes, a searched
   field)."""
-  from normstudy import config as config_lib
-  from normstudy import rundir
-  defaults = rundir.flatten(rundir.config_json(config_lib.default_config()))
-  arms = {}
+  first_runs = {}
   for run in runs:
-    arms.setdefault(run.arm or run.name, rundir.flatten(rundir.config_json(run.config)))
+    first_runs.setdefault(run.arm or run.name, run)
   varied = {*varied, "label"}  # a run's label names its point
-  changed = {arm: {k: v for k, v in flat.items()
-                   if k not in varied and (k not in defaults or defaults[k] != v)}
-             for arm, flat in arms.items()}
+  changed = {arm: _changed_fields(run.config, varied) for arm, run in first_runs.items()}
   common = {k: v for k, v in next(iter(changed.values()), {}).items()
             if all(other.get(k, object()) == v for other in changed.values())}
   lines = [f"config: {len(common)} field(s) differ from the defaults in every arm "

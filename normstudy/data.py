@@ -52,10 +52,15 @@ FLOOR_ROWS = 8192
 FLOOR_SEED = 7_000_003  # the fresh rows' and masks' seed: neither the splits' nor an eval set's
 
 
+# normstudy.synthetic.DOC_LENGTH (the generator writes whole documents), known here so that
+# validation sizes a split without importing tensorflow_datasets; synthetic cannot import it
+# back (data imports synthetic), so tests/test_reliability.py checks the two agree.
+SYNTHETIC_DOC_LENGTH = 4096
+
+
 def synthetic_tokens(requested: int) -> int:
-  """The tokens a synthetic split holds for `requested` (whole documents of DOC_LENGTH)."""
-  doc_length = 4096  # normstudy.synthetic.DOC_LENGTH, without importing tensorflow_datasets
-  return max(1, -(-requested // doc_length)) * doc_length
+  """The tokens a synthetic split holds for `requested`: whole documents, at least one."""
+  return max(1, -(-requested // SYNTHETIC_DOC_LENGTH)) * SYNTHETIC_DOC_LENGTH
 
 
 def _synthetic(config) -> TokenSplits:

@@ -244,9 +244,8 @@ def train_share(plan_: Plan) -> dict:
   (other shares train beside it; the sweep run whole afterwards writes sweep.json and the
   analysis). Returns {run name: status} of the share's runs."""
   rundir.ensure_directory(plan_.workdir)
-  train_plan(dataclasses.replace(plan_, runs=[run for _, group in plan_.todo for run in group]))
-  return {run.name: rundir.RunDir(run.directory).status()
-          for _, group in plan_.todo for run in group}
+  return train_plan(dataclasses.replace(plan_,
+                                        runs=[run for _, group in plan_.todo for run in group]))
 
 
 def train_programs(runs: list, root: str, allow_config_change: bool = False,

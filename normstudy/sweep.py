@@ -101,14 +101,14 @@ def main(argv):
   from normstudy import storage
   spec = grid.Grid(path, variant or None, axes, overrides, module,
                    file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
-  if FLAGS.print_config:  # a search's points, at the file's value of the searched field
-    print(cli.runs_config_text(orchestrate.search_points(spec).values() if search_ is not None
-                               else spec.runs(FLAGS.workdir)))
+  # A search's points stand at the file's value of the searched field.
+  grid_runs = (list(orchestrate.search_points(spec).values()) if search_ is not None
+               else spec.runs(FLAGS.workdir))
+  if FLAGS.print_config:
+    print(cli.runs_config_text(grid_runs))
     return
-  # After the plan is checked: what every arm's config changes from the defaults.
-  changes = cli.grid_config_changes(
-      orchestrate.search_points(spec).values() if search_ is not None
-      else spec.runs(FLAGS.workdir), {*axes, *([search_.field] if search_ else [])})
+  # Printed once the plan is checked: what every arm's config changes from the defaults.
+  changes = cli.grid_config_changes(grid_runs, {*axes, *([search_.field] if search_ else [])})
   with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
     if search_ is not None:
       statuses, outputs = orchestrate.run_search(
@@ -123,17 +123,20 @@ def main(argv):
         _print_lines([f"share {share[0]}/{share[1]}: programs "
                       f"{', '.join(str(i) for i, _ in plan.todo) or 'none left to train'}"])
         statuses = orchestrate.train_share(plan)
-        counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}
-        print(f"share {share[0]}/{share[1]}: runs " + ", ".join(
-            f"{n} {s}" for s, n in counts.items()) if counts else
-            f"share {share[0]}/{share[1]}: nothing to train")
+        print(f"share {share[0]}/{share[1]}: " + (f"runs {_counts(statuses)}" if statuses
+                                                 else "nothing to train"))
         return
       statuses, outputs = orchestrate.run_grid(plan)
     outputs = {name: storage.remote(out) for name, out in outputs.items()}
-  counts = {s: list(statuses.values()).count(s) for s in sorted(set(statuses.values()))}
   for name, out in outputs.items():
     print(f"{name}: {out}")
-  print("runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+  print(f"runs: {_counts(statuses)}")
+
+
+def _counts(statuses: dict) -> str:
+  """'2 finished, 1 halted': how many runs ended in each status."""
+  values = list(statuses.values())
+  return ", ".join(f"{values.count(s)} {s}" for s in sorted(set(values)))
 
 
 def _parse_share(text: str) -> tuple[int, int]:

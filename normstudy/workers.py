@@ -168,18 +168,21 @@ def run(fn, calls: list, num_workers: int, describe=repr, on_done=None) -> None:
       signal.signal(s, handler)
   if signalled and any(isinstance(e, Preempted) for _, e in failures):
     raise _stopped(signal.Signals(signalled[0]).name, failures, calls, describe)
-  failures = [e for _, e in failures if not isinstance(e, NotStarted)] + [
-      e for _, e in failures]
-  if failures:
-    raise failures[0]
+  # The first real failure; a NotStarted only if nothing else failed.
+  errors_ = sorted((e for _, e in failures), key=lambda e: isinstance(e, NotStarted))
+  if errors_:
+    raise errors_[0]
 
 
 def _stopped(name: str, failures: list, calls: list, describe) -> Preempted:
   """After a stop signal: one line per program that stopped at its checkpoint (logged), and
   one Preempted that counts them and the programs that had not started."""
-  stopped = sorted((i, e) for i, e in failures if not isinstance(e, NotStarted))
+  # A worker killed between programs has no call (index None): its line comes last.
+  stopped = sorted(((i, e) for i, e in failures if not isinstance(e, NotStarted)),
+                   key=lambda item: (item[0] is None, item[0] or 0))
   for index, error in stopped:
-    logging.warning("%s: %s", describe(calls[index]), str(error).split("\n")[0])
+    where = describe(calls[index]) if index is not None else "between programs"
+    logging.warning("%s: %s", where, str(error).split("\n")[0])
   waiting = sum(isinstance(e, NotStarted) for _, e in failures)
   return Preempted(
       f"{name}: {len(stopped)} program(s) stopped, each at its checkpoint (one line each "
