@@ -38,6 +38,9 @@ def _model() -> ml_collections.ConfigDict:
   model.activation = "gelu"  # gelu (exact erf) | gelu_tanh | relu; GELU runs in float32
   model.init = "xavier"  # xavier | bert (normal(0.02), fairseq's init_bert_params)
   model.use_bias = False  # biases on q, k, v, out, fc1, fc2 and the position conv
+  # softmax | none: no attention sublayer (the blocks are MLPs; only a conv position embedding
+  # mixes tokens), the control that shows whether a language needs attention (configs/context.py)
+  model.attention = "softmax"
   model.attention_relax_form = "pb_relax"  # pb_relax (CogView) | after_product (MERT's code)
   model.mix_ln_fraction = 0.25  # mix_ln: the share of layers (rounded up) that are Post-LN
   # peri_ln: its LayerNorm on the embedding output (Kim et al. 2025); False keeps only the
@@ -94,6 +97,11 @@ def _data() -> ml_collections.ConfigDict:
   data.validation_fraction = 0.05  # text_files: the tail of the corpus held out.
   data.seed = 0  # Generator seed of the synthetic language.
   data.branching = 8  # Synthetic language: successors per token.
+  # Synthetic language: 1 is the Markov chain; D > 1 the context language, D dialects of it
+  # (one per document, hidden), each the chain mixed with dialect_weight of a chain of its own
+  # (normstudy.synthetic; configs/context.py).
+  data.dialects = 1
+  data.dialect_weight = 0.5
   data.train_tokens = 2**20
   data.validation_tokens = 2**16
   # TFDS catalog datasets: the text feature, the held-out split ("" = validation, else test),
@@ -150,6 +158,9 @@ def _train() -> ml_collections.ConfigDict:
   # float32/bfloat16 steps with a non-finite gradient: "halt" (stop, the newest checkpoint is the
   # last good state) or "skip" (drop the update; halt after max_consecutive_skips in a row).
   # float16 always uses the loss scaler's skip and halts when the scale would pass min_scale.
+  # Steps at the start whose update size (||f(x; theta_t+1) - f(x; theta_t)|| on the first eval
+  # batch, DeepNet's measure; normstudy.steps.update_size) is recorded as `update_size`; 0: off.
+  train.update_size_steps = 0
   train.on_nonfinite = "halt"
   train.max_consecutive_skips = 10
   return train
@@ -181,6 +192,7 @@ def default_config() -> ml_collections.ConfigDict:
 CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.position_embedding": ("sinusoidal", "learned", "conv"),
+    "model.attention": ("softmax", "none"),
     "model.attention_relax_form": ("pb_relax", "after_product"),
     "model.init": ("xavier", "bert"),
     "model.remat": ("none", "block", "dots"),
@@ -216,6 +228,8 @@ _RANGES = (
     ("data.mask_prob", lambda v: 0 <= v <= 1, "a number in [0, 1]"),
     ("data.mask_length", lambda v: v >= 1, "an integer >= 1"),
     ("data.branching", lambda v: v >= 1, "an integer >= 1"),
+    ("data.dialects", lambda v: v >= 1, "an integer >= 1"),
+    ("data.dialect_weight", lambda v: 0 < v <= 1, "a number in (0, 1]"),
     ("data.train_tokens", lambda v: v >= 1, "an integer >= 1"),
     ("data.validation_tokens", lambda v: v >= 1, "an integer >= 1"),
     ("data.validation_fraction", lambda v: 0 < v < 1, "a number in (0, 1)"),
@@ -231,6 +245,7 @@ _RANGES = (
     ("train.max_to_keep", lambda v: v >= 1, "an integer >= 1"),
     ("train.max_consecutive_skips", lambda v: v >= 1, "an integer >= 1"),
     ("train.telemetry_every", lambda v: v >= 0, "0 (off) or an integer >= 1"),
+    ("train.update_size_steps", lambda v: v >= 0, "0 (off) or an integer >= 1"),
 ) + tuple((t.field, t.accepts, t.allowed) for t in techniques.TECHNIQUES if t.accepts)
 
 

@@ -78,45 +78,74 @@ def _synthetic(config) -> TokenSplits:
   for split in ("train", "validation"):
     source = builder.as_data_source(split=split)
     splits[split] = pack((source[i]["tokens"] for i in range(len(source))), max_len)
-  transitions = synthetic.transition_matrix(vocab_size, data_cfg.branching, data_cfg.seed)
+  matrices = builder.matrices()
   floor = stderr = None
   if not config.model.causal:
-    floor, stderr = _masked_floor(builder.data_dir, transitions, data_cfg, max_len)
-  return TokenSplits(splits["train"], splits["validation"],
-                     float(builder.info.metadata["entropy_rate"]),
+    floor, stderr = _masked_floor(builder.data_dir, matrices, data_cfg, max_len)
+  # The chain's floor is its entropy rate; the context language's, the Bayes loss of a causal
+  # model that sees one row (the dialect is inferred from the row).
+  entropy_floor = (float(builder.info.metadata["entropy_rate"]) if data_cfg.dialects == 1 else
+                   _causal_floor(builder.data_dir, matrices, data_cfg, max_len))
+  return TokenSplits(splits["train"], splits["validation"], entropy_floor,
                      f"synthetic_markov/{builder.builder_config.name}",
-                     unigram_entropy=synthetic.unigram_entropy(transitions),
+                     unigram_entropy=synthetic.mixture_unigram_entropy(matrices),
                      masked_loss_floor=floor, masked_loss_floor_stderr=stderr)
 
 
-def _masked_floor(data_dir: str, transitions, data_cfg, max_len: int) -> tuple[float, float]:
-  """(masked loss floor, its standard error) from FLOOR_ROWS fresh rows of the chain, each
-  masked as training masks (normstudy.synthetic.masked_loss_floor); cached beside the dataset,
-  keyed by everything it depends on, written atomically (workers may compute it together)."""
-  import json
+def floor_rows(matrices, data_cfg, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+  """The FLOOR_ROWS fresh rows of the language and their masks (masked as training masks) that
+  the loss floors are estimated from."""
   from normstudy import synthetic
-  key = (f"masked_floor_L{max_len}_p{data_cfg.mask_prob}_m{data_cfg.mask_length}"
-         f"_n{FLOOR_ROWS}_s{FLOOR_SEED}.json")
-  path = os.path.join(data_dir, key)
+  rows = synthetic.sample_mixture_documents(matrices, FLOOR_ROWS, max_len, seed=FLOOR_SEED)
+  masks = span_mask(np.random.default_rng(FLOOR_SEED), FLOOR_ROWS, max_len, data_cfg.mask_prob,
+                    data_cfg.mask_length)
+  return rows, masks
+
+
+def _cached_floor(path: str, compute) -> tuple[float, float]:
+  """(floor, standard error) read from `path`, else computed and written there atomically
+  (workers may compute it together; a read-only dataset directory computes it each time)."""
+  import json
   try:
     with open(path) as f:
       cached = json.load(f)
-    return cached["masked_loss_floor"], cached["masked_loss_floor_stderr"]
+    return cached["floor"], cached["stderr"]
   except (OSError, ValueError, KeyError):
     pass
-  rows = synthetic.sample_documents(transitions, FLOOR_ROWS, max_len, seed=FLOOR_SEED)
-  masks = span_mask(np.random.default_rng(FLOOR_SEED), FLOOR_ROWS, max_len, data_cfg.mask_prob,
-                    data_cfg.mask_length)
-  floor, stderr = synthetic.masked_loss_floor(transitions, rows, masks)
+  floor, stderr = compute()
   try:
     temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w") as f:
-      json.dump({"masked_loss_floor": floor, "masked_loss_floor_stderr": stderr,
-                 "rows": FLOOR_ROWS}, f)
+      json.dump({"floor": floor, "stderr": stderr, "rows": FLOOR_ROWS}, f)
     os.replace(temporary, path)
-  except OSError:  # a read-only dataset directory: computed again next time
+  except OSError:
     pass
   return floor, stderr
+
+
+def _masked_floor(data_dir: str, matrices, data_cfg, max_len: int) -> tuple[float, float]:
+  """(masked loss floor, its standard error) from FLOOR_ROWS fresh rows of the language
+  (normstudy.synthetic.masked_loss_floor); cached beside the dataset, keyed by everything it
+  depends on."""
+  from normstudy import synthetic
+
+  def compute():
+    rows, masks = floor_rows(matrices, data_cfg, max_len)
+    return synthetic.masked_loss_floor(matrices, rows, masks)
+  return _cached_floor(os.path.join(
+      data_dir, f"masked_floor_L{max_len}_p{data_cfg.mask_prob}_m{data_cfg.mask_length}"
+      f"_n{FLOOR_ROWS}_s{FLOOR_SEED}.json"), compute)
+
+
+def _causal_floor(data_dir: str, matrices, data_cfg, max_len: int) -> float:
+  """The context language's causal loss floor (normstudy.synthetic.causal_loss_floor) from the
+  FLOOR_ROWS fresh rows; cached beside the dataset."""
+  from normstudy import synthetic
+
+  def compute():
+    return synthetic.causal_loss_floor(matrices, floor_rows(matrices, data_cfg, max_len)[0])
+  return _cached_floor(os.path.join(
+      data_dir, f"causal_floor_L{max_len}_n{FLOOR_ROWS}_s{FLOOR_SEED}.json"), compute)[0]
 
 
 def _read_utf8(path: str) -> bytes:

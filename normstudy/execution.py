@@ -5,6 +5,7 @@
   state, metrics = steps.train(state, batch)   # steps.telemetry: the same with telemetry
   losses = steps.eval(steps.params(state), batch)
   flags = steps.locate(state, batch)      # compiled on first use: where a step went non-finite
+  logits = steps.outputs(steps.params(state), batch)   # compiled on first use: f(x; theta)
   checkpoints.save(..., steps.stacked(state))
 
 Every state leaf carries a leading run axis of size K (normstudy.sharding places it), and a
@@ -126,7 +127,7 @@ class ProgramSteps:
                                    self.shardings, updates_state=True)
     self.eval = self._compile(steps_lib.make_eval_step(config, boundaries),
                               self.shardings.params, updates_state=False)
-    self._locate = None
+    self._compiled_on_use = {}
     if self.one_at_a_time:
       self._take = jax.jit(_take, out_shardings=self.shardings)
       self._join = jax.jit(_join, out_shardings=self.shardings)
@@ -178,9 +179,19 @@ class ProgramSteps:
 
   def locate(self, held, batch):
     """The finiteness flags of every forward site of the step `held` took on `batch`
-    (normstudy.steps.make_locate_step), [K, ...]; compiled on the first call."""
-    if self._locate is None:
-      self._locate = self._compile(
-          steps_lib.make_locate_step(self.config, self.choices.fusion_boundaries),
-          self.shardings, updates_state=False)
-    return self._locate(held, batch)
+    (normstudy.steps.make_locate_step), [K, ...]."""
+    return _on_first_use(self, steps_lib.make_locate_step, self.shardings)(held, batch)
+
+  def outputs(self, params, batch):
+    """Each run's float32 output logits on `batch` (steps.make_output_step), [K, ...]."""
+    return _on_first_use(self, steps_lib.make_output_step, self.shardings.params)(params, batch)
+
+
+def _on_first_use(steps: ProgramSteps, make_step, first_sharding):
+  """The program's step of `make_step(config, fusion_boundaries)` (no state update), compiled on
+  its first call and kept."""
+  if make_step not in steps._compiled_on_use:
+    steps._compiled_on_use[make_step] = steps._compile(
+        make_step(steps.config, steps.choices.fusion_boundaries), first_sharding,
+        updates_state=False)
+  return steps._compiled_on_use[make_step]

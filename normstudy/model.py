@@ -453,10 +453,11 @@ class Block(nn.Module):
                      (cfg.d_model,), ("embed",), decay=False)
       return lambda h: dropped(h) * scale.astype(h.dtype)
 
-    attention = Attention(cfg, gain, placement.inner_norm, self.probe, name="attention")
     mlp = Mlp(cfg, gain, placement.inner_norm, self.probe, name="mlp")
-    x = placement.wrap(x, branch(attention, "attention"), norms_of("attention"),
-                       context("attention"))
+    if cfg.attention != "none":
+      attention = Attention(cfg, gain, placement.inner_norm, self.probe, name="attention")
+      x = placement.wrap(x, branch(attention, "attention"), norms_of("attention"),
+                         context("attention"))
     telemetry.sow_site(self, self.probe, "resid_attn", x)
     x = placement.wrap(x, branch(mlp, "mlp"), norms_of("mlp"), context("mlp"))
     telemetry.sow_site(self, self.probe, "resid_mlp", x)

@@ -213,6 +213,28 @@ def make_eval_step(config, fusion_boundaries: bool = False):
   return eval_step
 
 
+def make_output_step(config, fusion_boundaries: bool = False):
+  """Returns outputs(params, batch) -> the model's output logits in float32 [batch, length, V]:
+  f(x; theta), whose change over a step is the update size."""
+  cfg = _model_config(config, fusion_boundaries)
+  model = model_lib.Transformer(cfg, deterministic=True)
+
+  def outputs(params, batch):
+    return model.apply({"params": params}, batch["tokens"], batch.get("mask")).astype(
+        jnp.float32)
+
+  return outputs
+
+
+def update_size(before: jax.Array, after: jax.Array) -> jax.Array:
+  """The size of a model update on a fixed batch (Wang et al. 2022, "DeepNet", section 3:
+  ||F(x; theta_t+1) - F(x; theta_t)||), per run: the root mean square over the batch's tokens
+  of the Euclidean norm of the change of the output logits. `before`, `after`: [K, batch,
+  length, V]; returns [K]."""
+  squared = jnp.sum(jnp.square(after - before), axis=-1)
+  return jnp.sqrt(jnp.mean(squared.reshape(squared.shape[0], -1), axis=1))
+
+
 def make_locate_step(config, fusion_boundaries: bool = False):
   """Returns locate(state, batch) -> the finiteness flags of every site of the forward pass
   that `state` took on `batch` (normstudy.telemetry.site_flags), with the same dropout.

@@ -99,6 +99,12 @@ _SOWN_BY = {"attn_logit_max": ("attention",), "attn_entropy": ("attention",),
             "mlp_preact_absmax": ("mlp",), "act_rms": (), "resid_absmax": ()}
 
 
+def _sown(cfg, module: tuple) -> bool:
+  """Whether the blocks have the module that sows under `module` (no attention sublayer with
+  model.attention=none)."""
+  return module != ("attention",) or cfg.attention != "none"
+
+
 def per_layer_norms(cfg, tree) -> jax.Array:
   """[num_layers] L2 norms of each layer's part of a parameter-shaped tree."""
   if cfg.scanned:
@@ -111,6 +117,7 @@ def per_layer_norms(cfg, tree) -> jax.Array:
 def collect(cfg, intermediates, logits, grads, updates, params) -> dict:
   """The telemetry of one step: per-layer arrays [num_layers] and global scalars."""
   out = {name: _layer_values(cfg, intermediates, _SOWN_BY[name] + (name,))
+         if _sown(cfg, _SOWN_BY[name]) else jnp.full(cfg.num_layers, jnp.nan)
          for name in SOWN_LAYER_METRICS}
   out["grad_norm"] = per_layer_norms(cfg, grads)
   out["update_norm"] = per_layer_norms(cfg, updates)
@@ -151,7 +158,10 @@ def site_flags(cfg, sown) -> dict:
   for site in LAYER_SITES:
     module = ("attention",) if site.startswith("attn") else ("mlp",) if site.startswith(
         "mlp") else ()
-    layers[site] = _layer_values(cfg, sown, module + (site,))
+    # A block without attention (model.attention=none) has no attention sites: nothing there
+    # can go non-finite.
+    layers[site] = (_layer_values(cfg, sown, module + (site,)) if _sown(cfg, module) else
+                    jnp.ones(cfg.num_layers, bool))
   return {"embedding": sown["embedding"][0], "layers": layers, "logits": sown["logits"][0]}
 
 

@@ -44,6 +44,7 @@ from normstudy import per_run
 from normstudy import recorder as recorder_lib
 from normstudy import rundir
 from normstudy import sharding
+from normstudy import steps as steps_lib
 from normstudy import telemetry
 from normstudy.errors import Preempted
 from normstudy.errors import RunHalted
@@ -63,15 +64,17 @@ class PendingStep:
   metrics: Any
   batch: Any
   eval_losses: Any = None
+  update_sizes: Any = None  # [K] on the first train.update_size_steps steps
 
 
 def worth_recording(record: dict, code: int, *, log_due: bool, checkpointed: bool,
                     has_telemetry: bool) -> bool:
   """Whether a run's record of a step goes into metrics.jsonl: every log_every-th step and the
-  first; any step with an eval loss, telemetry, a skipped update or a change of the run's life;
-  and a checkpointed step (so a resume can tell whether records were lost)."""
+  first; any step with an eval loss, telemetry, an update size, a skipped update or a change of
+  the run's life; and a checkpointed step (so a resume can tell whether records were lost)."""
   return (checkpointed or log_due or record["step"] == 1 or "eval_loss" in record
-          or has_telemetry or bool(record["skipped"]) or code != life.CODE_RUNNING)
+          or "update_size" in record or has_telemetry or bool(record["skipped"])
+          or code != life.CODE_RUNNING)
 
 
 @dataclasses.dataclass
@@ -97,6 +100,9 @@ class Program:
   last_saved: int | None = None
   halted_line: str | None = None  # set when the single run halts
   tag: str = ""  # which program of a sweep, on each progress line
+  # The output logits on the first eval batch after the newest step, while update sizes are
+  # measured (train.update_size_steps).
+  outputs: Any = None
 
   @property
   def tokens_per_step(self) -> int:
@@ -314,6 +320,9 @@ def _loop(program: Program, stop: dict):
                                    tag=program.tag)
   step = program.start_step
   batch = program.batch(step + 1)
+  if step < train_cfg.update_size_steps:
+    program.outputs = program.steps.outputs(program.steps.params(program.state),
+                                            program.eval_batches[0])
   while len(program.stopped) < len(program.runs) and program.halted_line is None:
     resolved = None
     if program.pending is not None:  # the step before: was it finite, did its runs stop?
@@ -328,6 +337,8 @@ def _loop(program: Program, stop: dict):
     if resolved is not None:
       record_step(program, *resolved, progress=progress)
     program.pending = PendingStep(step, device_metrics, batch)
+    if step <= train_cfg.update_size_steps:
+      program.pending.update_sizes = measure_update(program)
     batch = program.batch(step + 1)  # prepared while the device runs this step
     if program.due(train_cfg.eval_every, step):
       program.pending.eval_losses = evaluate(program)
@@ -339,6 +350,18 @@ def _loop(program: Program, stop: dict):
     if preempted_by and program.halted_line is None:
       return step, preempted_by
   return step, None
+
+
+_update_size = jax.jit(steps_lib.update_size)
+
+
+def measure_update(program: Program):
+  """Each run's update size of the step just dispatched (normstudy.steps.update_size) on the
+  first eval batch, the same rows and masks for every run; device arrays [K]."""
+  after = program.steps.outputs(program.steps.params(program.state), program.eval_batches[0])
+  sizes = _update_size(program.outputs, after)
+  program.outputs = after
+  return sizes
 
 
 def evaluate(program: Program):
@@ -379,6 +402,8 @@ def _record_of(program: Program, values, sites, k) -> dict:
                  if key not in RECORD_KEYS + CONTROL_KEYS})
   if pending.eval_losses is not None:
     record["eval_loss"] = pending.eval_losses[k]
+  if pending.update_sizes is not None:
+    record["update_size"] = float(np.asarray(pending.update_sizes)[k])
   if values.get("telemetry") is not None:
     record.update(telemetry.flatten(jax.tree.map(lambda x: x[k], values["telemetry"])))
     if program.config.model.dtype == "float16":

@@ -129,9 +129,9 @@ def test_masked_loss_floor_comes_from_fresh_rows_and_is_cached(make_config, tmp_
   assert 0 < stderr < 0.02
   cached, = glob.glob(str(tmp_path / "**" / "masked_floor_*.json"), recursive=True)
   with open(cached) as f:
-    assert json.load(f)["masked_loss_floor"] == floor
+    assert json.load(f)["floor"] == floor
   with open(cached, "w") as f:  # the next load reads the file, not the generator
-    json.dump({"masked_loss_floor": 1.5, "masked_loss_floor_stderr": 0.1}, f)
+    json.dump({"floor": 1.5, "stderr": 0.1}, f)
   assert data_lib.load_splits(config).masked_loss_floor == 1.5
 
 
@@ -272,3 +272,119 @@ def test_a_synthetic_split_smaller_than_a_document_is_said(make_config, caplog):
   assert lines == [f"config.data.train_tokens=10 is less than one synthetic document: the train "
                    f"split holds 4096 tokens ({4096 // config.model.max_len} rows of "
                    f"config.model.max_len={config.model.max_len})"]
+
+
+# The context language (data.dialects > 1): brute force over every row of a tiny instance.
+
+def _tiny_dialects():
+  matrices = synthetic.dialect_matrices(4, 2, seed=4, dialects=3, weight=0.6)
+  shared = synthetic.transition_matrix(4, 2, 4)
+  topics = synthetic.topic_sets(4, 3, seed=4)
+  assert sorted(topics.ravel()) == [1, 2, 3]  # disjoint, from ids >= V // 4
+  for z, p in enumerate(matrices):  # the published mixture: (1 - w) P + w 1 T_z
+    topic = np.zeros(4)
+    topic[topics[z]] = 1.0
+    np.testing.assert_allclose(p, 0.4 * shared + 0.6 * topic[None, :])
+  return matrices
+
+
+def _joint(matrices, length):
+  """{row: [p(z, row) for each dialect]} over every row of `length` tokens, from the
+  generator's definition: z uniform, the row a stationary chain of P_z."""
+  import itertools
+  joint = {}
+  for row in itertools.product(range(matrices.shape[1]), repeat=length):
+    probs = []
+    for p in matrices:
+      pi = synthetic.stationary_distribution(p)
+      probs.append(pi[row[0]] * np.prod([p[a, b] for a, b in zip(row, row[1:])]) / len(matrices))
+    joint[row] = np.array(probs)
+  return joint
+
+
+def test_context_language_floors_match_brute_force_on_a_tiny_instance():
+  matrices, length = _tiny_dialects(), 4
+  joint = _joint(matrices, length)
+  rows = np.array(list(joint), np.int32)
+  prob = np.array([v.sum() for v in joint.values()])
+  assert prob.sum() == pytest.approx(1.0)
+
+  # Causal: p(x_t | x_<t) = p(x_<=t) / p(x_<t), the prefix sums of the joint.
+  def prefix(seq):
+    return sum(v.sum() for r, v in joint.items() if r[:len(seq)] == tuple(seq))
+  log_probs = synthetic.causal_log_probs(matrices, rows)
+  expected = np.array([[np.log(prefix(r[:t + 1]) / prefix(r[:t])) for t in range(1, length)]
+                       for r in rows])
+  np.testing.assert_allclose(log_probs, expected, atol=1e-12)
+
+  # Masked: p(x_t | visible) by summing the joint over the masked positions' values.
+  mask = np.array([False, True, True, False])
+  posterior = synthetic.mixture_posteriors(matrices, rows, np.broadcast_to(mask, rows.shape))
+  for i, r in enumerate(rows):
+    compatible = {q: v.sum() for q, v in joint.items() if q[0] == r[0] and q[3] == r[3]}
+    for t in (1, 2):
+      by_value = np.array([sum(p for q, p in compatible.items() if q[t] == v) for v in range(4)])
+      np.testing.assert_allclose(posterior[i, t], by_value / by_value.sum(), atol=1e-12)
+
+  # A model that sees one neighbour each side: p(x_t | visible tokens of x_t-1..x_t+1) by
+  # summing the joint over every other position; with the whole row in view, the full floor.
+  probs = []
+  for r in rows:
+    for t in (1, 2):
+      seen = {u: r[u] for u in (t - 1, t + 1) if not mask[u]}
+      match = [v.sum() for q, v in joint.items() if all(q[u] == x for u, x in seen.items())]
+      hit = [v.sum() for q, v in joint.items()
+             if all(q[u] == x for u, x in seen.items()) and q[t] == r[t]]
+      probs.append(sum(hit) / sum(match))
+  masks = np.broadcast_to(mask, rows.shape)
+  window = synthetic.window_loss_floor(matrices, rows, masks, half=1)
+  assert window == pytest.approx(-np.log(probs).mean(), rel=1e-12)
+  assert synthetic.window_loss_floor(matrices, rows, masks, half=4) == pytest.approx(
+      synthetic.masked_loss_floor(matrices, rows, masks)[0], rel=1e-12)
+
+  # The floors: the exact expectation over rows against the Monte Carlo estimates on sampled
+  # rows, within 4 standard errors; the sampler draws rows with the generator's probabilities.
+  exact_causal = -(prob * expected.mean(axis=1)).sum()
+  truth = posterior[np.arange(len(rows))[:, None], [1, 2], rows[:, 1:3]]
+  exact_masked = -(prob * np.log(truth).mean(axis=1)).sum()
+  sample = synthetic.sample_mixture_documents(matrices, 20000, length, seed=9)
+  causal, causal_se = synthetic.causal_loss_floor(matrices, sample)
+  masked, masked_se = synthetic.masked_loss_floor(matrices, sample,
+                                                  np.broadcast_to(mask, sample.shape))
+  assert abs(causal - exact_causal) < 4 * causal_se and 0 < causal_se < 0.02
+  assert abs(masked - exact_masked) < 4 * masked_se and 0 < masked_se < 0.02
+  index = {r: i for i, r in enumerate(joint)}
+  counts = np.bincount([index[tuple(r)] for r in sample], minlength=len(rows))
+  assert np.abs(counts / len(sample) - prob).max() < 4 * np.sqrt(prob.max() / len(sample))
+
+
+def test_one_dialect_is_the_chain_bit_for_bit():
+  chain = synthetic.transition_matrix(16, 3, seed=2)
+  matrices = synthetic.dialect_matrices(16, 3, seed=2)
+  np.testing.assert_array_equal(matrices[0], chain)
+  np.testing.assert_array_equal(synthetic.sample_mixture_documents(matrices, 5, 30, (2, 1)),
+                                synthetic.sample_documents(chain, 5, 30, (2, 1)))
+  rows = synthetic.sample_documents(chain, 40, 12, seed=3)
+  # The causal floor of the chain is its transitions' surprise.
+  np.testing.assert_allclose(-synthetic.causal_log_probs(matrices, rows),
+                             -np.log(chain[rows[:, :-1], rows[:, 1:]]), atol=1e-12)
+
+
+def test_true_token_posteriors_are_forward_backwards_at_every_masked_position():
+  """The floors' fast path (matrix powers between visible neighbours) against the full
+  forward-backward posteriors, on rows with masked runs at both ends and a fully masked row."""
+  matrices = synthetic.dialect_matrices(12, 3, seed=1, dialects=3, weight=0.4)
+  rng = np.random.default_rng(2)
+  tokens = synthetic.sample_mixture_documents(matrices, 40, 20, seed=3)
+  mask = rng.random(tokens.shape) < 0.5
+  mask[0], mask[1, :5], mask[2, -6:] = True, True, True
+  for p in matrices:
+    truth, log_likelihood = synthetic.true_token_posteriors(p, tokens, mask)
+    posterior, expected = synthetic.masked_posteriors(p, tokens, mask, with_likelihood=True)
+    full = np.take_along_axis(posterior, tokens[..., None].astype(np.int64), axis=2)[..., 0]
+    np.testing.assert_allclose(truth[mask], full[mask], rtol=1e-10)
+    np.testing.assert_allclose(log_likelihood, expected, rtol=1e-10, atol=1e-12)
+  floor, _ = synthetic.masked_loss_floor(matrices, tokens, mask)
+  mixed = synthetic.mixture_posteriors(matrices, tokens, mask)
+  truth = np.take_along_axis(mixed, tokens[..., None].astype(np.int64), axis=2)[..., 0]
+  assert floor == pytest.approx(-np.log(truth[mask]).mean(), rel=1e-10)

@@ -145,3 +145,45 @@ def test_locator_names_the_first_non_finite_site(make_config, scan):
   # A finite forward pass (what an fp16 step whose scaled backward overflowed leaves): the
   # failure was in the backward pass only.
   assert _located(locate, state, batch) == telemetry.BACKWARD_ONLY
+
+
+def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
+  """metrics.jsonl's update_size at step t is ||f(x; theta_t) - f(x; theta_t-1)|| on the first
+  eval batch: recomputed here from the checkpointed parameters of consecutive steps, two
+  forward passes and the norm in numpy."""
+  import orbax.checkpoint as ocp
+  from configs import seed_figure
+  from normstudy import config as config_lib
+  from normstudy import data as data_lib
+  import runs
+  workdir = tmp_path / "run"
+  settings = {"model.num_layers": 1, "model.d_model": 16, "model.num_heads": 2,
+              "model.d_ff": 32, "model.max_len": 16, "model.vocab_size": 32,
+              "model.dtype": "float32", "train.batch_size": 4, "data.train_tokens": 16384,
+              "data.validation_tokens": 4096, "train.eval_steps": 2, "train.tensorboard": False,
+              "data.data_dir": str(tmp_path / "tfds"), "train.num_steps": 4,
+              "train.eval_every": 4, "train.checkpoint_every": 1, "train.max_to_keep": 5,
+              "optimizer.warmup_steps": 1, "optimizer.learning_rate": 0.01,
+              "train.update_size_steps": 3}
+  runs.run_module("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
+                  f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in settings.items()))
+  records = {r["step"]: r for r in runs.records(workdir)}
+  recorded = {step: r.get("update_size") for step, r in records.items()}
+  # Step 1 trains at the warm-up's learning rate 0: nothing moves; none after step 3.
+  assert records[1]["lr"] == 0 and recorded[1] == 0.0 and recorded[4] is None
+
+  config = seed_figure.get_config("pre_norm_clip1")
+  config_lib.apply_overrides(config, settings)
+  batch = data_lib.eval_batches(config, data_lib.load_splits(config))[0]
+  model = model_lib.Transformer(model_lib.ModelConfig.create(config.model), deterministic=True)
+
+  def outputs(step):
+    state = ocp.PyTreeCheckpointer().restore(str(workdir / "checkpoints" / str(step) / "state"))
+    params = jax.tree.map(lambda x: np.asarray(x)[0], state["params"])  # the run axis
+    return np.asarray(model.apply({"params": params}, batch["tokens"], batch.get("mask")),
+                      np.float64)
+
+  for step in (2, 3):
+    change = outputs(step) - outputs(step - 1)
+    expected = np.sqrt(np.mean(np.sum(change ** 2, axis=-1)))
+    assert recorded[step] == pytest.approx(expected, rel=1e-4)
