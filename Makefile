@@ -16,6 +16,11 @@ SURVIVAL_GRID_DIR ?= runs/survival_grid
 # them), each later round halves the bracket, so 5 rounds leave 1/16 decade (a factor 1.155).
 SURVIVAL_SEARCH ?= --search=optimizer.learning_rate:0.1,1 --rounds=5 --axis=train.seed=0,1,2,3,4,5
 SPEED_DIR ?= runs/speed
+SURVIVAL_BF16_DIR ?= runs/survival_bf16
+SURVIVAL_CONTEXT_DIR ?= runs/survival_context
+SPEED_CONTEXT_DIR ?= runs/speed_context
+ATTENTION_DIR ?= runs/attention
+DEPTH_DIR ?= runs/depth
 # Almost all of the suite's time is XLA compilation, which runs on one core per process: one
 # test worker per core (pytest-xdist); an idle worker takes tests queued for a busy one.
 PYTEST_ARGS ?= -n auto --dist worksteal
@@ -26,7 +31,8 @@ PYTEST_ARGS ?= -n auto --dist worksteal
 TPU_AOT := .tpu-aot/.installed
 LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0] for r in m.requires('jax') if r.startswith('libtpu')))")
 
-.PHONY: install tpu-aot study sensitivity techniques survival survival-depth survival-grid speed test test-fast benchmark clean
+.PHONY: install tpu-aot study sensitivity techniques survival survival-depth survival-grid speed \
+	survival-bf16 survival-context speed-context attention depth test test-fast benchmark clean
 
 install: $(STAMP)
 
@@ -66,6 +72,26 @@ survival-grid: install
 
 speed: install
 	$(PY) -m normstudy.sweep --config=configs/speed.py --workdir=$(SPEED_DIR)
+
+# Each claim in its own regime: the survival search in bfloat16 (no loss scaling: is Post-LN's
+# higher critical learning rate fp16 headroom?); survival and speed on the context language
+# (configs/context.py, where attention matters); whether that language needs attention (and the
+# chain, the control, does not); DeepNet's depth claim in DeepNet's setting (configs/depth.py).
+survival-bf16: install
+	$(PY) -m normstudy.sweep --config=configs/survival.py --workdir=$(SURVIVAL_BF16_DIR) $(SURVIVAL_SEARCH) --config.model.dtype=bfloat16
+
+survival-context: install
+	$(PY) -m normstudy.sweep --config=configs/survival_context.py --workdir=$(SURVIVAL_CONTEXT_DIR) $(SURVIVAL_SEARCH)
+
+speed-context: install
+	$(PY) -m normstudy.sweep --config=configs/speed_context.py --workdir=$(SPEED_CONTEXT_DIR)
+
+attention: install
+	$(PY) -m normstudy.sweep --config=configs/attention.py --workdir=$(ATTENTION_DIR)/context
+	$(PY) -m normstudy.sweep --config=configs/attention.py --workdir=$(ATTENTION_DIR)/chain --config.data.dialects=1
+
+depth: install
+	$(PY) -m normstudy.sweep --config=configs/depth.py --workdir=$(DEPTH_DIR)
 
 test: install tpu-aot
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

@@ -8,8 +8,9 @@
 Modules: `runs` (loading), `detectors` (spikes, divergence, loss-scale collapse), `report`
 (summary and prose), `plots` (figures), `sensitivity` (learning-rate sweeps), `survival`
 (failure against learning rate, the critical learning rate), `speed` (eval loss over seeds at
-one learning rate), `stats` (Fisher's exact test, Welch's t-test, the logistic fit, the
-likelihood-ratio test; every comparison's wording). Needs numpy, pandas and matplotlib, not the training
+one learning rate), `depth` (convergence and early update size against depth), `stats`
+(Fisher's exact test, Welch's t-test, the logistic fit, the likelihood-ratio test; every
+comparison's wording). Needs numpy, pandas and matplotlib, not the training
 stack, so a notebook can install normstudy without replacing its jax or TensorFlow. The command
 is `python -m normstudy.analyze`.
 """
@@ -36,6 +37,7 @@ from normstudy.analysis.runs import localize
 from normstudy.analysis.runs import series
 from normstudy.analysis.runs import smooth
 from normstudy.analysis import critical_lr
+from normstudy.analysis import depth
 from normstudy.analysis import sensitivity
 from normstudy.analysis import sensitivity_plots
 from normstudy.analysis import speed
@@ -105,11 +107,19 @@ def _speed_report(df, summary, workdir):
   return outputs, [("Learning speed", text)], summary
 
 
+def _depth_report(df, summary, workdir):
+  """Depths and seeds at one learning rate: depth.csv, depth_tests.csv and depth.png
+  (analysis.depth) and a section."""
+  outputs, text = depth.analyze(df, summary, workdir)
+  return outputs, [("Depth", text)], summary
+
+
 # The reports, in order; the first that applies to a directory's runs writes it. Runs no report
 # applies to (a study) get the per-run summary alone.
 REPORTS = (
     Report("critical learning rate by search", critical_lr.is_search, _search_report),
     Report("learning-rate sweep", sensitivity.is_sweep, _sweep_report),
+    Report("depth", depth.is_depth_sweep, _depth_report),
     Report("learning speed", speed.is_speed_sweep, _speed_report),
 )
 

@@ -1,0 +1,44 @@
+"""Does a language need attention? (`make attention`)
+
+The same transformer with and without its attention sublayers (model.attention=none: the blocks
+are MLPs, and the only context a token sees is the conv positions' 5-token window), SEEDS seeds
+each, trained NUM_STEPS steps at the recipe's learning rate, on the context language
+(configs/context.py) and, as the control, on the seed figure's Markov chain
+(`--config.data.dialects=1`, the Makefile's second sweep). The arm is Pre-LN with the input norm,
+the recipe's fastest learner (docs/speed). The speed analysis compares the two arms paired by
+seed (speed.csv, speed_tests.csv); each run's run.json holds the language's loss floor
+(masked_loss_floor), which only a model that reads the whole row can approach: any model limited
+to a 5-token window stays above `benchmarks/context_language.py`'s window bound.
+"""
+
+from configs import context
+from configs import seed_figure
+from normstudy import config as config_lib
+
+ARM = "pre_norm_input_norm_clip1"
+VARIANTS = {
+    "attention": ("{auto} | Input Norm", dict(seed_figure.VARIANTS[ARM][1])),
+    "no_attention": ("{auto} | Input Norm | No Attention",
+                     {**seed_figure.VARIANTS[ARM][1], "model.attention": "none"}),
+}
+SWEEP_VARIANTS = tuple(VARIANTS)
+STUDY_VARIANTS = SWEEP_VARIANTS
+
+NUM_STEPS = 1000
+SEEDS = [0, 1, 2]
+EVAL_ROWS = 512
+SWEEP = {"train.seed": SEEDS}
+SWEEP_SETTINGS = {
+    "train.num_steps": NUM_STEPS,
+    "train.log_every": 10,
+    "train.eval_every": 100,
+    "train.eval_steps": EVAL_ROWS // seed_figure.base_config().train.batch_size,
+    "train.telemetry_every": 0,
+    "train.checkpoint_every": NUM_STEPS,
+    "train.tensorboard": False,
+}
+
+
+def get_config(variant: str = "attention"):
+  return config_lib.variant_config(VARIANTS, context.base_config, variant,
+                                   "configs/attention.py")

@@ -1,0 +1,63 @@
+"""DeepNet's claim in DeepNet's regime (`make depth`): does Post-LN stop converging as the model
+gets deeper, with a model update that grows with depth, while DeepNorm trains?
+
+Wang et al. 2022 ("DeepNet", sections 3-4) trace Post-LN's divergence to the size of the model
+update early in training, ||F(x; theta_t+1) - F(x; theta_t)||, which grows with depth; DeepNorm's
+alpha = (2N)^(1/4) on the residual and beta = (8N)^(-1/4) on the branch initialisation bound it.
+Their setting, not the seed figure's: Xavier initialisation (model.init=xavier, which DeepNorm's
+beta scales), no input norm, warm-up then the recipe's decay at an ordinary learning rate,
+float32 here so that fp16's headroom plays no part (that question is `make survival-bf16`'s).
+
+Arms: Post-LN, DeepNorm and Pre-LN (the reference), each over DEPTHS at the miniature's width
+(64) and SEEDS seeds, on the context language (configs/context.py), NUM_STEPS steps at
+LEARNING_RATE (placed by a pilot: docs/results.md, "Depth"). Every run records `update_size`
+for its first UPDATE_SIZE_STEPS steps. The analysis (normstudy.analysis.depth) writes depth.csv,
+depth_tests.csv and depth.png: the share of runs that converge against depth per arm, with
+exact tests, and the early update size against depth per arm.
+"""
+
+from configs import context
+from normstudy import config as config_lib
+
+VARIANTS = {
+    "post_norm": ("{auto}", {"model.placement": "post_ln"}),
+    "post_norm_deepnorm": ("{auto}", {"model.placement": "deepnorm"}),
+    "pre_norm": ("{auto}", {"model.placement": "pre_ln"}),
+}
+SWEEP_VARIANTS = tuple(VARIANTS)
+STUDY_VARIANTS = SWEEP_VARIANTS
+
+DEPTHS = [6, 12, 18, 24]
+SEEDS = [0, 1, 2]
+NUM_STEPS = 300
+WARMUP = 30
+LEARNING_RATE = 3e-3
+UPDATE_SIZE_STEPS = 100
+EVAL_ROWS = 256
+
+SWEEP = {"model.num_layers": DEPTHS, "train.seed": SEEDS}
+SWEEP_SETTINGS = {
+    "train.num_steps": NUM_STEPS,
+    "optimizer.warmup_steps": WARMUP,
+    "train.update_size_steps": UPDATE_SIZE_STEPS,
+    "train.log_every": 10,
+    "train.eval_every": NUM_STEPS // 3,
+    "train.eval_steps": EVAL_ROWS // context.base_config().train.batch_size,
+    "train.telemetry_every": 0,
+    "train.checkpoint_every": NUM_STEPS,
+    "train.tensorboard": False,
+}
+
+
+def base_config():
+  """The context language with DeepNet's setting: Xavier init, no input norm, float32."""
+  config = context.base_config()
+  config.model.init = "xavier"
+  config.model.input_norm = False
+  config.model.dtype = "float32"
+  config.optimizer.learning_rate = LEARNING_RATE
+  return config
+
+
+def get_config(variant: str = "post_norm"):
+  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/depth.py")
