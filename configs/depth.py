@@ -29,8 +29,8 @@ STUDY_VARIANTS = SWEEP_VARIANTS
 
 DEPTHS = [6, 12, 18, 24]
 SEEDS = [0, 1, 2]
-NUM_STEPS = 300
-WARMUP = 30
+NUM_STEPS = 200
+WARMUP = 20
 LEARNING_RATE = 3e-3
 UPDATE_SIZE_STEPS = 100
 EVAL_ROWS = 256
@@ -41,7 +41,7 @@ SWEEP_SETTINGS = {
     "optimizer.warmup_steps": WARMUP,
     "train.update_size_steps": UPDATE_SIZE_STEPS,
     "train.log_every": 10,
-    "train.eval_every": NUM_STEPS // 3,
+    "train.eval_every": NUM_STEPS // 2,
     "train.eval_steps": EVAL_ROWS // context.base_config().train.batch_size,
     "train.telemetry_every": 0,
     "train.checkpoint_every": NUM_STEPS,

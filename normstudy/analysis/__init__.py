@@ -38,6 +38,7 @@ from normstudy.analysis.runs import series
 from normstudy.analysis.runs import smooth
 from normstudy.analysis import critical_lr
 from normstudy.analysis import depth
+from normstudy.analysis import outcomes
 from normstudy.analysis import sensitivity
 from normstudy.analysis import sensitivity_plots
 from normstudy.analysis import speed
@@ -93,10 +94,14 @@ def _sweep_report(df, summary, workdir, grid_survival: bool = True):
 
 def _search_report(df, summary, workdir):
   """A search (normstudy.search): critical_lr.csv, its points, tests and figure
-  (analysis.critical_lr), then the learning-rate sweep's report of the runs it trained without
+  (analysis.critical_lr), how every run ended (outcomes.csv, analysis.outcomes), then the learning-rate sweep's report of the runs it trained without
   the grid's survival tables: a search's learning rates follow each point's outcomes, so the
   grid's per-learning-rate tests and logistic fit answer nothing its design asks."""
   outputs, text = critical_lr.analyze(df, workdir)
+  ended = outcomes.table(sensitivity.table(df, summary))
+  outputs["outcomes"] = os.path.join(workdir, "outcomes.csv")
+  ended.to_csv(outputs["outcomes"], index=False)
+  text += "\n\n" + outcomes.observations(ended)
   swept, sections, table = _sweep_report(df, summary, workdir, grid_survival=False)
   return {**outputs, **swept}, [("Critical learning rate (search)", text), *sections], table
 

@@ -4,7 +4,8 @@ it then diverges; DeepNorm's alpha/beta bound the update). For a sweep over `mod
 and seeds at one learning rate (`make depth`, configs/depth.py):
 
   depth.csv        per arm and depth: runs, converged (finished with its final eval loss below
-                   the threshold: halfway from the unigram entropy to the loss floor), the share,
+                   the threshold: the unigram entropy, the loss of a model that uses no context;
+                   a run above it has learned nothing but token frequencies), the share,
                    the final eval loss (mean over the runs that ended finite), and the early
                    update size: per run the mean of `update_size` over its recorded steps at a
                    learning rate above 0 (normstudy.steps.update_size), over seeds the geometric
@@ -66,8 +67,8 @@ def run_table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
                  "unigram_entropy": info.get("unigram_entropy"),
                  "floor": runs_lib.loss_floor(info)})
   runs = pd.DataFrame(rows)
-  threshold = runs_lib.learning_threshold(runs)
-  runs["threshold"] = threshold
+  unigram = runs.unigram_entropy.dropna()
+  runs["threshold"] = threshold = float(unigram.iloc[0]) if len(unigram) else np.nan
   runs["converged"] = ((runs.status == life.FINISHED)
                        & (runs.final_eval_loss < threshold)).astype(bool)
   return runs
@@ -133,7 +134,7 @@ def tests(runs: pd.DataFrame) -> pd.DataFrame:
 def observations(by_depth: pd.DataFrame, tested: pd.DataFrame) -> str:
   threshold = by_depth.threshold.iloc[0]
   parts = [f"Depth: a run converged if it finished with its final eval loss below "
-           f"{threshold:.3f} nats (halfway from the unigram entropy to the loss floor). The "
+           f"{threshold:.3f} nats (the unigram entropy: a model that uses no context). The "
            "early update size is each run's mean ||f(x; theta_t+1) - f(x; theta_t)|| over its "
            "recorded steps (the output logits on the first eval batch), the geometric mean over "
            "seeds with its 95% interval. Tests are two-sided with Holm's correction over each "

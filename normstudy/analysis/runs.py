@@ -4,6 +4,7 @@ Needs only numpy and pandas: a notebook can read runs without the training stack
 """
 
 import os
+import weakref
 
 import numpy as np
 import pandas as pd
@@ -141,10 +142,31 @@ def learning_threshold(table: pd.DataFrame) -> float:
   return float((unigram.iloc[0] + floor.iloc[0]) / 2)
 
 
+# Per loaded table, the rows of each (run, metric): a run's series is then a lookup. Selecting
+# with boolean masks costs a deep copy of df.attrs (every run's run.json) per operation (pandas
+# 3.1 propagates attrs so), which made a 216-run analysis take minutes.
+_ROWS = {}
+
+
+def _rows_by_series(df: pd.DataFrame) -> dict:
+  cached = _ROWS.get(id(df))
+  if cached is not None and cached[0]() is df and cached[1] == len(df):
+    return cached[2]
+  columns = {name: df[name].to_numpy() for name in ("run", "metric", "step", "value")}
+  groups = pd.DataFrame({"run": columns["run"], "metric": columns["metric"]}).groupby(
+      ["run", "metric"], sort=False).indices
+  by_series = {key: (columns["step"][rows], columns["value"][rows])
+               for key, rows in groups.items()}
+  for key in [k for k, v in _ROWS.items() if v[0]() is None]:
+    del _ROWS[key]
+  _ROWS[id(df)] = (weakref.ref(df), len(df), by_series)
+  return by_series
+
+
 def series(df: pd.DataFrame, run: str, metric: str) -> pd.Series:
   """One run's metric as a Series indexed by step (non-finite values kept)."""
-  rows = df[(df.run == run) & (df.metric == metric)]
-  return pd.Series(rows.value.to_numpy(), index=rows.step.to_numpy(), name=metric)
+  steps, values = _rows_by_series(df).get((run, metric), (np.array([], int), np.array([])))
+  return pd.Series(values, index=steps, name=metric)
 
 
 def has_metric(df: pd.DataFrame, metric: str) -> bool:

@@ -1,0 +1,85 @@
+"""The analyses of the experiments in their own regimes: depth (analysis.depth) and how the runs
+of a search ended (analysis.outcomes), on run directories written here, against scipy."""
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as scipy_stats
+
+from normstudy.analysis import outcomes
+
+
+def _write_depth_runs(tmp_path, cells):
+  """arm -> {depth: [(final eval loss or None for a halted run, update size), ...]} (a seed
+  each), as a depth sweep writes them."""
+  for arm, by_depth in cells.items():
+    for depth, seeds in by_depth.items():
+      for seed, (final, size) in enumerate(seeds):
+        directory = tmp_path / arm / f"layers{depth}_seed{seed}"
+        os.makedirs(directory)
+        info = {"label": arm, "arm": arm, "arm_label": arm,
+                "point": {"model.num_layers": depth, "train.seed": seed},
+                "status": "finished" if final is not None else "halted",
+                "unigram_entropy": 4.0, "masked_loss_floor": 2.0}
+        (directory / "run.json").write_text(json.dumps(info))
+        (directory / "config.json").write_text(json.dumps(
+            {"model": {"causal": False, "dtype": "float32"}, "optimizer": {"warmup_steps": 1}}))
+        records = [{"step": 1, "loss": 5.0, "lr": 0.0, "update_size": 0.0},
+                   {"step": 2, "loss": 4.9, "lr": 1e-3, "update_size": size},
+                   {"step": 3, "loss": 4.8, "lr": 1e-3, "update_size": 3 * size},
+                   {"step": 4, "loss": 4.7, "lr": 1e-3,
+                    **({"eval_loss": final} if final is not None else {})}]
+        (directory / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+
+
+@pytest.mark.slow  # the whole analysis, its figure drawn as PNG and SVG
+def test_depth_analysis_counts_converged_runs_and_tests_them_exactly(tmp_path):
+  from normstudy import analysis
+  sizes = {"post_norm": {6: [1.0, 1.2, 0.9, 1.1], 24: [4.0, 5.0, 3.0, 4.5]},
+           "deepnorm": {6: [0.5, 0.6, 0.55, 0.5], 24: [0.6, 0.7, 0.5, 0.65]}}
+  finals = {"post_norm": {6: [2.5, 2.6, 4.1, 2.4], 24: [None, 4.5, 4.0, 4.2]},
+            "deepnorm": {6: [2.5, 2.6, 2.7, 2.4], 24: [2.5, 2.6, 2.7, 2.8]}}
+  _write_depth_runs(tmp_path, {arm: {d: list(zip(finals[arm][d], sizes[arm][d]))
+                                     for d in (6, 24)} for arm in sizes})
+  outputs = analysis.analyze(str(tmp_path))
+  table = pd.read_csv(outputs["depth_table"]).set_index(["arm", "depth"])
+  # Below the unigram entropy, 4.0: Post-LN converges in 3 of 4 at 6 layers, 0 at 24.
+  assert table.loc[("post_norm", 6), "converged"] == 3
+  assert table.loc[("post_norm", 24), "converged"] == 0
+  assert table.loc[("deepnorm", 24), "converged"] == 4
+  # A run's early update size: the mean over its steps at lr > 0 (steps 2 and 3): 2x its size.
+  expected = 10 ** np.mean(np.log10(2 * np.array(sizes["post_norm"][24])))
+  assert table.loc[("post_norm", 24), "update_size"] == pytest.approx(expected)
+  tests = pd.read_csv(outputs["depth_tests"])
+  fisher = tests[(tests.depth == "24") & (tests.test == "Fisher's exact test")].iloc[0]
+  assert fisher.p == pytest.approx(scipy_stats.fisher_exact([[0, 4], [4, 0]]).pvalue)
+  welch = tests[(tests.depth == "24") & tests.test.str.startswith("Welch")].iloc[0]
+  assert welch.p == pytest.approx(scipy_stats.ttest_ind(
+      np.log10(2 * np.array(sizes["post_norm"][24])),
+      np.log10(2 * np.array(sizes["deepnorm"][24])), equal_var=False).pvalue)
+  family = tests[tests.test == "Fisher's exact test"]
+  ranked = np.sort(family.p.to_numpy())
+  assert family.p_holm.min() == pytest.approx(min(1.0, len(ranked) * ranked[0]))
+  assert os.path.exists(outputs["depth_figure"])
+  text = open(outputs["observations"], encoding="utf-8").read()
+  assert "Holm-adjusted p" in text and "0/4 converged" in text
+
+
+def test_outcomes_classify_every_run_once():
+  runs = pd.DataFrame([
+      {"arm": "a", "arm_label": "A", "group": "", "learning_rate": lr, "status": status,
+       "halt_reason": reason, "final_eval_loss": final, "unigram_entropy": 4.0, "floor": 2.0}
+      for lr, status, reason, final in [
+          (1.0, "halted", "loss scale at its minimum (0.0001)", np.nan),
+          (0.9, "halted", "non-finite gradient", np.nan),
+          (0.8, "diverged", None, np.nan), (0.7, "diverged", None, 6.0),
+          (0.5, "finished", None, 3.5), (0.4, "finished", None, 3.0),
+          (0.1, "finished", None, 2.5), (0.2, "running", None, np.nan)]])
+  table = outcomes.table(runs).set_index("outcome")
+  assert list(table.index) == list(outcomes.CLASSES)
+  assert list(table.runs) == [1, 1, 1, 1, 2, 1]  # 3.0 is at the threshold: not learning
+  assert (table.loc["not learning", "lr_min"], table.loc["not learning", "lr_max"]) == (0.4, 0.5)
+  assert "learning 1 (lr 0.1-0.1)" in outcomes.observations(table.reset_index())
