@@ -205,6 +205,27 @@ def test_input_norm_normalises_the_embedding_output(make_config):
   np.testing.assert_allclose(got, expected, atol=5e-4, rtol=5e-4)
 
 
+def test_without_attention_a_block_is_its_mlp_alone(make_config):
+  """model.attention=none: no attention parameters, and each Pre-LN block is x + MLP(LN(x)),
+  transcribed in numpy (tests/numpy_reference.py's MLP)."""
+  config = make_config(attention="none", causal=True, num_layers=2, scan_layers=True)
+  cfg = model_lib.ModelConfig.create(config.model)
+  names = _param_names(config.model)
+  assert not [n for n in names if "attention" in n] and "layers/mlp/fc1" in names
+  params = jax.tree.map(np.asarray, _randomized(model_lib.init_params(cfg, 0), 4))
+  tokens = np.random.default_rng(2).integers(0, 32, (2, 16)).astype(np.int32)
+  x = params["embedding"][tokens] + np.asarray(model_lib.sinusoidal_positions(16, 32))
+  for i in range(2):
+    layer = jax.tree.map(lambda a, i=i: a[i], params["layers"])
+    norm = layer["mlp_norm"]
+    x = x + ref.mlp(ref.layernorm(x, norm["scale"], norm["bias"], cfg.norm_eps), layer["mlp"],
+                    cfg.activation)
+  final = params["final_norm"]
+  expected = ref.layernorm(x, final["scale"], final["bias"], cfg.norm_eps) @ params["embedding"].T
+  got = np.asarray(model_lib.forward(cfg, params, tokens))
+  np.testing.assert_allclose(got, expected, atol=5e-4, rtol=5e-4)
+
+
 @pytest.mark.parametrize("name", ["gelu", "gelu_tanh"])
 def test_gelu_runs_in_float32_with_a_finite_gradient_in_float16(name):
   act = model_lib.ACTIVATIONS.get(name)
