@@ -30,8 +30,12 @@ STUDY_VARIANTS = SWEEP_VARIANTS
 DEPTHS = [6, 12, 24]
 SEEDS = [0, 1, 2]
 NUM_STEPS = 200
-WARMUP = 20
-LEARNING_RATE = 3e-3
+# Placed by two pilots (docs/results.md, "Depth"): at the recipe's 3e-3 with 20 warm-up steps
+# Post-LN stayed on the unigram plateau at every depth from 6 (docs/depth_lr0.003/), so depth
+# could not be what fails it; at 1e-3 with 100 warm-up steps a 6-layer Post-LN leaves the
+# plateau by step 200 and a 24-layer one does not (one seed): the regime DeepNet describes.
+WARMUP = 100
+LEARNING_RATE = 1e-3
 UPDATE_SIZE_STEPS = 100
 EVAL_ROWS = 256
 
