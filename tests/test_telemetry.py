@@ -147,6 +147,8 @@ def test_locator_names_the_first_non_finite_site(make_config, scan):
   assert _located(locate, state, batch) == telemetry.BACKWARD_ONLY
 
 
+# Restored without a target, orbax reads the shardings from the checkpoint and says so.
+@pytest.mark.filterwarnings("ignore:Sharding info not provided")
 def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
   """metrics.jsonl's update_size at step t is ||f(x; theta_t) - f(x; theta_t-1)|| on the first
   eval batch: recomputed here from the checkpointed parameters of consecutive steps, two
