@@ -115,36 +115,28 @@ def masked_posteriors(transitions: np.ndarray, tokens: np.ndarray, mask: np.ndar
   """float64 [rows, length, V]: p(x_t = v | the row's visible tokens) for every position, by
   forward-backward over the chain (rows start from the stationary law, as `sample_documents`'s
   do in the stream): a visible token is known, a masked one is summed over. With
-  `with_likelihood`, also float64 [rows]: log p(the row's visible tokens)."""
+  `with_likelihood`, also float64 [rows]: log p(the row's visible tokens). O(rows x length x
+  V^2): the reference the floors' `true_token_posteriors` is tested against."""
   rows, length = tokens.shape
   vocab = len(transitions)
   pi = stationary_distribution(transitions)
-  tokens = tokens.astype(np.int64)
-  # A visible token's evidence is one-hot, so its message through P is a row (forward) or a
-  # column (backward) of P: only masked positions need a product with P.
+  evidence = np.where(mask[..., None], 1.0, np.eye(vocab)[tokens])  # [rows, length, V]
   forward = np.empty((rows, length, vocab))
   log_likelihood = np.zeros(rows)
-  message = np.broadcast_to(pi, (rows, vocab)).copy()
+  message = np.broadcast_to(pi, (rows, vocab))
   for t in range(length):
-    hidden, seen = mask[:, t], ~mask[:, t]
-    x = tokens[seen, t]
-    log_likelihood[seen] += np.log(message[seen, x])  # a masked token's total is 1
+    message = message * evidence[:, t]
+    total = message.sum(axis=1, keepdims=True)
+    log_likelihood += np.log(total[:, 0])
+    message = message / total
     forward[:, t] = message
-    forward[seen, t] = 0.0
-    forward[seen, t, x] = 1.0
-    message = np.empty((rows, vocab))
-    message[hidden] = forward[hidden, t] @ transitions
-    message[seen] = transitions[x]
+    message = message @ transitions
   backward = np.empty_like(forward)
   message = np.ones((rows, vocab))
   for t in range(length - 1, -1, -1):
     backward[:, t] = message
-    hidden, seen = mask[:, t], ~mask[:, t]
-    x = tokens[seen, t]
-    update = np.empty((rows, vocab))
-    update[hidden] = message[hidden] @ transitions.T
-    update[seen] = message[seen, x][:, None] * transitions[:, x].T
-    message = update / update.sum(axis=1, keepdims=True)
+    message = (evidence[:, t] * message) @ transitions.T
+    message = message / message.sum(axis=1, keepdims=True)
   posterior = forward * backward
   posterior = posterior / posterior.sum(axis=2, keepdims=True)
   return (posterior, log_likelihood) if with_likelihood else posterior

@@ -360,7 +360,8 @@ def measure_update(program: Program):
   first eval batch, the same rows and masks for every run; device arrays [K]."""
   after = program.steps.outputs(program.steps.params(program.state), program.eval_batches[0])
   sizes = _update_size(program.outputs, after)
-  program.outputs = after
+  last = program.pending.step >= program.config.train.update_size_steps
+  program.outputs = None if last else after  # the last measured step lets the logits go
   return sizes
 
 
@@ -374,11 +375,11 @@ def evaluate(program: Program):
 
 
 def _resolve(program: Program):
-  """Fetches the pending step's metrics; locates the failure of runs whose step was
-  non-finite (the state still holds their parameters before that step). Returns (values,
-  {run index: life.Site})."""
+  """Fetches the pending step's metrics (and update sizes, in the same transfer); locates the
+  failure of runs whose step was non-finite (the state still holds their parameters before that
+  step). Returns (values, {run index: life.Site})."""
   pending = program.pending
-  values = jax.device_get(pending.metrics)
+  values, pending.update_sizes = jax.device_get((pending.metrics, pending.update_sizes))
   failed = np.asarray(values["skipped"]) & np.asarray(values["active"])
   sites = {}
   if failed.any():
@@ -403,7 +404,7 @@ def _record_of(program: Program, values, sites, k) -> dict:
   if pending.eval_losses is not None:
     record["eval_loss"] = pending.eval_losses[k]
   if pending.update_sizes is not None:
-    record["update_size"] = float(np.asarray(pending.update_sizes)[k])
+    record["update_size"] = float(pending.update_sizes[k])
   if values.get("telemetry") is not None:
     record.update(telemetry.flatten(jax.tree.map(lambda x: x[k], values["telemetry"])))
     if program.config.model.dtype == "float16":

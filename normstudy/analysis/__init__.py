@@ -70,11 +70,12 @@ class Report:
   write: Callable
 
 
-def _sweep_report(df, summary, workdir, grid_survival: bool = True):
+def _sweep_report(df, summary, workdir, grid_survival: bool = True, runs=None):
   """A learning-rate sweep: per-arm summary.csv (sensitivity.summarize), runs.csv (a study's
   summary plus the sweep's columns), deaths.csv (sensitivity.deaths), its figures, and survival
-  (analysis.survival, unless `grid_survival` is False) and sensitivity sections."""
-  runs = sensitivity.table(df, summary)
+  (analysis.survival, unless `grid_survival` is False) and sensitivity sections. `runs`:
+  sensitivity.table's, if already built."""
+  runs = sensitivity.table(df, summary) if runs is None else runs
   by_arm = sensitivity.summarize(runs)
   died = sensitivity.deaths(runs)
   outputs = {"run_table": os.path.join(workdir, "runs.csv"),
@@ -94,15 +95,18 @@ def _sweep_report(df, summary, workdir, grid_survival: bool = True):
 
 def _search_report(df, summary, workdir):
   """A search (normstudy.search): critical_lr.csv, its points, tests and figure
-  (analysis.critical_lr), how every run ended (outcomes.csv, analysis.outcomes), then the learning-rate sweep's report of the runs it trained without
-  the grid's survival tables: a search's learning rates follow each point's outcomes, so the
-  grid's per-learning-rate tests and logistic fit answer nothing its design asks."""
+  (analysis.critical_lr), how every run ended (outcomes.csv, analysis.outcomes), then the
+  learning-rate sweep's report of the runs it trained without the grid's survival tables: a
+  search's learning rates follow each point's outcomes, so the grid's per-learning-rate tests
+  and logistic fit answer nothing its design asks."""
   outputs, text = critical_lr.analyze(df, workdir)
-  ended = outcomes.table(sensitivity.table(df, summary))
+  runs = sensitivity.table(df, summary)
+  ended = outcomes.table(runs)
   outputs["outcomes"] = os.path.join(workdir, "outcomes.csv")
   ended.to_csv(outputs["outcomes"], index=False)
   text += "\n\n" + outcomes.observations(ended)
-  swept, sections, table = _sweep_report(df, summary, workdir, grid_survival=False)
+  swept, sections, table = _sweep_report(df, summary, workdir, grid_survival=False,
+                                         runs=runs)
   return {**outputs, **swept}, [("Critical learning rate (search)", text), *sections], table
 
 

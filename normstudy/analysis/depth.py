@@ -75,20 +75,20 @@ def run_table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def table(runs: pd.DataFrame) -> pd.DataFrame:
+  """depth.csv: per arm (in the runs' order) and depth (ascending)."""
   out = []
-  for (arm, depth), rows in runs.groupby(["arm", "depth"], sort=False):
-    finite = rows.final_eval_loss[np.isfinite(rows.final_eval_loss)]
-    logs = np.log10(rows.update_size[rows.update_size > 0])
-    mean, low, high = stats.mean_interval(logs)
-    out.append({"arm": arm, "label": rows.arm_label.iloc[0], "depth": int(depth),
-                "runs": len(rows), "converged": int(rows.converged.sum()),
-                "share": float(rows.converged.mean()),
-                "final_eval_loss": float(finite.mean()) if len(finite) else np.nan,
-                "update_size": 10 ** mean, "update_size_low": 10 ** low,
-                "update_size_high": 10 ** high, "threshold": rows.threshold.iloc[0]})
-  return pd.DataFrame(out).sort_values(["arm", "depth"], key=lambda c: c.map(
-      {a: i for i, a in enumerate(dict.fromkeys(runs.arm))}) if c.name == "arm" else c,
-      ignore_index=True)
+  for arm in dict.fromkeys(runs.arm):
+    for depth in sorted(runs[runs.arm == arm].depth.unique()):
+      rows = runs[(runs.arm == arm) & (runs.depth == depth)]
+      finite = rows.final_eval_loss[np.isfinite(rows.final_eval_loss)]
+      mean, low, high = stats.mean_interval(np.log10(rows.update_size[rows.update_size > 0]))
+      out.append({"arm": arm, "label": rows.arm_label.iloc[0], "depth": int(depth),
+                  "runs": len(rows), "converged": int(rows.converged.sum()),
+                  "share": float(rows.converged.mean()),
+                  "final_eval_loss": float(finite.mean()) if len(finite) else np.nan,
+                  "update_size": 10 ** mean, "update_size_low": 10 ** low,
+                  "update_size_high": 10 ** high, "threshold": rows.threshold.iloc[0]})
+  return pd.DataFrame(out)
 
 
 def tests(runs: pd.DataFrame) -> pd.DataFrame:
