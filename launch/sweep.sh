@@ -4,7 +4,9 @@
 # (the file's SWEEP and any --axis in the normstudy options) as --shares tasks, each training
 # its share of the grid's programs (normstudy.sweep --programs=I/N), then the sweep run whole,
 # which trains nothing left and writes sweep.json and the analysis: locally one after another,
-# on SLURM a job array and a job that depends on it.
+# on SLURM a job array and a job that depends on it. A search (--search=FIELD:LOW,HIGH among the
+# normstudy options) goes one round at a time: an array per round (--round=r), each after the
+# one before, then the analysis.
 usage="usage: launch/sweep.sh --config FILE --workdir DIR [--launcher local|slurm|tpu]
        [--grid --shares N] [--dry-run] [-- LAUNCHER OPTIONS ... -- --config.a.b=value ...]"
 set -euo pipefail
@@ -41,9 +43,31 @@ python="${PYTHON:-$here/../.venv/bin/python}"
 if [ "$grid" = 1 ]; then
   [[ "$shares" =~ ^[1-9][0-9]*$ ]] || die "--grid needs --shares N, a positive integer (got '${shares}')"
   case "$launcher" in local|slurm) ;; *) die "--grid runs on --launcher local or slurm" ;; esac
+  # A search (--search among the normstudy options) is shared one round at a time: round r's
+  # shares need every earlier round's runs, so round r's array waits for round r-1's.
+  searching=0 rounds=""
+  for ((k = 0; k < ${#overrides[@]}; k++)); do
+    case "${overrides[k]}" in
+      --search|--search=*) searching=1 ;;
+      --rounds=*) rounds="${overrides[k]#--rounds=}" ;;
+      --rounds) rounds="${overrides[k + 1]:-}" ;;
+    esac
+  done
+  if [ "$searching" = 1 ]; then
+    [ -n "$rounds" ] || rounds=$("$python" -c "from normstudy import search; print(search.DEFAULT_ROUNDS)")
+    [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "--rounds=$rounds is not a positive integer"
+    round_flags=()
+    for r in $(seq 1 "$rounds"); do round_flags+=("--round=$r"); done
+  else
+    round_flags=("")  # a grid: one array, no --round
+  fi
   sweep=("$python" -m normstudy.sweep --config="$config" --workdir="$workdir" "${overrides[@]}")
   if [ "$launcher" = local ]; then
-    for i in $(seq 1 "$shares"); do run "${sweep[@]}" --programs="$i/$shares"; done
+    for round_flag in "${round_flags[@]}"; do
+      for i in $(seq 1 "$shares"); do
+        run "${sweep[@]}" ${round_flag:+"$round_flag"} --programs="$i/$shares"
+      done
+    done
     run "${sweep[@]}"
     exit 0
   fi
@@ -64,23 +88,32 @@ if [ "$grid" = 1 ]; then
 #SBATCH --signal=TERM@120
 ${partition:+#SBATCH --partition=$partition
 }cd $(printf "%q" "$repo")"
-  array="#!/bin/bash
-#SBATCH --job-name=normstudy-grid
-#SBATCH --array=1-$shares
-$header
-exec $quoted--programs=\$SLURM_ARRAY_TASK_ID/$shares
-"
   final="#!/bin/bash
 #SBATCH --job-name=normstudy-grid-analysis
 $header
 exec $quoted
 "
+  job="" previous="array job id"
+  for round_flag in "${round_flags[@]}"; do
+    name="normstudy-grid" && [ -n "$round_flag" ] && name="normstudy-search-round${round_flag#--round=}"
+    array="#!/bin/bash
+#SBATCH --job-name=$name
+#SBATCH --array=1-$shares
+$header
+exec $quoted${round_flag:+$round_flag }--programs=\$SLURM_ARRAY_TASK_ID/$shares
+"
+    if [ "$DRY_RUN" = 1 ]; then
+      echo "sbatch --parsable${job:+ --dependency=afterok:<$previous>} <<'SCRIPT'"
+      echo "$array"; echo "SCRIPT"
+      job="dry" previous="${round_flag:+round ${round_flag#--round=} }array job id"
+    else
+      job=$(sbatch --parsable ${job:+--dependency="afterok:$job"} <<<"$array")
+      echo "submitted job array $job ($shares tasks${round_flag:+, search ${round_flag#--}})"
+    fi
+  done
   if [ "$DRY_RUN" = 1 ]; then
-    echo "sbatch --parsable <<'SCRIPT'"; echo "$array"; echo "SCRIPT"
-    echo "sbatch --dependency=afterok:<array job id> <<'SCRIPT'"; echo "$final"; echo "SCRIPT"
+    echo "sbatch --dependency=afterok:<$previous> <<'SCRIPT'"; echo "$final"; echo "SCRIPT"
   else
-    job=$(sbatch --parsable <<<"$array")
-    echo "submitted job array $job ($shares tasks)"
     sbatch --dependency="afterok:$job" <<<"$final"
   fi
   exit 0

@@ -400,7 +400,6 @@ def run_search(spec: grid.Grid, search_, workdir: str, allow_config_change: bool
   and halted runs are not trained again. Returns (statuses by run name, analysis outputs)."""
   from normstudy import analysis
   from normstudy import search as search_lib
-  from normstudy.analysis import detectors
   rundir.check_writable(workdir, "--workdir")
   rundir.check_kind(workdir, "sweep")
   points = search_points(spec)
@@ -427,13 +426,7 @@ def run_search(spec: grid.Grid, search_, workdir: str, allow_config_change: bool
         workdir, spec, all_runs, {**statuses, **_statuses(all_runs)},
         search=recorded["search"])):
       statuses.update(train_plan(plan_))
-    outcomes = {}
-    for name, value, run in round_runs:
-      status = detectors.run_status(run.directory)
-      if status not in (*detectors.FAILED, life.FINISHED):  # a preemption raises before this
-        raise RuntimeError(f"{run.name} ended {status!r}, neither finished nor failed")
-      outcomes.setdefault(name, {})[value] = status in detectors.FAILED
-    return outcomes
+    return _round_outcomes(round_runs)
 
   def record(history):  # sweep.json after every round: a killed search shows how far it got
     search_record = {**search_.as_json(), "points": [
@@ -448,3 +441,54 @@ def run_search(spec: grid.Grid, search_, workdir: str, allow_config_change: bool
     outputs = analysis.analyze(workdir)
     outputs["sweep"] = record(history)
   return statuses, outputs
+
+
+def _round_outcomes(round_runs: list) -> dict:
+  """{point: {value: failed}} of a trained round (`search_runs`), judged from the runs' records
+  by normstudy.analysis.detectors.run_status."""
+  from normstudy.analysis import detectors
+  outcomes = {}
+  for name, value, run in round_runs:
+    status = detectors.run_status(run.directory)
+    if status not in (*detectors.FAILED, life.FINISHED):  # a preemption raises before this
+      raise RuntimeError(f"{run.name} ended {status!r}, neither finished nor failed")
+    outcomes.setdefault(name, {})[value] = status in detectors.FAILED
+  return outcomes
+
+
+def search_share(spec: grid.Grid, search_, workdir: str, round_: int, index: int, count: int,
+                 allow_config_change: bool = False, max_runs: int = grid.MAX_RUNS_PER_PROGRAM,
+                 workers: int = 0, describe=None) -> dict:
+  """Trains the index-th of `count` shares (`share`) of search round `round_`'s programs: one
+  task of a cluster job array (launch/sweep.sh --grid). The rounds before it are replayed from
+  their runs' records, so they must all be trained (UserError naming the round otherwise,
+  before anything is written); which runs round `round_` trains follows from them as in
+  `run_search`. No lock of the sweep and no sweep.json: other shares train beside this one,
+  and the search run whole afterwards trains nothing left and writes the record and the
+  analysis. `describe(lines)` is told the share's programs. Returns {run name: status} of the
+  share's runs."""
+  from normstudy import search as search_lib
+  rundir.check_writable(workdir, "--workdir")
+  rundir.check_kind(workdir, "sweep")
+  points = search_points(spec)
+  trained = {}
+
+  def train_round(k, todo):
+    round_runs = search_runs(spec, search_.field, workdir, todo, points)
+    plan_ = _plan_programs(spec, workdir, [run for _, _, run in round_runs],
+                           allow_config_change, max_runs, workers)
+    if k < round_:
+      if plan_.todo:
+        left = sum(1 for _, group in plan_.todo for run in group if needs_training(run))
+        raise UserError(f"--round={round_}: round {k} of the search has {left} run(s) not "
+                        f"trained yet; train its shares first (--round={k} --programs=I/N)")
+      return _round_outcomes(round_runs)
+    mine = share(plan_, index, count)
+    if describe is not None:
+      describe([f"share {index}/{count} of round {round_}: programs "
+                f"{', '.join(str(i) for i, _ in mine.todo) or 'none left to train'}"])
+    trained.update(train_share(mine))
+    return {}
+
+  search_lib.run(dataclasses.replace(search_, rounds=round_), list(points), train_round)
+  return trained

@@ -28,6 +28,7 @@ from normstudy.errors import UserError
 
 WIDEN_FACTOR = 10.0
 MAX_WIDENINGS = 2
+DEFAULT_ROUNDS = 5  # --rounds's default (launch/sweep.sh reads it to submit every round)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,11 @@ it stopped.
 
 --search=FIELD:LOW,HIGH --rounds=N bisects FIELD for every point of the other axes instead of
 sweeping it (normstudy.search; docs/reference.md, "The critical learning rate by search").
+
+On a cluster (launch/sweep.sh --grid): --programs=I/N trains the I-th of N shares of the grid's
+programs; a search shares one round at a time (--round=K --programs=I/N, every earlier round
+trained first). The same command without --programs then trains nothing left and writes
+sweep.json and the analysis.
 """
 
 from absl import flags
@@ -28,6 +33,7 @@ from ml_collections import config_flags
 from normstudy import cli
 from normstudy import errors
 from normstudy import grid
+from normstudy import search
 
 FLAGS = flags.FLAGS
 
@@ -48,9 +54,14 @@ def define_flags():
                       "I/N: train only the I-th of N shares of the grid's programs (a cluster "
                       "job array's task: program i goes to share (i - 1) % N + 1), into the same "
                       "directories; then the sweep without --programs writes sweep.json and the "
-                      "analysis (launch/sweep.sh --grid).")
-  flags.DEFINE_integer("rounds", 5, "Rounds of --search: the first checks the bracket, each "
-                       "later one halves it; more rounds continue a finished search.")
+                      "analysis (launch/sweep.sh --grid). With --search: of --round's programs.")
+  flags.DEFINE_integer("rounds", search.DEFAULT_ROUNDS,
+                       "Rounds of --search: the first checks the bracket, each later one halves "
+                       "it; more rounds continue a finished search.")
+  flags.DEFINE_integer("round", None,
+                       "With --search and --programs=I/N: the search round whose programs to "
+                       "share (1..--rounds); every earlier round must be trained (a job array "
+                       "per round, each after the one before: launch/sweep.sh --grid).")
   cli.define_workers_flag()
   cli.define_print_config_flag()
   flags.declare_key_flag("workers")  # defined in normstudy.cli; listed in this command's --help
@@ -64,20 +75,9 @@ def main(argv):
   path, _, variant = spec.partition(":")
   module = grid.load_config_module(path)
   axes = grid.axes_of(module, FLAGS.axis)
-  search_ = None
-  if FLAGS.search is None and FLAGS["rounds"].present:
-    raise errors.UserError(f"--rounds={FLAGS.rounds} needs --search=FIELD:LOW,HIGH")
-  if FLAGS.search is not None:
-    from normstudy import search as search_lib
-    search_ = search_lib.Search.parse(FLAGS.search, FLAGS.rounds)
-    if any(grid.parse_axis(text)[0] == search_.field for text in FLAGS.axis):
-      raise errors.UserError(f"--axis={search_.field}=... and --search={FLAGS.search} both set "
-                             f"{search_.field}; drop one")
-    axes.pop(search_.field, None)  # the file's grid of it: the search replaces it
+  search_ = _parse_search(axes)
   share = _parse_share(FLAGS.programs) if FLAGS.programs is not None else None
-  if share is not None and search_ is not None:
-    raise errors.UserError(f"--programs={FLAGS.programs} shares a grid's programs; a search's "
-                           "rounds depend on every point's outcome, so run it whole")
+  _check_round(search_, share)
   if FLAGS.max_runs_per_program < 0:
     raise errors.UserError(f"--max_runs_per_program={FLAGS.max_runs_per_program} is not allowed;"
                            " allowed: 0 (no limit) or an integer >= 1")
@@ -110,6 +110,13 @@ def main(argv):
   # Printed once the plan is checked: what every arm's config changes from the defaults.
   changes = cli.grid_config_changes(grid_runs, {*axes, *([search_.field] if search_ else [])})
   with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
+    if search_ is not None and share is not None:
+      statuses = orchestrate.search_share(
+          spec, search_, workdir, FLAGS.round, *share, FLAGS.allow_config_change,
+          FLAGS.max_runs_per_program, FLAGS.workers,
+          describe=lambda lines: _print_lines([*lines, *changes]))
+      _print_share_end(share, statuses, f" of round {FLAGS.round}")
+      return
     if search_ is not None:
       statuses, outputs = orchestrate.run_search(
           spec, search_, workdir, FLAGS.allow_config_change, FLAGS.max_runs_per_program,
@@ -122,15 +129,51 @@ def main(argv):
         plan = orchestrate.share(plan, *share)
         _print_lines([f"share {share[0]}/{share[1]}: programs "
                       f"{', '.join(str(i) for i, _ in plan.todo) or 'none left to train'}"])
-        statuses = orchestrate.train_share(plan)
-        print(f"share {share[0]}/{share[1]}: " + (f"runs {_counts(statuses)}" if statuses
-                                                 else "nothing to train"))
+        _print_share_end(share, orchestrate.train_share(plan))
         return
       statuses, outputs = orchestrate.run_grid(plan)
     outputs = {name: storage.remote(out) for name, out in outputs.items()}
   for name, out in outputs.items():
     print(f"{name}: {out}")
   print(f"runs: {_counts(statuses)}")
+
+
+def _parse_search(axes: dict):
+  """The Search of --search and --rounds, or None; the searched field leaves `axes` (the file's
+  grid of it: the search replaces it). UserError for what is wrong."""
+  if FLAGS.search is None:
+    for name in ("rounds", "round"):
+      if FLAGS[name].present:
+        raise errors.UserError(f"--{name}={FLAGS[name].value} needs --search=FIELD:LOW,HIGH")
+    return None
+  search_ = search.Search.parse(FLAGS.search, FLAGS.rounds)
+  if any(grid.parse_axis(text)[0] == search_.field for text in FLAGS.axis):
+    raise errors.UserError(f"--axis={search_.field}=... and --search={FLAGS.search} both set "
+                           f"{search_.field}; drop one")
+  axes.pop(search_.field, None)
+  return search_
+
+
+def _check_round(search_, share) -> None:
+  """A search's rounds depend on the rounds before, so its programs are shared one round at a
+  time: --programs with --search needs --round, and --round needs --programs."""
+  if search_ is None:
+    return
+  if share is not None and FLAGS.round is None:
+    raise errors.UserError(f"--programs={FLAGS.programs} with --search needs --round=K (the "
+                           f"round to share, 1..{search_.rounds}): a round's runs depend on the "
+                           "outcomes of the rounds before")
+  if FLAGS.round is not None and share is None:
+    raise errors.UserError(f"--round={FLAGS.round} needs --programs=I/N (without it the search "
+                           "trains every round itself)")
+  if FLAGS.round is not None and not 1 <= FLAGS.round <= search_.rounds:
+    raise errors.UserError(f"--round={FLAGS.round} is not allowed; allowed: 1..{search_.rounds}"
+                           f" (--rounds={search_.rounds})")
+
+
+def _print_share_end(share, statuses: dict, which: str = "") -> None:
+  print(f"share {share[0]}/{share[1]}{which}: " + (f"runs {_counts(statuses)}" if statuses
+                                                   else "nothing to train"))
 
 
 def _counts(statuses: dict) -> str:

@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 
+from normstudy.search import DEFAULT_ROUNDS
 import runs
 
 
@@ -76,6 +77,33 @@ def test_a_grid_goes_to_slurm_as_a_job_array_then_its_analysis():
                                             "--workdir=runs/g"]
 
 
+def test_a_search_goes_to_slurm_as_a_job_array_per_round_each_after_the_one_before():
+  search = ("--search=optimizer.learning_rate:0.1,1", "--rounds", "3")
+  result = _launch("sweep.sh", "--config", "configs/survival.py", "--workdir", "runs/s",
+                   "--grid", "--shares", "4", "--launcher", "slurm", "--dry-run", "--", "--",
+                   *search)
+  assert result.returncode == 0, result.stderr
+  jobs = result.stdout.split("sbatch ")[1:]
+  assert [job.splitlines()[0] for job in jobs] == [
+      "--parsable <<'SCRIPT'",
+      "--parsable --dependency=afterok:<round 1 array job id> <<'SCRIPT'",
+      "--parsable --dependency=afterok:<round 2 array job id> <<'SCRIPT'",
+      "--dependency=afterok:<round 3 array job id> <<'SCRIPT'"]
+  command = ("-m normstudy.sweep --config=configs/survival.py --workdir=runs/s "
+             "--search=optimizer.learning_rate:0.1\\,1 --rounds 3")
+  for r, job in enumerate(jobs[:3], start=1):
+    assert "#SBATCH --array=1-4" in job
+    assert f"{command} --round={r} --programs=$SLURM_ARRAY_TASK_ID/4" in job
+  assert f"{command} \n" in jobs[3] and "--programs" not in jobs[3]  # the whole search
+  # Without --rounds: the search's default number of rounds, locally one share at a time.
+  local = _launch("sweep.sh", "--config", "configs/survival.py", "--workdir", "runs/s", "--grid",
+                  "--shares", "2", "--dry-run", "--", "--", search[0])
+  lines = [l.split()[-2:] for l in local.stdout.splitlines() if "normstudy.sweep" in l]
+  expected = [[f"--round={r}", f"--programs={i}/2"] for r in range(1, DEFAULT_ROUNDS + 1)
+              for i in (1, 2)]
+  assert lines[:-1] == expected and "--programs" not in lines[-1][-1]
+
+
 @pytest.mark.parametrize("script,args,message", [
     ("tpu_pod.sh", (), "--name, --zone, --config and --workdir are required"),
     ("tpu_pod.sh", ("--name", "p", "--zone", "z", "--config", "c", "--workdir", "/local"),
@@ -96,6 +124,9 @@ def test_a_grid_goes_to_slurm_as_a_job_array_then_its_analysis():
     ("tpu_pod.sh", ("--name", "p", "--zone"), "--zone needs a value (zone ...); see --help"),
     ("sweep.sh", ("--config", "configs/survival.py", "--workdir", "w", "--grid"),
      "--grid needs --shares N, a positive integer (got '')"),
+    ("sweep.sh", ("--config", "configs/survival.py", "--workdir", "w", "--grid", "--shares", "2",
+                  "--", "--", "--search=optimizer.learning_rate:0.1,1", "--rounds=zero"),
+     "--rounds=zero is not a positive integer"),
 ])
 def test_bad_usage_is_one_error_line(script, args, message):
   result = _launch(script, *args)

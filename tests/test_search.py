@@ -182,3 +182,63 @@ def test_a_search_trains_its_rounds_records_its_brackets_and_continues(tmp_path)
                           check=False)
   assert alone.returncode == 2
   assert alone.stderr.strip().splitlines()[-1] == "error: --rounds=3 needs --search=FIELD:LOW,HIGH"
+
+
+@pytest.mark.slow
+def test_rounds_of_a_search_shared_apart_equal_the_search_trained_whole(tmp_path):
+  # One program per run (--max_runs_per_program=1), so round 1's two runs fall to two shares.
+  args = ("--config=configs/seed_figure.py:pre_norm_clip1", "--rounds=2",
+          "--search=optimizer.learning_rate:0.001,10", "--axis=train.seed=0", "--workers=1",
+          "--max_runs_per_program=1", *runs.tiny_args(tmp_path / "tfds", num_steps=30, every=15))
+  shared = tmp_path / "shared"
+  # Round 2 depends on round 1's outcomes: refused in one line, nothing written.
+  early = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}", "--round=2",
+                          "--programs=1/2", check=False)
+  assert early.returncode == 2 and "Traceback" not in early.stderr
+  assert early.stderr.strip().splitlines()[-1] == (
+      "error: --round=2: round 1 of the search has 2 run(s) not trained yet; train its shares "
+      "first (--round=1 --programs=I/N)")
+  assert not shared.exists()
+  whole = tmp_path / "whole"
+  runs.run_module("normstudy.sweep", *args, f"--workdir={whole}")
+  outputs = {}
+  for round_, share in [(1, 1), (1, 2), (2, 1), (2, 2)]:
+    out = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}", f"--round={round_}",
+                          f"--programs={share}/2").stdout
+    assert not (shared / "sweep.json").exists()  # the whole search's, afterwards
+    outputs[round_, share] = out.splitlines()
+  assert "share 1/2 of round 1: programs 1" in outputs[1, 1]
+  assert "share 2/2 of round 1: programs 2" in outputs[1, 2]
+  assert outputs[1, 2][-1] == "share 2/2 of round 1: runs 1 finished" or \
+      outputs[1, 2][-1] == "share 2/2 of round 1: runs 1 halted"
+  assert "share 2/2 of round 2: programs none left to train" in outputs[2, 2]
+  assert outputs[2, 2][-1] == "share 2/2 of round 2: nothing to train"
+  last = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}")
+  assert "finished earlier, skipped" in last.stderr
+  recorded = {d: runs.read_json(d / "sweep.json") for d in (whole, shared)}
+  assert recorded[shared]["search"] == recorded[whole]["search"]
+  names = [r["name"] for r in recorded[whole]["runs"]]
+  assert len(names) == 3 and names == [r["name"] for r in recorded[shared]["runs"]]
+  for name in names:
+    assert runs.trajectory(shared / name) == runs.trajectory(whole / name), name
+  assert (shared / "critical_lr.csv").read_text() == (whole / "critical_lr.csv").read_text()
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--search=optimizer.learning_rate:0.1,1", "--programs=1/2"),
+     "--programs=1/2 with --search needs --round=K (the round to share, 1..5): a round's runs "
+     "depend on the outcomes of the rounds before"),
+    (("--search=optimizer.learning_rate:0.1,1", "--round=1"),
+     "--round=1 needs --programs=I/N (without it the search trains every round itself)"),
+    (("--search=optimizer.learning_rate:0.1,1", "--rounds=2", "--round=3", "--programs=1/2"),
+     "--round=3 is not allowed; allowed: 1..2 (--rounds=2)"),
+    (("--axis=train.seed=0,1", "--round=1", "--programs=1/2"),
+     "--round=1 needs --search=FIELD:LOW,HIGH"),
+])
+def test_sharing_a_search_names_what_it_needs(tmp_path, extra, message):
+  workdir = tmp_path / "never"
+  result = runs.run_module("normstudy.sweep", "--config=configs/seed_figure.py:pre_norm_clip1",
+                           f"--workdir={workdir}", *extra, check=False)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == f"error: {message}"
+  assert not workdir.exists()
