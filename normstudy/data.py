@@ -314,13 +314,22 @@ def check_name(name: str) -> None:
 
 
 def load_splits(config) -> TokenSplits:
+  """The config's train and validation rows, building the dataset first where it is generated
+  or prepared (under `data.data_dir`); a disk that fills meanwhile is one line naming it."""
   name = config.data.name
   check_name(name)
-  if name == "synthetic":
-    return _synthetic(config)
   if name == "text_files":
     return _text_files(config.data, config.model.max_len)
-  return _catalog(config)
+  try:
+    return _synthetic(config) if name == "synthetic" else _catalog(config)
+  except Exception as exc:
+    if errors.disk_full(exc):
+      raise errors.UserError(
+          f"disk full while building the dataset {name} in config.data.data_dir="
+          f"{config.data.data_dir or '(the TFDS default, ~/tensorflow_datasets)'!r}; free space "
+          "on that filesystem, or set --config.data.data_dir to another, then run the same "
+          "command") from None
+    raise
 
 
 def span_mask(rng: np.random.Generator, batch: int, length: int, mask_prob: float,

@@ -50,6 +50,14 @@ def _chain(exc):
     exc = exc.__cause__ or exc.__context__
 
 
+def disk_full(exc: BaseException) -> bool:
+  """Whether a full disk or an exhausted quota is behind `exc` (anywhere in its chain)."""
+  import errno
+  return any(getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+             or any(marker in " ".join(str(error).split()) for marker in _DISK_FULL)
+             for error in _chain(exc))
+
+
 def environment_problem(exc: BaseException):
   """One line for a failure of the machine rather than of normstudy (a full disk, memory the
   model does not fit in, a read-only or forbidden path), or None for anything else (a bug, which

@@ -149,8 +149,7 @@ def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) 
   run = grid.Run(os.path.basename(os.path.normpath(workdir)) or workdir, config, workdir)
   checkpoint_dir = rundir.RunDir(workdir).checkpoints
   preflight([run], checkpoint_dir, allow_config_change)
-  rundir.ensure_directory(workdir)
-  with lock(workdir):
+  with rundir.made_for(workdir), lock(workdir):
     recorder, = train.train_program([run], checkpoint_dir, single=True)
   return recorder.last_record
 
@@ -320,8 +319,8 @@ def _train_group(index: int, total: int, group: list, root: str) -> None:
   names = ", ".join(run.name for run in group)
   logging.info("[program %d/%d] %d run(s): %s", index, total, len(group), names)
   with contextlib.ExitStack() as locks:
-    for run in group:
-      rundir.ensure_directory(run.directory)  # the run's, once: normstudy.train expects it
+    for run in group:  # the run's directory, once: normstudy.train expects it
+      locks.enter_context(rundir.made_for(run.directory))
       locks.enter_context(lock(run.directory))
     train.train_program(group, program_checkpoints(root, group),
                         tag=f"[program {index}/{total}]" if total > 1 else "")

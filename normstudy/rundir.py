@@ -15,10 +15,12 @@
 A directory in use is locked (`lock`): a second process gets one line naming the holder.
 """
 
+import contextlib
 import fcntl
 import json
 import os
 import re
+import shutil
 
 from normstudy.errors import UserError
 from normstudy.errors import WorkdirBusy
@@ -239,6 +241,22 @@ def ensure_directory(path: str, what: str = "--workdir") -> None:
     raise UserError(f"{what}={path!r} cannot be created: {e.strerror}") from None
   if not os.access(path, os.W_OK | os.X_OK):
     raise UserError(f"{what}={path!r} is not writable")
+
+
+@contextlib.contextmanager
+def made_for(path: str, what: str = "--workdir"):
+  """`ensure_directory(path)` for what runs inside; if that fails while the directory, made by
+  this call, holds nothing but its lock, the directory goes too: a run that stopped before it
+  wrote anything leaves no trace (a dataset build that filled the disk once left a workdir
+  holding only its lock)."""
+  existed = os.path.isdir(path)
+  ensure_directory(path, what)
+  try:
+    yield
+  except BaseException:
+    if not existed and set(os.listdir(path)) <= {LOCK}:
+      shutil.rmtree(path, ignore_errors=True)
+    raise
 
 
 class Lock:

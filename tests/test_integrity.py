@@ -237,6 +237,30 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_run_resumes(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_dataset_build_that_fills_the_disk_is_one_line_and_leaves_no_workdir(tmp_path):
+  disk = tmp_path / "disk"
+  _mount_small_filesystem(disk, 1)
+  try:
+    filler = disk / "filler"
+    filler.write_bytes(b"\0" * (2**20 - 8 * 2**10))  # two pages left: not the dataset's files
+    workdir = tmp_path / "run"
+    args = (f"--config={LM}", f"--workdir={workdir}",
+            *runs.tiny_args(disk / "tfds", num_steps=2, every=2))
+    full = runs.run_module("normstudy.main", *args, check=False)
+    assert full.returncode == 2 and "Traceback" not in full.stderr
+    assert _error_lines(full) == [
+        f"error: disk full while building the dataset synthetic in config.data.data_dir="
+        f"'{disk / 'tfds'}'; free space on that filesystem, or set --config.data.data_dir to "
+        "another, then run the same command"]
+    assert not workdir.exists()  # once left holding its lock
+    filler.unlink()
+    runs.run_module("normstudy.main", *args)
+    assert [r["step"] for r in runs.records(workdir)] == [1, 2]
+  finally:
+    subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+@pytest.mark.slow
 def test_help_and_clip_none_and_a_quiet_start(tmp_path):
   helped = runs.run_module("normstudy.main", "--help")
   assert "--workdir" in helped.stdout
