@@ -1,6 +1,7 @@
 """Reliability: bit-exact resume after SIGKILL, clean preemption, non-finite steps, damaged
 checkpoints, bad input, workdir safety, torn records. Processes are real subprocesses."""
 
+import errno
 import json
 import os
 import signal
@@ -268,6 +269,24 @@ def test_integral_numbers_written_as_floats_are_integers():
   for kept in ("--config.optimizer.learning_rate=1e-3", "--config.train.num_steps=2.5",
                "--config.label=1e3x", "--workdir=1e3"):
     assert cli._integral_override(kept) == kept
+
+
+def test_an_unreadable_config_file_is_one_line_naming_it(tmp_path, monkeypatch):
+  from normstudy import cli
+  path = tmp_path / "locked.py"
+  path.write_text("def get_config(variant=None):\n  return None\n")
+  path.chmod(0)
+  if os.access(path, os.R_OK):  # root reads it anyway: the kernel's refusal, injected
+    real_open = open
+
+    def refusing_open(file, *args, **kwargs):
+      if os.fspath(file) == str(path):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+      return real_open(file, *args, **kwargs)
+    monkeypatch.setattr("builtins.open", refusing_open)
+  # Once worded "cannot write" (the environment's message for any EACCES).
+  assert cli._missing_config_file(["main", f"--config={path}:v", "--workdir=w"]) == (
+      f"config file '{path}' cannot be read: Permission denied (--config={path}:v)")
 
 
 @pytest.mark.slow
