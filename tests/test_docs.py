@@ -85,6 +85,11 @@ def test_every_quoted_table_matches_its_csv():
 def test_the_readme_is_a_guide_that_fits_in_a_few_screens():
   lines = open(os.path.join(runs.REPO, "README.md"), encoding="utf-8").read().splitlines()
   assert len(lines) <= 300, len(lines)
+  # Its reliability section tables what each kind of bad input or event gets.
+  section = "\n".join(lines[lines.index("## Reliability"):])
+  section = section[:section.index("\n## ", 1)]
+  rows = [l for l in section.splitlines() if l.startswith("| ") and not l.startswith("| ---")]
+  assert rows[0] == "| input or event | what it gets |" and len(rows) >= 12, rows
   # Every file the docs link to exists.
   for doc in DOCS:
     text = open(os.path.join(runs.REPO, doc), encoding="utf-8").read()
