@@ -92,7 +92,7 @@ def test_observations_and_layer_figures_from_the_data(tmp_path):
   assert "Loss spiked 3 times, first at step 200" in text
   assert "fell as low as 2^3 at step 401" in text
   assert "No loss spikes." in text
-  assert "Most loss spikes: Spiky (3); fewest: Calm (0)." in text
+  assert "Most loss spikes (3): Spiky; fewest (0): Calm." in text
   assert "The largest attention logit was 8.0 (layer 2, step 600)" in text
   for metric in ("attn_logit_max", "act_rms", "grad_norm"):
     assert (tmp_path / f"layers_{metric}.png").read_bytes().startswith(b"\x89PNG")
@@ -190,8 +190,12 @@ def test_ties_in_the_comparison_are_named_as_ties():
       "final_loss_scale": [32768.0, 32768.0, 65536.0], "clipped_fraction": [0.9, 0.98, 0.01],
       "halt_step": [np.nan] * 3, "halt_reason": [None] * 3, "nonfinite_at": [None] * 3})
   text = report.compare_runs(summary)
-  assert "Most loss-scale halvings: relax, deepnorm (a tie of 2) (9)" in text
-  assert "lowest final loss scale: relax, deepnorm (a tie of 2) (2^15)" in text
+  assert "Most loss-scale halvings (9): relax and deepnorm, tied;" in text
+  assert "lowest final loss scale (2^15): relax and deepnorm, tied." in text
+  summary["final_loss_scale"] = 2.0 ** 15
+  assert "lowest final loss scale (2^15): every run, tied." in report.compare_runs(summary)
+  summary["scale_halvings"] = [9, 8, 7]
+  assert "Most loss-scale halvings (9): relax;" in report.compare_runs(summary)
 
 
 def test_progress_eta_is_the_steady_state_not_the_compiling_interval(monkeypatch, caplog):

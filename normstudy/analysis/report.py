@@ -156,20 +156,17 @@ def compare_runs(summary: pd.DataFrame) -> str:
     parts.append("No run had a loss spike." if most == 0 else
                  f"Every run had {int(most)} loss spike{'s' if most > 1 else ''}.")
   else:
-    spiky = summary[summary.loss_spikes == most]
-    calm = summary[summary.loss_spikes == fewest]
-    parts.append(f"Most loss spikes: {', '.join(spiky.label)} ({int(most)}); fewest: "
-                 f"{', '.join(calm.label)} ({int(fewest)}).")
+    parts.append(f"Most loss spikes ({int(most)}): {_tied(summary, summary.loss_spikes == most)}"
+                 f"; fewest ({int(fewest)}): {_tied(summary, summary.loss_spikes == fewest)}.")
   diverged = summary[summary.status == detectors.DIVERGED]
   parts.append(f"Diverged: {', '.join(diverged.label)}." if len(diverged) else
                "No run diverged." if not len(halted) else "No other run diverged.")
   if (summary.scale_halvings > 0).any():
     most = summary.scale_halvings.max()
     lowest = summary.final_loss_scale.min()
-    parts.append(f"Most loss-scale halvings: {_tied(summary, summary.scale_halvings == most)} "
-                 f"({int(most)}); lowest final loss scale: "
-                 f"{_tied(summary, summary.final_loss_scale == lowest)} "
-                 f"({power_of_two(lowest)}).")
+    parts.append(f"Most loss-scale halvings ({int(most)}): "
+                 f"{_tied(summary, summary.scale_halvings == most)}; lowest final loss scale "
+                 f"({power_of_two(lowest)}): {_tied(summary, summary.final_loss_scale == lowest)}.")
   clipped = summary.sort_values("clipped_fraction", ascending=False)
   parts.append("Share of steps clipped: " + ", ".join(
       f"{row.label} {row.clipped_fraction:.0%}" for row in clipped.itertuples()) + ".")
@@ -182,8 +179,8 @@ def _tied(summary: pd.DataFrame, where) -> str:
   if len(labels) == 1:
     return labels[0]
   if len(labels) == len(summary):
-    return f"every run (a tie of {len(labels)})"
-  return ", ".join(labels) + f" (a tie of {len(labels)})"
+    return "every run, tied"
+  return ", ".join(labels[:-1]) + f" and {labels[-1]}, tied"
 
 
 def write_observations(df: pd.DataFrame, summary: pd.DataFrame, path: str,
