@@ -50,12 +50,17 @@ def _chain(exc):
     exc = exc.__cause__ or exc.__context__
 
 
+def _is_disk_full(error: BaseException) -> bool:
+  """Whether `error` itself says the disk or quota is full (errno, or the words of orbax's and
+  tensorstore's messages)."""
+  import errno
+  return getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or any(
+      marker in " ".join(str(error).split()) for marker in _DISK_FULL)
+
+
 def disk_full(exc: BaseException) -> bool:
   """Whether a full disk or an exhausted quota is behind `exc` (anywhere in its chain)."""
-  import errno
-  return any(getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
-             or any(marker in " ".join(str(error).split()) for marker in _DISK_FULL)
-             for error in _chain(exc))
+  return any(_is_disk_full(error) for error in _chain(exc))
 
 
 def environment_problem(exc: BaseException):
@@ -69,8 +74,7 @@ def environment_problem(exc: BaseException):
     quoted = re.findall(r'"([^"]+)"', text)
     where = f" while writing {quoted[0]}" if quoted else (
         f" while writing {error.filename}" if getattr(error, "filename", None) else "")
-    if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or any(
-        marker in text for marker in _DISK_FULL):
+    if _is_disk_full(error):
       return (f"disk full{where}; free space on that filesystem, then run the same command: "
               "it continues from the newest complete checkpoint")
     if getattr(error, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM):

@@ -2,6 +2,7 @@
 records regenerated, one value per step in TensorBoard, and one line for what the machine or the
 user got wrong. Each scenario first reproduces the failure a user met."""
 
+import contextlib
 import errno
 import json
 import os
@@ -208,21 +209,28 @@ def test_lost_records_are_regenerated_and_tensorboard_keeps_one_value_per_step(t
   assert sorted(os.listdir(workdir)) == listing
 
 
-def _mount_small_filesystem(path, megabytes):
+@contextlib.contextmanager
+def _small_filesystem(path, megabytes, free_bytes):
+  """A tmpfs of `megabytes` at `path`, filled by `path/filler` but for `free_bytes`; yields the
+  filler (unlink it to free the space), unmounted afterwards."""
   path.mkdir()
   result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs",
                            str(path)], capture_output=True, text=True)
   if result.returncode != 0:
     pytest.skip(f"cannot mount a small filesystem here ({result.stderr.strip()[:80]})")
+  try:
+    filler = path / "filler"
+    filler.write_bytes(b"\0" * (megabytes * 2**20 - free_bytes))
+    yield filler
+  finally:
+    subprocess.run(["umount", str(path)], capture_output=True)
 
 
 @pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_run_resumes(tmp_path):
   disk = tmp_path / "disk"
-  _mount_small_filesystem(disk, 3)
-  try:
-    filler = disk / "filler"
-    filler.write_bytes(b"\0" * (3 * 2**20 - 120 * 2**10))  # ~120 KB left: records fit, not a checkpoint
+  # ~120 KB left: records fit, not a checkpoint
+  with _small_filesystem(disk, 3, 120 * 2**10) as filler:
     args = (f"--config={LM}", f"--workdir={disk / 'run'}",
             *runs.tiny_args(tmp_path / "tfds", num_steps=6, every=3))
     full = runs.run_module("normstudy.main", *args, check=False)
@@ -232,17 +240,13 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_run_resumes(tmp_pat
     filler.unlink()
     runs.run_module("normstudy.main", *args)
     assert [r["step"] for r in runs.records(disk / "run")] == list(range(1, 7))
-  finally:
-    subprocess.run(["umount", str(disk)], capture_output=True)
 
 
 @pytest.mark.slow
 def test_a_dataset_build_that_fills_the_disk_is_one_line_and_leaves_no_workdir(tmp_path):
   disk = tmp_path / "disk"
-  _mount_small_filesystem(disk, 1)
-  try:
-    filler = disk / "filler"
-    filler.write_bytes(b"\0" * (2**20 - 8 * 2**10))  # two pages left: not the dataset's files
+  # two pages left: not the dataset's files
+  with _small_filesystem(disk, 1, 8 * 2**10) as filler:
     workdir = tmp_path / "run"
     args = (f"--config={LM}", f"--workdir={workdir}",
             *runs.tiny_args(disk / "tfds", num_steps=2, every=2))
@@ -256,8 +260,6 @@ def test_a_dataset_build_that_fills_the_disk_is_one_line_and_leaves_no_workdir(t
     filler.unlink()
     runs.run_module("normstudy.main", *args)
     assert [r["step"] for r in runs.records(workdir)] == [1, 2]
-  finally:
-    subprocess.run(["umount", str(disk)], capture_output=True)
 
 
 @pytest.mark.slow
