@@ -11,7 +11,7 @@ TECHNIQUES_DIR ?= runs/techniques
 SURVIVAL_DIR ?= runs/survival
 SURVIVAL_DEPTH_DIR ?= runs/survival_depth
 SURVIVAL_GRID_DIR ?= runs/survival_grid
-# The critical learning rate by bisection (normstudy.search), per arm and seed: round 1 checks
+# The critical learning rate by bisection (normstudy.core.search), per arm and seed: round 1 checks
 # that 0.1 survives and 1 fails (the grid in docs/survival/ shows every arm's seeds straddle
 # them), each later round halves the bracket, so 5 rounds leave 1/16 decade (a factor 1.155).
 SURVIVAL_SEARCH ?= --search=optimizer.learning_rate:0.1,1 --rounds=5 --axis=train.seed=0,1,2,3,4,5
@@ -27,7 +27,7 @@ PYTEST_ARGS ?= -n auto --dist worksteal
 
 # The TPU compiler for `python -m normstudy.compile` (libtpu, the version this jax names for its
 # [tpu] extra), kept out of .venv: a training process that finds libtpu loads it at start and
-# prints TPU-detection warnings. normstudy.aot finds it here.
+# prints TPU-detection warnings. normstudy.engine.aot finds it here.
 TPU_AOT := .tpu-aot/.installed
 LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0] for r in m.requires('jax') if r.startswith('libtpu')))")
 

@@ -22,7 +22,7 @@ INSTALL_REQUIRES = [
     "sentencepiece>=0.2,<0.3",
     "matplotlib>=3.9,<4",
     "pandas>=2.2,<4",
-    # gs:// workdirs (normstudy.storage): etils.epath's fsspec backend; orbax's arrays go
+    # gs:// workdirs (normstudy.records.storage): etils.epath's fsspec backend; orbax's arrays go
     # through tensorstore, which brings its own GCS driver.
     "gcsfs>=2025.1",
     # jax's on-disk compilation cache locks its directory with it when given a size limit

@@ -29,7 +29,7 @@ tree, size, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 sys.path[:0] = [tree, tree + "/benchmarks"]
 import jax, numpy as np
 import throughput
-from normstudy import sharding
+from normstudy.engine import sharding
 config = throughput.seed_config() if size == "seed" else throughput.size_config(size)
 m, rng = config.model, np.random.default_rng(0)
 shape = (1, config.train.batch_size, m.max_len)
@@ -37,8 +37,8 @@ batch = {"tokens": rng.integers(0, m.vocab_size, shape).astype(np.int32)}
 if not m.causal:
   batch["mask"] = rng.random(batch["tokens"].shape) < config.data.mask_prob
 mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-try:  # normstudy.execution since the commit that made it; sharding's functions before
-  from normstudy import execution
+try:  # normstudy.engine.execution since the commit that made it; sharding's functions before
+  from normstudy.engine import execution
   program = execution.ProgramSteps(config, mesh, num_runs=1)
   state, step = program.initial([config]), program.train
 except ImportError:

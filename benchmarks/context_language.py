@@ -4,11 +4,11 @@ the Bayes bound of any model that sees a window of tokens around the one it pred
   python benchmarks/context_language.py [--config=configs/context.py] [--half=2]
 
 Printed for the config's language and for the seed figure's chain at the same masking, from the
-same FLOOR_ROWS fresh rows and masks the runs' floors come from (normstudy.data.floor_rows): the
-unigram entropy (no context), the masked loss floor with its standard error (the whole row), the
-window bound (normstudy.synthetic.window_loss_floor: the visible tokens within --half positions,
-what a model without attention sees through a conv of width 2 half + 1; the miniature's conv
-positions have width 5, half 2) and, for a causal model, the entropy floor.
+same FLOOR_ROWS fresh rows and masks the runs' floors come from (normstudy.data.floors.floor_rows):
+the unigram entropy (no context), the masked loss floor with its standard error (the whole row), the
+window bound (normstudy.data.synthetic.window_loss_floor: the visible tokens within --half
+positions, what a model without attention sees through a conv of width 2 half + 1; the miniature's
+conv positions have width 5, half 2) and, for a causal model, the entropy floor.
 """
 
 import argparse
@@ -18,16 +18,16 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from normstudy import data as data_lib  # noqa: E402
-from normstudy import grid  # noqa: E402
-from normstudy import synthetic  # noqa: E402
+from normstudy.data import floors as floors_lib  # noqa: E402
+from normstudy.data import synthetic  # noqa: E402
+from normstudy.experiments import grid  # noqa: E402
 
 
 def floors(config, half: int) -> dict:
   data_cfg, model = config.data, config.model
   matrices = synthetic.dialect_matrices(model.vocab_size, data_cfg.branching, data_cfg.seed,
                                         data_cfg.dialects, data_cfg.dialect_weight)
-  rows, masks = data_lib.floor_rows(matrices, data_cfg, model.max_len)
+  rows, masks = floors_lib.floor_rows(matrices, data_cfg, model.max_len)
   floor, stderr = synthetic.masked_loss_floor(matrices, rows, masks)
   return {"unigram": synthetic.mixture_unigram_entropy(matrices), "masked": floor,
           "stderr": stderr, "window": synthetic.window_loss_floor(matrices, rows, masks, half),
@@ -44,7 +44,7 @@ def main():
   config = module.get_config(variant) if variant else module.get_config()
   chain = module.get_config(variant) if variant else module.get_config()
   chain.data.dialects = 1
-  print(f"{data_lib.FLOOR_ROWS} fresh rows of {config.model.max_len} tokens, masking "
+  print(f"{floors_lib.FLOOR_ROWS} fresh rows of {config.model.max_len} tokens, masking "
         f"p={config.data.mask_prob} length {config.data.mask_length}; window: +-{args.half} "
         "tokens")
   for name, cfg in (("context language", config), ("Markov chain", chain)):

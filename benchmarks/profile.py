@@ -37,8 +37,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import throughput  # noqa: E402
-from normstudy import execution  # noqa: E402
-from normstudy import sharding  # noqa: E402
+from normstudy.engine import execution  # noqa: E402
+from normstudy.engine import sharding  # noqa: E402
 
 SIZES = ("seed", "S", "M")
 DTYPES = ("float16", "bfloat16", "float32")

@@ -5,7 +5,7 @@
 
 For each size, K runs (learning rates 1e-3 and 3e-3 times seeds 0..K/2-1) are trained:
   sweep        one program as normstudy.sweep trains it: on the CPU its runs step one at a time
-               through the one-run program (normstudy.execution), elsewhere vmapped
+               through the one-run program (normstudy.engine.execution), elsewhere vmapped
   vmapped      one program, the K states stacked, one vmapped K-run step (forced)
   sequential   K programs one after another, each a single run (normstudy.main's step)
 All read their batches from the data pipeline, as the commands do. Printed per size: the
@@ -32,9 +32,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from normstudy import data as data_lib  # noqa: E402
-from normstudy import execution  # noqa: E402
-from normstudy import sharding  # noqa: E402
+from normstudy.data import sources as data_lib  # noqa: E402
+
+from normstudy.data import batches as batches_lib
+from normstudy.engine import execution  # noqa: E402
+from normstudy.engine import sharding  # noqa: E402
 
 
 def _seed_figure(variant="pre_norm_clip1"):
@@ -65,7 +67,7 @@ def run_configs(size: str, k: int, data_dir: str) -> list:
 
 def train(configs, steps: int, vmapped=None) -> dict:
   """Trains `configs` as one program for `steps` steps (`vmapped`: True or False forces how its
-  runs step, None lets normstudy.execution choose as a sweep does):
+  runs step, None lets normstudy.engine.execution choose as a sweep does):
   wall time (compilation included) and the median step time after compilation."""
   start = time.perf_counter()
   mesh = sharding.make_mesh(configs[0].mesh, jax.devices()[:1])
@@ -73,7 +75,7 @@ def train(configs, steps: int, vmapped=None) -> dict:
                                    one_at_a_time=None if vmapped is None else not vmapped)
   state, step = program.initial(configs), program.train
   splits = data_lib.load_splits(configs[0])
-  datasets = [data_lib.train_batches(c, splits) for c in configs]
+  datasets = [batches_lib.train_batches(c, splits) for c in configs]
   times = []
   for i in range(steps):
     tick = time.perf_counter()
@@ -107,7 +109,7 @@ def compare(size: str, k: int, steps: int, data_dir: str) -> dict:
 
 def program_sizes(size: str, ks: list, steps: int, data_dir: str) -> list:
   """The cost of one run-step (step time / K) of a single program of K runs, for each K: where
-  stacking more runs stops paying (normstudy.grid.MAX_RUNS_PER_PROGRAM)."""
+  stacking more runs stops paying (normstudy.experiments.grid.MAX_RUNS_PER_PROGRAM)."""
   rows = []
   for k in ks:
     timing = train(run_configs(size, k, data_dir), steps)

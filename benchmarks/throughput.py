@@ -30,11 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from normstudy import config as config_lib
-from normstudy import execution
-from normstudy import placements
-from normstudy import sharding
-from normstudy import steps as steps_lib
+from normstudy.core import config as config_lib
+from normstudy.core import placements
+from normstudy.engine import execution
+from normstudy.engine import sharding
 
 SIZES = {
     # d_model, heads, layers, d_ff, length, vocab, batch
@@ -109,11 +108,14 @@ def step_seconds(config, steps: int) -> list[float]:
 
 def telemetry_overhead(config, steps: int, every: int) -> tuple[float, float]:
   """(seconds per step without telemetry, with telemetry every `every` steps), each the mean
-  over the same number of steps, so the occasional telemetry step is counted at its weight."""
-  plain_step = jax.jit(steps_lib.make_train_step(config), donate_argnums=0)
-  telemetry_step = jax.jit(steps_lib.make_train_step(config, telemetry_on=True), donate_argnums=0)
-  batch = _batch(config)
-  state = steps_lib.create_train_state(config)
+  over the same number of steps, so the occasional telemetry step is counted at its weight: the
+  loop's two compiled steps (normstudy.engine.execution) on one device."""
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  program = execution.ProgramSteps(config, mesh, num_runs=1)
+  plain_step, telemetry_step = program.train, program.telemetry
+  batch = sharding.global_batch(mesh, jax.tree.map(lambda x: np.asarray(x)[None],
+                                                  _batch(config)))
+  state = program.initial([config])
   for fn in (plain_step, telemetry_step):  # compile both
     state, metrics = fn(state, batch)
     jax.block_until_ready(metrics)

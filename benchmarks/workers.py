@@ -8,7 +8,7 @@ pipeline, one program per group of runs as the sweep trains it):
   one process   the programs one after another in this process, which may use every core
   workers       one process per program, all at once, each pinned to its own share of the cores
                 (os.sched_setaffinity), each compiling its program and training it; --pin late
-                (normstudy.workers): pinned after XLA started on every core, so its thread pool
+                (normstudy.experiments.workers): pinned after XLA started on every core, so its thread pool
                 and its results are one process's; early: pinned before, a pool per share;
                 none: not pinned (each pool as large as the machine, the threads unbound)
 Printed: steady-state run-steps per second (from the median step time of every program; for the
@@ -73,7 +73,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=60, help="timed steps per program")
   parser.add_argument("--workers", type=int, default=2, help="programs, one per worker")
   parser.add_argument("--pin", default="late", choices=("late", "early", "none"),
-                      help="pin each worker after XLA starts (normstudy.workers), before, or not")
+                      help="pin each worker after XLA starts (normstudy.experiments.workers), before, or not")
   parser.add_argument("--json", default=None, help="also write the figures to this file")
   args = parser.parse_args(argv)
   cores = len(os.sched_getaffinity(0))

@@ -2,7 +2,7 @@
 (`from configs import seed_figure`) the way a user's own config file builds on them.
 
 Each file is also a `--config=configs/<file>.py[:<variant>]` for the entry commands: a
-`get_config(variant)` over a table of variants (normstudy.config.variant_config) and, for a
+`get_config(variant)` over a table of variants (normstudy.core.config.variant_config) and, for a
 study or sweep, the file's VARIANTS, STUDY_VARIANTS, SWEEP_VARIANTS, SWEEP and SWEEP_SETTINGS
-(normstudy.grid).
+(normstudy.experiments.grid).
 """

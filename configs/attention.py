@@ -13,7 +13,7 @@ to a 5-token window stays above `benchmarks/context_language.py`'s window bound.
 
 from configs import context
 from configs import seed_figure
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
 
 ARM = "pre_norm_input_norm_clip1"
 VARIANTS = {

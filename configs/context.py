@@ -3,7 +3,7 @@
 
 The seed figure's Markov chain needs no attention: for masked prediction the nearest visible
 neighbours are sufficient (a model whose attention is broken loses little, docs/results.md).
-Here each document speaks one of DIALECTS hidden dialects (normstudy.synthetic): the shared
+Here each document speaks one of DIALECTS hidden dialects (normstudy.data.synthetic): the shared
 chain mixed with DIALECT_WEIGHT of a chain of the dialect's own. One transition says little
 about the dialect, a 64-token row nearly all, so the loss floor (run.json's masked_loss_floor
 and entropy_floor, exact per row from the generator) is reached only by a model that mixes
@@ -13,7 +13,7 @@ any model limited to that window is above the floor by LOCAL_WINDOW_GAP (docs/re
 """
 
 from configs import seed_figure
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
 
 VARIANTS = seed_figure.VARIANTS
 SWEEP_VARIANTS = seed_figure.SWEEP_VARIANTS

@@ -17,7 +17,7 @@ exact tests, and the early update size against depth per arm.
 """
 
 from configs import context
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
 
 VARIANTS = {
     "post_norm": ("{auto}", {"model.placement": "post_ln"}),

@@ -4,7 +4,7 @@ Sizes: `tiny` (CPU smoke runs), `small` (the default), `base`. Override anything
 line, e.g. `--config.model.placement=sandwich_ln --config.optimizer.clip_norm=0`.
 """
 
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
 
 SIZES = {
     # name: (num_layers, d_model, num_heads, d_ff, max_len, batch_size)
@@ -14,8 +14,8 @@ SIZES = {
 }
 
 
-# The sizes as a table of variants (normstudy.config.variant_config). Not named VARIANTS: a study
-# or sweep of this file is one arm, of the size --config names.
+# The sizes as a table of variants (normstudy.core.config.variant_config). Not named VARIANTS: a
+# study or sweep of this file is one arm, of the size --config names.
 _TABLE = {
     size: (f"LM {size} | Pre-LN", {
         "model.num_layers": layers, "model.d_model": d_model, "model.num_heads": heads,

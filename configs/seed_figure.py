@@ -8,14 +8,14 @@ exact GELU in float32, MERT's input LayerNorm for the Post-LN encoder, convoluti
 span masking) on a model small enough that all four runs finish in minutes on two CPU cores.
 
 VARIANTS is the table of arms: {name: (label, {dotted.field: value})}, applied through the same
-override mechanism as the command line. Labels are templates (normstudy.labels): "{auto}" is
+override mechanism as the command line. Labels are templates (normstudy.core.labels): "{auto}" is
 described from the config, so an override shows in the legend. `normstudy.study` runs the paper's
 four (STUDY_VARIANTS, `make study`); `normstudy.sweep` runs all five over SWEEP, with
 SWEEP_SETTINGS (`make sensitivity`): the fifth arm, DeepNorm with attention relax, puts the relax
 where attention scores overflow, the only place it can act.
 """
 
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
 
 VARIANTS = {
     "pre_norm_clip10": ("{auto} | Run 1", {"optimizer.clip_norm": 10.0}),

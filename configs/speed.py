@@ -16,7 +16,7 @@ Holm's correction over the arms).
 
 from configs import seed_figure
 from configs import survival
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
 
 VARIANTS = survival.VARIANTS
 SWEEP_VARIANTS = survival.SWEEP_VARIANTS

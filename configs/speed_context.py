@@ -3,7 +3,7 @@ and schedule where attention matters (configs/context.py)."""
 
 from configs import context
 from configs import speed
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
 
 VARIANTS = speed.VARIANTS
 SWEEP_VARIANTS = speed.SWEEP_VARIANTS

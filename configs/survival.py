@@ -28,7 +28,7 @@ at step LOGIT_STEP against learning rate. configs/survival_depth.py asks the sam
 """
 
 from configs import seed_figure
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
 
 # The seed figure's arms; their "Run 1"/"Run 2" name the seed figure's single runs, and here a
 # curve is many runs.

@@ -3,7 +3,7 @@ its arms, schedule and search, asked where attention matters (configs/context.py
 
 from configs import context
 from configs import survival
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
 
 VARIANTS = survival.VARIANTS
 SWEEP_VARIANTS = survival.SWEEP_VARIANTS

@@ -8,7 +8,7 @@ with the same input norm (alpha = beta = 1) at 12 layers, where alpha is 2.21 an
 
 from configs import seed_figure
 from configs import survival
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
 
 VARIANTS = survival.VARIANTS
 SWEEP_VARIANTS = ("post_norm_input_norm_clip1", "post_norm_deepnorm_clip1")

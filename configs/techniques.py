@@ -12,7 +12,7 @@ Wortsman et al.'s LR sensitivity (normstudy.analysis).
 """
 
 from configs import seed_figure  # the recipe this study varies
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
 
 # name: (label, {dotted.field: value}); labels name the technique from the config ("{auto}").
 VARIANTS = {

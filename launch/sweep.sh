@@ -54,7 +54,7 @@ if [ "$grid" = 1 ]; then
     esac
   done
   if [ "$searching" = 1 ]; then
-    [ -n "$rounds" ] || rounds=$("$python" -c "from normstudy import search; print(search.DEFAULT_ROUNDS)")
+    [ -n "$rounds" ] || rounds=$("$python" -c "from normstudy.core import search; print(search.DEFAULT_ROUNDS)")
     [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "--rounds=$rounds is not a positive integer"
     round_flags=()
     for r in $(seq 1 "$rounds"); do round_flags+=("--round=$r"); done

@@ -27,7 +27,7 @@ def main(argv):
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not 0.0 <= FLAGS.smoothing < 1.0:
     raise errors.UserError(f"--smoothing={FLAGS.smoothing} is outside [0, 1)")
-  from normstudy import storage
+  from normstudy.records import storage
   try:
     # gs://: the run files are read into a local stage, the outputs uploaded beside them.
     with storage.staged(FLAGS.workdir) as workdir:

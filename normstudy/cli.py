@@ -5,70 +5,21 @@ only runs when the module is the program, so any of them can be imported togethe
 a test) without duplicate-flag errors.
 """
 
-import logging as std_logging
 import os
 import re
 import sys
-import threading
 import traceback
 
 from absl import app
 from absl import flags
-from absl import logging
+
 
 from normstudy import errors
+from normstudy.engine.logs import quiet_library_logs
 from normstudy.errors import Preempted
 from normstudy.errors import RunHalted
 from normstudy.errors import UserError
 from normstudy.errors import WorkerKilled
-
-
-# INFO lines from these packages drown the progress lines a researcher watches for.
-_QUIET_PACKAGES = ("/orbax/", "/jax/", "/jaxlib/", "/tensorflow_datasets/", "/grain/", "/etils/")
-_QUIET_MESSAGES = (
-    "Using custom data configuration",
-    # orbax reads a damaged checkpoint's arrays in parallel; after the first failure (which
-    # normstudy reports in one line) the others end as unretrieved asyncio task errors.
-    "Task exception was never retrieved",
-)
-
-
-class _LibraryNoise(std_logging.Filter):
-
-  def filter(self, record):
-    path = record.pathname.replace("\\", "/")
-    if record.levelno < std_logging.WARNING and any(p in path for p in _QUIET_PACKAGES):
-      return False
-    if record.exc_info and errors.environment_problem(record.exc_info[1]):
-      # orbax reports a full disk from each of its background threads and asyncio tasks (logged
-      # from orbax's or asyncio's modules), with a traceback; the same error reaches the main
-      # thread, which reports it in one line.
-      return False
-    return not any(m in str(record.msg) for m in _QUIET_MESSAGES)
-
-
-def _ignore_closed_loop_callbacks(unraisable):
-  # After orbax gives up on a damaged checkpoint, tensorstore reads still in flight complete
-  # into orbax's closed event loop; each would print a traceback for a failure already reported.
-  if isinstance(unraisable.exc_value, RuntimeError) and "Event loop is closed" in str(
-      unraisable.exc_value):
-    return
-  sys.__unraisablehook__(unraisable)
-
-
-def _quiet_thread_environment_errors(args):
-  # A background writer thread that hits a full disk: the main thread reports it in one line.
-  if not errors.environment_problem(args.exc_value):
-    threading.__excepthook__(args)
-
-
-def quiet_library_logs():
-  sys.unraisablehook = _ignore_closed_loop_callbacks
-  threading.excepthook = _quiet_thread_environment_errors
-  handler = logging.get_absl_handler()
-  if not any(isinstance(f, _LibraryNoise) for f in handler.filters):
-    handler.addFilter(_LibraryNoise())
-  logging.set_verbosity(logging.INFO)
 
 
 def define_workers_flag():
@@ -88,23 +39,23 @@ def define_print_config_flag():
 def config_text(config) -> str:
   """The resolved config as config.json holds it (sorted, indented JSON)."""
   import json
-  from normstudy import rundir
+  from normstudy.records import rundir
   return json.dumps(rundir.config_json(config), indent=2, sort_keys=True)
 
 
 def runs_config_text(runs) -> str:
   """{run name: its resolved config} of a grid's runs, as each run's config.json will hold it."""
   import json
-  from normstudy import rundir
+  from normstudy.records import rundir
   return json.dumps({run.name: rundir.config_json(run.config) for run in runs}, indent=2,
                     sort_keys=True)
 
 
 def _changed_fields(config, leave_out=()) -> dict:
-  """{dotted field: value} of every field whose resolved value differs from normstudy.config's
+  """{dotted field: value} of every field whose resolved value differs from normstudy.core.config's
   defaults (the variant's recipe and the command line's overrides together)."""
-  from normstudy import config as config_lib
-  from normstudy import rundir
+  from normstudy.core import config as config_lib
+  from normstudy.records import rundir
   defaults = rundir.flatten(rundir.config_json(config_lib.default_config()))
   return {k: v for k, v in rundir.flatten(rundir.config_json(config)).items()
           if k not in leave_out and (k not in defaults or defaults[k] != v)}

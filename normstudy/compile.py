@@ -4,10 +4,10 @@
       --config.model.num_layers=24 --config.mesh.fsdp=16 [--json]
 
 The train step is compiled exactly as normstudy.main would compile it on those chips, with the
-config's mesh (normstudy.aot); printed per chip: the arguments (parameters, optimizer state and
-the batch), the temporaries, their total against the chip's HBM, FLOPs per step, the
-collectives in the optimized program, and the memory plan (normstudy.memory) beside them. Exit 0
-when it fits, 1 with one line naming the shortfall when it does not, 2 for a topology it does
+config's mesh (normstudy.engine.aot); printed per chip: the arguments (parameters, optimizer state
+and the batch), the temporaries, their total against the chip's HBM, FLOPs per step, the
+collectives in the optimized program, and the memory plan (normstudy.core.memory) beside them. Exit
+0 when it fits, 1 with one line naming the shortfall when it does not, 2 for a topology it does
 not know or no TPU compiler (`make tpu-aot` installs one).
 """
 
@@ -19,7 +19,7 @@ from ml_collections import config_flags
 
 from normstudy import cli
 from normstudy import errors
-from normstudy import memory  # plain arithmetic: no training stack before the flags parse
+from normstudy.core import memory  # plain arithmetic: no training stack before the flags parse
 
 FLAGS = flags.FLAGS
 
@@ -41,7 +41,7 @@ def _lines(c) -> list[str]:
            f"per chip: arguments {_gib(c.arguments)} (parameters {_gib(c.parameters)}, "
            f"optimizer state {_gib(c.optimizer_state)}, the batch and counters), "
            f"temporaries {_gib(c.temporaries)}, total {_gib(c.total)} of {_gib(c.hbm_bytes)} HBM",
-           f"memory plan (normstudy.memory): {c.plan.describe()}",
+           f"memory plan (normstudy.core.memory): {c.plan.describe()}",
            f"FLOPs per step per chip: {c.flops:.3g}"]
   used = {op: v for op, v in c.collectives.items() if v["count"]}
   lines.append("collectives: " + (", ".join(f"{op} {v['count']} ({_gib(v['bytes'])})"
@@ -52,10 +52,10 @@ def _lines(c) -> list[str]:
 def main(argv):
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
-  from normstudy import aot
+  from normstudy.engine import aot
   aot.check_topology(FLAGS.topology)
   aot.prepare_tpu_compiler(FLAGS.topology)  # before JAX starts a backend
-  from normstudy import validation
+  from normstudy.experiments import validation
   validation.validate(FLAGS.config)
   compiled = aot.compile_for(FLAGS.config, aot.topology_devices(FLAGS.topology), FLAGS.topology)
   if FLAGS.json:

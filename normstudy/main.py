@@ -37,14 +37,14 @@ def main(argv):
   # The training stack (JAX, Flax, Orbax: a second to import) loads after the flags parsed:
   # a mistyped flag or config field is answered at once.
   import jax
-  from normstudy import orchestrate
-  from normstudy import sharding
-  from normstudy import storage
+  from normstudy.engine import sharding
+  from normstudy.experiments import planning
+  from normstudy.records import storage
   sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                   FLAGS.process_id)
-  # A gs:// workdir is worked in through a local stage (normstudy.storage).
+  # A gs:// workdir is worked in through a local stage (normstudy.records.storage).
   with storage.staged(FLAGS.workdir, writer=jax.process_index() == 0) as workdir:
-    orchestrate.train_and_evaluate(FLAGS.config, workdir, FLAGS.allow_config_change)
+    planning.train_and_evaluate(FLAGS.config, workdir, FLAGS.allow_config_change)
     line = finished_line(workdir, FLAGS.workdir)
   if jax.process_index() == 0:
     print(line, flush=True)
@@ -56,10 +56,10 @@ def finished_line(workdir: str, shown: str) -> str:
   normstudy.errors.RunHalted)."""
   import math
   import os
-  from normstudy import metrics as metrics_lib
-  from normstudy import rundir
+  from normstudy.records import metrics as metrics_lib
+  from normstudy.records import schema
   last, last_eval = {}, None
-  for record in metrics_lib.read_records(os.path.join(workdir, rundir.METRICS),
+  for record in metrics_lib.read_records(os.path.join(workdir, schema.METRICS),
                                          skip_damaged=True):
     last = record
     if isinstance(record.get("eval_loss"), (int, float)):

@@ -5,9 +5,9 @@
 A config file lists its variants as data, `VARIANTS = {name: (label, {dotted.field: value})}`;
 each trains into DIR/<variant> with its settings, then the command-line overrides, applied.
 Variants that differ only in per-run fields (learning rate, clip, seed, ...) train in one program
-(normstudy.orchestrate). A variant that halts is a result: the others go on, the figure shows
-where it stopped, and the command exits 0. Finished and halted runs are skipped, unfinished ones
-resumed.
+(normstudy.experiments.planning). A variant that halts is a result: the others go on, the figure
+shows where it stopped, and the command exits 0. Finished and halted runs are skipped, unfinished
+ones resumed.
 """
 
 import os
@@ -17,7 +17,7 @@ from ml_collections import config_flags
 
 from normstudy import cli
 from normstudy import errors
-from normstudy import grid
+from normstudy.experiments import grid
 
 FLAGS = flags.FLAGS
 
@@ -47,16 +47,17 @@ def main(argv):
   if not getattr(module, "VARIANTS", None):
     raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
   cli.check_workers(FLAGS.workers)
-  from normstudy import orchestrate  # the training stack, once the command line is known good
-  from normstudy import storage
+  from normstudy import analysis
+  from normstudy.experiments import planning  # the training stack, once the command line is good
+  from normstudy.records import storage
   spec = grid.Grid(path, None, {}, config_flags.get_override_values(FLAGS["config"]), module)
   if FLAGS.print_config:
     print(cli.runs_config_text(spec.runs(FLAGS.workdir)))
     return
   with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
-    plan = orchestrate.plan(spec, workdir, FLAGS.allow_config_change, workers=FLAGS.workers)
+    plan = planning.plan(spec, workdir, FLAGS.allow_config_change, workers=FLAGS.workers)
     print("\n".join(cli.grid_config_changes(plan.runs, set())), flush=True)
-    _, outputs = orchestrate.run_grid(plan)
+    _, outputs = planning.run_grid(plan, analysis.analyze)
     outputs = {name: storage.remote(out) for name, out in outputs.items()}
   for name, out in outputs.items():
     print(f"{name}: {out}")

@@ -3,15 +3,15 @@
   python -m normstudy.sweep --config=configs/seed_figure.py:pre_norm_clip1 --workdir=DIR \\
       --axis=optimizer.learning_rate=1e-3,3e-3,1e-2 --axis=train.seed=0,1,2 [--config.x=y ...]
 
-The grid is the product of the axes (normstudy.grid): with --config=FILE:VARIANT, of that
-variant; with --config=FILE, of every variant the file lists (each an arm, DIR/<variant>/...).
+The grid is the product of the axes (normstudy.experiments.grid): with --config=FILE:VARIANT, of
+that variant; with --config=FILE, of every variant the file lists (each an arm, DIR/<variant>/...).
 A file may declare its own axes, `SWEEP = {dotted.field: [values]}`; --axis adds to them or
 replaces an axis of the same field (the same --axis twice, or a --config.X of an axis's field,
 is refused). A run's config is its arm's, then the file's SWEEP_SETTINGS, then --config.X, then
 the point's values; the grid is planned once (expanded, grouped into programs, every run
 checked) and printed before anything trains. Points that differ only in data fields (learning
 rate, clip norm, weight decay, warm-up, Adam's betas and eps, seed, limits, loss-scale settings)
-share one compiled program (normstudy.execution: vmapped on an accelerator, one run after
+share one compiled program (normstudy.engine.execution: vmapped on an accelerator, one run after
 another on a CPU); fields that change the program (placement, depth, dtype, ...) make one
 program per structural point, trained one after another or side by side (--workers). Each run
 writes DIR/<run>/ as a single run does; stacked checkpoints live under DIR/checkpoints/;
@@ -19,7 +19,7 @@ DIR/sweep.json lists the axes and each run's status. Re-running the same command
 it stopped.
 
 --search=FIELD:LOW,HIGH --rounds=N bisects FIELD for every point of the other axes instead of
-sweeping it (normstudy.search; docs/reference.md, "The critical learning rate by search").
+sweeping it (normstudy.core.search; docs/reference.md, "The critical learning rate by search").
 
 On a cluster (launch/sweep.sh --grid): --programs=I/N trains the I-th of N shares of the grid's
 programs; a search shares one round at a time (--round=K --programs=I/N, every earlier round
@@ -32,8 +32,8 @@ from ml_collections import config_flags
 
 from normstudy import cli
 from normstudy import errors
-from normstudy import grid
-from normstudy import search
+from normstudy.core import search
+from normstudy.experiments import grid
 
 FLAGS = flags.FLAGS
 
@@ -49,7 +49,7 @@ def define_flags():
                        "the same when resuming.")
   flags.DEFINE_string("search", None,
                       "FIELD:LOW,HIGH: bisect FIELD per point of the other axes instead of "
-                      "sweeping it (normstudy.search), e.g. optimizer.learning_rate:0.1,1.")
+                      "sweeping it (normstudy.core.search), e.g. optimizer.learning_rate:0.1,1.")
   flags.DEFINE_string("programs", None,
                       "I/N: train only the I-th of N shares of the grid's programs (a cluster "
                       "job array's task: program i goes to share (i - 1) % N + 1), into the same "
@@ -97,12 +97,14 @@ def main(argv):
   if search_ is not None and search_.field in overrides:
     raise errors.UserError(f"--config.{search_.field}={overrides[search_.field]!r} would be "
                            f"overwritten by --search={FLAGS.search}; drop one")
-  from normstudy import orchestrate  # the training stack, once the command line is known good
-  from normstudy import storage
+  from normstudy import analysis
+  from normstudy.experiments import planning  # the training stack, once the command line is good
+  from normstudy.experiments import search_runner
+  from normstudy.records import storage
   spec = grid.Grid(path, variant or None, axes, overrides, module,
                    file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
   # A search's points stand at the file's value of the searched field.
-  grid_runs = (list(orchestrate.search_points(spec).values()) if search_ is not None
+  grid_runs = (list(search_runner.search_points(spec).values()) if search_ is not None
                else spec.runs(FLAGS.workdir))
   if FLAGS.print_config:
     print(cli.runs_config_text(grid_runs))
@@ -111,27 +113,28 @@ def main(argv):
   changes = cli.grid_config_changes(grid_runs, {*axes, *([search_.field] if search_ else [])})
   with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
     if search_ is not None and share is not None:
-      statuses = orchestrate.search_share(
+      statuses = search_runner.search_share(
           spec, search_, workdir, FLAGS.round, *share, FLAGS.allow_config_change,
           FLAGS.max_runs_per_program, FLAGS.workers,
           describe=lambda lines: _print_lines([*lines, *changes]))
       _print_share_end(share, statuses, f" of round {FLAGS.round}")
       return
     if search_ is not None:
-      statuses, outputs = orchestrate.run_search(
-          spec, search_, workdir, FLAGS.allow_config_change, FLAGS.max_runs_per_program,
+      statuses, outputs = search_runner.run_search(
+          spec, search_, workdir, analysis.analyze, FLAGS.allow_config_change,
+          FLAGS.max_runs_per_program,
           FLAGS.workers, describe=lambda lines: _print_lines([*lines, *changes]))
     else:
-      plan = orchestrate.plan(spec, workdir, FLAGS.allow_config_change,
+      plan = planning.plan(spec, workdir, FLAGS.allow_config_change,
                               FLAGS.max_runs_per_program, FLAGS.workers)
       _print_lines([*plan.describe(), *changes])
       if share is not None:
-        plan = orchestrate.share(plan, *share)
+        plan = planning.share(plan, *share)
         _print_lines([f"share {share[0]}/{share[1]}: programs "
                       f"{', '.join(str(i) for i, _ in plan.todo) or 'none left to train'}"])
-        _print_share_end(share, orchestrate.train_share(plan))
+        _print_share_end(share, planning.train_share(plan))
         return
-      statuses, outputs = orchestrate.run_grid(plan)
+      statuses, outputs = planning.run_grid(plan, analysis.analyze)
     outputs = {name: storage.remote(out) for name, out in outputs.items()}
   for name, out in outputs.items():
     print(f"{name}: {out}")

@@ -41,22 +41,22 @@ from normstudy import analysis
 local = analysis.localize(WORKDIR)  # gs:// is copied (run files only, no checkpoints)
 if not os.path.isdir(local):
   raise SystemExit(f"{WORKDIR} does not exist: run `make study` first, or set WORKDIR.")
-df = analysis.load_runs(local)
-if df.empty:
+loaded = analysis.load_runs(local)  # .table: run, label, step, metric, value; .runs: each run
+if not len(loaded):
   raise SystemExit(f"{WORKDIR} holds no run with a metrics.jsonl yet.")
 out = tempfile.mkdtemp(prefix="normstudy_nb_")
-print(f"{df.run.nunique()} runs, {len(df)} values from {WORKDIR}")"""),
+print(f"{len(loaded)} runs, {len(loaded.table)} values from {WORKDIR}")"""),
     ("markdown", "## Training Loss Comparison"),
-    ("code", """display(Image(analysis.plot_comparison(df, os.path.join(out, "loss_comparison.png"),
+    ("code", """display(Image(analysis.plot_comparison(loaded, os.path.join(out, "loss_comparison.png"),
                                       SMOOTHING)))"""),
     ("markdown", "## Summary"),
-    ("code", """summary = analysis.summarize(df)
+    ("code", """summary = analysis.summarize(loaded)
 summary"""),
     ("markdown", "## Learning-rate sensitivity\n\nFor a sweep over "
                  "`optimizer.learning_rate`: final loss against learning rate per arm over seeds "
                  "(Wortsman et al. 2023), attention logits, and where halted runs died."),
-    ("code", """if analysis.sensitivity.is_sweep(df):
-  sweep_runs = analysis.sensitivity.table(df, summary)
+    ("code", """if analysis.sensitivity.is_sweep(loaded):
+  sweep_runs = analysis.sensitivity.table(loaded, summary)
   died = analysis.sensitivity.deaths(sweep_runs)
   display(analysis.sensitivity.summarize(sweep_runs))
   for path in analysis.sensitivity_plots.plot_all(sweep_runs, died, out).values():
@@ -64,26 +64,26 @@ summary"""),
 else:
   print("not a learning-rate sweep: no sensitivity analysis")"""),
     ("markdown", "## Observations"),
-    ("code", """path = analysis.write_observations(df, summary, os.path.join(out, "observations.md"))
+    ("code", """path = analysis.write_observations(loaded, summary, os.path.join(out, "observations.md"))
 display(Markdown(open(path, encoding="utf-8").read()))"""),
     ("markdown", "## Per-layer telemetry"),
-    ("code", """figures = analysis.plot_layers(df, out)
+    ("code", """figures = analysis.plot_layers(loaded, out)
 if not figures:
   print("no telemetry in these runs (set config.train.telemetry_every)")
 for name, path in figures.items():
   display(Image(path))"""),
     ("markdown", "## Overlay runs and metrics"),
-    ("code", """RUNS = list(df.run.unique())         # pick a subset, e.g. RUNS = ["pre_norm_clip1"]
-METRICS = ["loss", "grad_norm"]       # any of: sorted(df.metric.unique())
-print("metrics available:", ", ".join(sorted(m for m in df.metric.unique() if "/" not in m)))
+    ("code", """RUNS = loaded.names                   # pick a subset, e.g. RUNS = ["pre_norm_clip1"]
+METRICS = ["loss", "grad_norm"]       # any of: sorted(loaded.table.metric.unique())
+print("metrics available:",
+      ", ".join(sorted(m for m in loaded.table.metric.unique() if "/" not in m)))
 
-labels = df.attrs["runs"]
 fig, axes = plt.subplots(len(METRICS), 1, figsize=(9, 3 * len(METRICS)), sharex=True,
                          squeeze=False)
 for ax, metric in zip(axes[:, 0], METRICS):
   for run in RUNS:
-    values = analysis.series(df, run, metric)
-    ax.plot(values.index, values.values, label=labels[run]["label"], linewidth=1)
+    values = loaded.series(run, metric)
+    ax.plot(values.index, values.values, label=loaded[run].label, linewidth=1)
   ax.set_ylabel(metric)
   ax.grid(alpha=0.3)
 axes[0, 0].legend(fontsize=8)

@@ -31,7 +31,7 @@ USER_COMPILER_OPTIONS = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusio
 
 import pytest  # noqa: E402
 
-from normstudy import config as config_lib  # noqa: E402
+from normstudy.core import config as config_lib  # noqa: E402
 
 
 def tiny_config(**model_overrides):
@@ -52,8 +52,8 @@ def parameter_layout(config) -> tuple:
   import jax  # after the XLA flags above are set
   import numpy as np
   from flax import linen as nn
-  from normstudy import per_run
-  from normstudy import steps
+  from normstudy.core import per_run
+  from normstudy.core import steps
   values = jax.tree.map(np.asarray, per_run.run_values(config))
   boxed = jax.eval_shape(lambda: steps.init_state(config, values)).params
   specs = jax.tree.leaves(nn.get_partition_spec(boxed),
@@ -67,8 +67,9 @@ def train_losses(config, steps: int):
   """(losses, last metrics) of `steps` jitted train steps from the initial state, on one fixed
   batch of random tokens: the quickest check that a stack learns."""
   import jax  # after the XLA flags above are set
-  from normstudy import steps as steps_lib
-  state = steps_lib.create_train_state(config)
+  import inprocess
+  from normstudy.core import steps as steps_lib
+  state = inprocess.create_train_state(config)
   step = jax.jit(steps_lib.make_train_step(config))
   batch = {"tokens": jax.random.randint(jax.random.PRNGKey(1), (4, 16), 0,
                                         config.model.vocab_size)}

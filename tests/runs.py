@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from normstudy import metrics
+from normstudy.records import metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,7 +40,7 @@ def run_module(module, *args, check=True, timeout=600, env=None, **kwargs):
 
 def records(run_dir):
   """The records of a run, each line parsed as strict JSON (no NaN or Infinity literals), the
-  non-finite values' strings read back as floats (normstudy.metrics)."""
+  non-finite values' strings read back as floats (normstudy.records.metrics)."""
   def strict(name):
     raise AssertionError(f"{run_dir}/metrics.jsonl holds the non-JSON literal {name}")
   with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:

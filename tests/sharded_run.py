@@ -14,7 +14,12 @@ import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 from conftest import parameter_layout, tiny_config  # noqa: E402
-from normstudy import checkpoints, data, execution, placements, sharding  # noqa: E402
+from normstudy.core import placements  # noqa: E402
+from normstudy.data import batches as batches_lib  # noqa: E402
+from normstudy.data import sources as data  # noqa: E402
+from normstudy.engine import execution  # noqa: E402
+from normstudy.engine import sharding  # noqa: E402
+import inprocess
 
 # (runs, data, fsdp, tensor)
 MESHES = {"single": (1, 1, 1, 1), "data8": (1, 8, 1, 1), "fsdp8": (1, 1, 8, 1),
@@ -63,7 +68,7 @@ def trajectory(config, shape, steps=4):
   mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(shape))])
   program = execution.ProgramSteps(config, mesh, num_runs=1)
   state, step = program.initial([config]), program.train
-  batches = data.train_batches(config, _splits(config))
+  batches = batches_lib.train_batches(config, _splits(config))
   losses = []
   for i in range(steps):
     batch = jax.tree.map(lambda x: x[None], batches[i])
@@ -100,7 +105,7 @@ def sweep_trajectories(tmp, shape, steps=4):
   program = execution.ProgramSteps(base, mesh, num_runs=len(configs))
   state, step = program.initial(configs), program.train
   splits = _splits(base)
-  datasets = [data.train_batches(c, splits) for c in configs]
+  datasets = [batches_lib.train_batches(c, splits) for c in configs]
   losses = []
   for i in range(steps):
     batch = {k: np.stack([d[i][k] for d in datasets]) for k in datasets[0][i]}
@@ -126,7 +131,7 @@ def main(tmp):
   with ocp.StandardCheckpointer() as ckpt:
     ckpt.save(path, saved)
   with ocp.StandardCheckpointer() as ckpt:
-    restored = ckpt.restore(path, checkpoints.abstract(target))
+    restored = ckpt.restore(path, inprocess.abstract(target))
   same = all(np.array_equal(np.asarray(a), np.asarray(b))
              for a, b in zip(jax.tree.leaves(saved), jax.tree.leaves(restored)))
   kernel = restored.params["layers"]["mlp"]["fc1"]

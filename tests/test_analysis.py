@@ -148,9 +148,10 @@ def test_no_loss_scale_panel_without_float16(tmp_path):
 def test_runs_sharing_a_label_get_distinct_legend_entries(tmp_path):
   _write_run(tmp_path / "x", "Same", _trajectory(steps=20).to_list(), [1.0] * 20)
   _write_run(tmp_path / "y", "Same", _trajectory(steps=20, seed=1).to_list(), [1.0] * 20)
-  df = analysis.load_runs(str(tmp_path))
+  loaded = analysis.load_runs(str(tmp_path))
+  df = loaded.table
   assert sorted(df.label.unique()) == ["Same (x)", "Same (y)"]
-  legend = [t.get_text() for t in plots.comparison_figure(df).axes[0].get_legend().get_texts()]
+  legend = [t.get_text() for t in plots.comparison_figure(loaded).axes[0].get_legend().get_texts()]
   assert "Same (x)" in legend and "Same (y)" in legend
 
 
@@ -201,7 +202,7 @@ def test_ties_in_the_comparison_are_named_as_ties():
 def test_progress_eta_is_the_steady_state_not_the_compiling_interval(monkeypatch, caplog):
   import logging
   from types import SimpleNamespace
-  from normstudy import recorder
+  from normstudy.engine import recorder
   clock = iter([0.0,            # start
                 100.0,          # step 10: compiling took 100 s
                 101.0, 102.0,   # steps 20, 30: 0.1 s a step

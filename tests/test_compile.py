@@ -1,5 +1,5 @@
-"""python -m normstudy.compile and normstudy.aot: a config compiled for a TPU topology on this
-CPU machine (the TPU compiler from `make tpu-aot`), each chip holding its share of the state,
+"""python -m normstudy.compile and normstudy.engine.aot: a config compiled for a TPU topology on
+this CPU machine (the TPU compiler from `make tpu-aot`), each chip holding its share of the state,
 remat lowering the temporaries, no XLA:CPU choice in the program, and one line for what it
 cannot do."""
 
@@ -51,7 +51,7 @@ def test_remat_lowers_the_temporaries(compiled):
 
 
 def test_the_memory_plan_agrees_with_the_compiler(compiled):
-  # normstudy.memory's stated margin on a TPU: the compiled step needs 0.3-1.5x the plan (it
+  # normstudy.core.memory's stated margin on a TPU: the compiled step needs 0.3-1.5x the plan (it
   # counts the attention scores and probabilities a fused softmax partly avoids; at the
   # paper's size 0.78-1.24x, docs/pods/paper_v5e_4x4.csv).
   for name in ("fsdp4", "data4", "fsdp4_block"):

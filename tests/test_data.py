@@ -8,8 +8,11 @@ import sys
 import numpy as np
 import pytest
 
-from normstudy import data as data_lib
-from normstudy import synthetic
+from normstudy.data import batches as batches_lib
+from normstudy.data import floors as floors_lib
+from normstudy.data import sources as data_lib
+from normstudy.data import synthetic
+from normstudy.data import tokenizers as tokenizers_lib
 import runs
 
 
@@ -57,7 +60,7 @@ def test_pack_concatenates_and_cuts_full_rows():
 def test_span_mask_statistics():
   rng = np.random.default_rng(0)
   length, span, prob = 100, 5, 0.2
-  mask = data_lib.span_mask(rng, 4000, length, mask_prob=prob, mask_length=span)
+  mask = batches_lib.span_mask(rng, 4000, length, mask_prob=prob, mask_length=span)
   # 0.2 * 100 / 5 = 4 starts per row, drawn without replacement from 96; position t stays
   # unmasked when none of the n_t starts covering it is drawn: C(96 - n_t, 4) / C(96, 4).
   num_starts, spans = length - span + 1, 4
@@ -96,10 +99,10 @@ def test_synthetic_dataset_prepares_offline_and_records_entropy(make_config, tmp
 def test_batch_i_is_a_pure_function_of_index_and_seed(make_config, tmp_path):
   config = _synthetic_config(make_config, tmp_path)
   splits = data_lib.load_splits(config)
-  first = data_lib.train_batches(config, splits)
+  first = batches_lib.train_batches(config, splits)
   expected = [first[i] for i in range(12)]
   # A resumed run (a fresh dataset object) reads batch 7 onwards identically.
-  again = data_lib.train_batches(config, splits)
+  again = batches_lib.train_batches(config, splits)
   for i in range(7, 12):
     np.testing.assert_array_equal(again[i]["tokens"], expected[i]["tokens"])
     np.testing.assert_array_equal(again[i]["mask"], expected[i]["mask"])
@@ -109,7 +112,7 @@ def test_batch_i_is_a_pure_function_of_index_and_seed(make_config, tmp_path):
   assert all(tuple(r) in rows for r in expected[3]["tokens"])
   # Different seeds shuffle differently.
   config.train.seed = 1
-  other = data_lib.train_batches(config, splits)[0]
+  other = batches_lib.train_batches(config, splits)[0]
   assert not np.array_equal(other["tokens"], expected[0]["tokens"])
 
 
@@ -118,12 +121,12 @@ def test_masked_loss_floor_comes_from_fresh_rows_and_is_cached(make_config, tmp_
   import json
   config = _synthetic_config(make_config, tmp_path)
   splits = data_lib.load_splits(config)
-  assert data_lib.FLOOR_ROWS >= 8000
+  assert floors_lib.FLOOR_ROWS >= 8000
   # Recomputed here from the generator: FLOOR_ROWS fresh rows (not the validation split's),
   # masked as training masks.
   transitions = synthetic.transition_matrix(32, config.data.branching, config.data.seed)
-  rows = synthetic.sample_documents(transitions, data_lib.FLOOR_ROWS, 16, data_lib.FLOOR_SEED)
-  masks = data_lib.span_mask(np.random.default_rng(data_lib.FLOOR_SEED), len(rows), 16, 0.3, 2)
+  rows = synthetic.sample_documents(transitions, floors_lib.FLOOR_ROWS, 16, floors_lib.FLOOR_SEED)
+  masks = batches_lib.span_mask(np.random.default_rng(floors_lib.FLOOR_SEED), len(rows), 16, 0.3, 2)
   floor, stderr = synthetic.masked_loss_floor(transitions, rows, masks)
   assert (splits.masked_loss_floor, splits.masked_loss_floor_stderr) == (floor, stderr)
   assert 0 < stderr < 0.02
@@ -141,7 +144,7 @@ def test_every_run_is_evaluated_on_the_same_rows_and_masks(make_config, tmp_path
 
   def eval_set(seed, eval_seed):
     config.train.seed, config.train.eval_seed = seed, eval_seed
-    return data_lib.eval_batches(config, splits)
+    return batches_lib.eval_batches(config, splits)
 
   shared = eval_set(0, 0)
   for a, b in zip(shared, eval_set(3, 0)):  # another seed, the same eval set
@@ -211,7 +214,7 @@ def test_catalog_dataset_byte_level_with_mock_data(make_config, tmp_path, name):
                      validation_tokens=256, tokenizer="bytes")
   with tfds.testing.mock_data(num_examples=200):
     splits = data_lib.load_splits(config)
-    texts = list(data_lib._read_texts(config.data, "train", 10**6))
+    texts = list(data_lib.read_texts(config.data, "train", 10**6))
   stream = b"\n".join(t.encode() for t in texts) + b"\n"
   np.testing.assert_array_equal(splits.train.ravel(),
                                 np.frombuffer(stream[: splits.train.size], np.uint8))
@@ -228,8 +231,8 @@ def test_catalog_dataset_trains_and_reuses_a_sentencepiece_model(make_config, tm
                      validation_split="test")
   with tfds.testing.mock_data(num_examples=300):
     splits = data_lib.load_splits(config)
-    first_text = next(data_lib._read_texts(config.data, "train", 1))
-  path = data_lib.sentencepiece_path(config.data, 40)
+    first_text = next(data_lib.read_texts(config.data, "train", 1))
+  path = tokenizers_lib.sentencepiece_path(config.data, 40)
   assert path == str(tmp_path / "lm1b_sp40.model")
   processor = spm.SentencePieceProcessor(model_file=path)
   assert processor.get_piece_size() <= 40
@@ -251,7 +254,7 @@ def test_a_dataset_name_is_checked_without_tensorflow_or_community_datasets():
   # tfds's syntax (a config, a version).
   code = """
 import sys
-from normstudy import data
+from normstudy.data import sources as data
 names = ["lm1b", "c4/en", "lm1b:1.1.0", "no_such_dataset", "lm1b:not a version"]
 print(*[data.is_catalog_dataset(n) for n in names], "tensorflow" in sys.modules)
 """
@@ -263,11 +266,11 @@ print(*[data.is_catalog_dataset(n) for n in names], "tensorflow" in sys.modules)
 
 def test_a_synthetic_split_smaller_than_a_document_is_said(make_config, caplog):
   import logging
-  from normstudy import orchestrate
+  from normstudy.experiments import preflight
   config = make_config()
   config.data.update(name="synthetic", train_tokens=10, validation_tokens=2**16)
   caplog.set_level(logging.WARNING)
-  orchestrate._warn_small_synthetic(config)
+  preflight._warn_small_synthetic(config)
   lines = [r.getMessage() for r in caplog.records]
   assert lines == [f"config.data.train_tokens=10 is less than one synthetic document: the train "
                    f"split holds 4096 tokens ({4096 // config.model.max_len} rows of "

@@ -1,4 +1,4 @@
-"""model.fusion_boundary and platform.CPU_COMPILER_OPTIONS: the boundary is the identity forward
+"""layers.fusion_boundary and platform.CPU_COMPILER_OPTIONS: the boundary is the identity forward
 and backward, and with the options XLA:CPU keeps it (jaxlib would otherwise drop it before
 fusion, silently undoing the speed-up benchmarks/profile.py measured)."""
 
@@ -6,20 +6,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from normstudy import model
-from normstudy import platform
+from normstudy.core import layers
+from normstudy.engine import platform
 
 
 def _loss(x, w, boundary):
   h = x @ w
-  h = model.fusion_boundary(h) if boundary else h
+  h = layers.fusion_boundary(h) if boundary else h
   return jnp.sum(jnp.tanh(h) ** 2)
 
 
 def test_the_boundary_changes_no_value_or_gradient():
   rng = np.random.default_rng(0)
   x, w = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((8, 16), (16, 4)))
-  np.testing.assert_array_equal(model.fusion_boundary(x), x)
+  np.testing.assert_array_equal(layers.fusion_boundary(x), x)
   with_boundary = jax.jit(jax.value_and_grad(_loss, argnums=(0, 1)), static_argnums=2,
                           compiler_options=platform.CPU_COMPILER_OPTIONS)
   plain = jax.jit(jax.value_and_grad(_loss, argnums=(0, 1)), static_argnums=2,

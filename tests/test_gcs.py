@@ -58,7 +58,7 @@ def trajectory(data: bytes):
 
 def test_a_run_killed_with_sigkill_resumes_bit_exactly_from_the_bucket(bucket, tmp_path):
   env, root = bucket
-  from normstudy import storage
+  from normstudy.records import storage
   args = (f"--config={SEED}", *runs.tiny_args(root / "tfds", num_steps=30, every=5))
   reference = tmp_path / "reference"
   runs.run_module("normstudy.main", f"--workdir={reference}", *args)
@@ -117,7 +117,7 @@ def test_a_workdir_in_use_and_a_bad_url_are_one_line(bucket):
   env, root = bucket
   url = f"gs://{gcs.BUCKET}/busy"
   args = (f"--config={SEED}", *runs.tiny_args(root / "tfds", num_steps=100000, every=100000))
-  from normstudy import storage
+  from normstudy.records import storage
   os.environ[storage.STAGE_DIR_ENV] = env[storage.STAGE_DIR_ENV]
   first = runs.start_module("normstudy.main", f"--workdir={url}", *args, env=env)
   try:
@@ -140,7 +140,7 @@ def test_a_workdir_in_use_and_a_bad_url_are_one_line(bucket):
 
 def test_a_sweep_killed_with_sigkill_resumes_bit_exactly_from_the_bucket(bucket, tmp_path):
   env, root = bucket
-  from normstudy import storage
+  from normstudy.records import storage
   args = (f"--config={SEED}", "--axis=optimizer.learning_rate=0.001,0.002", "--axis=train.seed=0",
           "--workers=1", *runs.tiny_args(root / "tfds", num_steps=300, every=25))
   reference = tmp_path / "reference"

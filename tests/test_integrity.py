@@ -13,9 +13,11 @@ import subprocess
 import pytest
 
 from normstudy import errors
-from normstudy import rundir
-from normstudy import grid
-from normstudy import orchestrate
+from normstudy.core import per_run
+from normstudy.experiments import grid
+from normstudy.experiments import preflight
+from normstudy.records import rundir
+from normstudy.records import schema
 import runs
 
 LM = "configs/lm.py:tiny"
@@ -41,13 +43,13 @@ def test_a_workdir_without_a_checkpoint_takes_a_new_config(make_config, tmp_path
   rundir.RunDir(str(workdir)).write_config(rundir.config_json(other))
   run = grid.Run("run", config, str(workdir))
   checkpoints = str(workdir / "checkpoints")
-  orchestrate.preflight([run], checkpoints)  # no finished step: not a run yet
+  preflight.preflight([run], checkpoints)  # no finished step: not a run yet
   os.makedirs(os.path.join(checkpoints, "3"))
   with pytest.raises(errors.UserError, match=r"model.max_len: 8 -> 16"):
-    orchestrate.preflight([run], checkpoints)
+    preflight.preflight([run], checkpoints)
   os.remove(workdir / "config.json")
   with pytest.raises(errors.UserError, match=r"has checkpoints \(steps 3\) but no config.json"):
-    orchestrate.preflight([run], checkpoints)
+    preflight.preflight([run], checkpoints)
 
 
 def test_workdir_and_data_dir_that_cannot_be_written(make_config, tmp_path):
@@ -57,11 +59,11 @@ def test_workdir_and_data_dir_that_cannot_be_written(make_config, tmp_path):
   run = grid.Run("run", config, str(blocker / "run"))
   with pytest.raises(errors.UserError, match=r"--workdir='.*a_file/run' cannot be created: .*"
                                              r"a_file is a file"):
-    orchestrate.preflight([run], str(blocker / "run" / "checkpoints"))
+    preflight.preflight([run], str(blocker / "run" / "checkpoints"))
   config.data.data_dir = str(blocker / "tfds")
   run = grid.Run("run", config, str(tmp_path / "run"))
   with pytest.raises(errors.UserError, match=r"config.data.data_dir='.*a_file/tfds' cannot be"):
-    orchestrate.preflight([run], str(tmp_path / "run" / "checkpoints"))
+    preflight.preflight([run], str(tmp_path / "run" / "checkpoints"))
   assert not (tmp_path / "run").exists()
 
 
@@ -158,7 +160,7 @@ def _tensorboard_steps(workdir, tag="loss"):
   import tensorflow as tf
   counts = {}
   for name in os.listdir(workdir):
-    if name.startswith(rundir.EVENTS_PREFIX):
+    if name.startswith(schema.EVENTS_PREFIX):
       for raw in tf.data.TFRecordDataset(str(workdir / name)):
         event = tf.compat.v1.Event.FromString(raw.numpy())
         for value in event.summary.value:
@@ -277,19 +279,19 @@ def test_help_and_clip_none_and_a_quiet_start(tmp_path):
 
 
 def test_a_field_the_saved_config_predates_is_no_difference_at_its_default():
-  from normstudy import config as config_lib
+  from normstudy.core import config as config_lib
   saved = rundir.config_json(config_lib.default_config())
   del saved["model"]["remat"]  # written before model.remat existed
   current = config_lib.default_config()
-  assert rundir.config_differences(saved, rundir.config_json(current)) == []
+  assert per_run.config_differences(saved, rundir.config_json(current)) == []
   current.model.remat = "block"
-  assert rundir.config_differences(saved, rundir.config_json(current)) == [
+  assert per_run.config_differences(saved, rundir.config_json(current)) == [
       "model.remat: '<absent>' -> 'block'"]
 
 
 def test_an_unstaged_url_workdir_is_refused_in_one_line_and_nothing_is_made(tmp_path,
                                                                            monkeypatch):
-  # The commands stage a URL (normstudy.storage, tests/test_gcs.py); the library's checks
+  # The commands stage a URL (normstudy.records.storage, tests/test_gcs.py); the library's checks
   # never write one through local file operations (which made a local 'gs:' directory).
   monkeypatch.chdir(tmp_path)
   for url in ("gs://bucket/run", "s3://bucket/run"):

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from normstudy.search import DEFAULT_ROUNDS
+from normstudy.core.search import DEFAULT_ROUNDS
 import runs
 
 

@@ -1,5 +1,5 @@
-"""normstudy.memory: the plan counts the model's parameters as the model has them, is a floor of
-what XLA compiles (within the margin its docstring states), scales with the mesh as the
+"""normstudy.core.memory: the plan counts the model's parameters as the model has them, is a floor
+of what XLA compiles (within the margin its docstring states), scales with the mesh as the
 shardings do, and the entry commands refuse a run that cannot fit, in one line, before anything
 is written."""
 
@@ -7,11 +7,11 @@ import jax
 import numpy as np
 import pytest
 
-from normstudy import execution
-from normstudy import memory
-from normstudy import model as model_lib
-from normstudy import placements
-from normstudy import sharding
+from normstudy.core import memory
+from normstudy.core import model as model_lib
+from normstudy.core import placements
+from normstudy.engine import execution
+from normstudy.engine import sharding
 import runs
 
 ONE = {"runs": 1, "data": 1, "fsdp": 1, "tensor": 1}

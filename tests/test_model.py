@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from normstudy import errors
-from normstudy import model as model_lib
-from normstudy import placements
+from normstudy.core import layers
+from normstudy.core import model as model_lib
+from normstudy.core import placements
 from conftest import train_losses
 import numpy_reference as ref
 
@@ -45,11 +46,11 @@ def _randomized(params, seed):
 
 
 def _block_params(cfg, x, seed=0):
-  init = jax.jit(lambda key: nn.unbox(model_lib.Block(cfg).init(key, x)["params"]))
+  init = jax.jit(lambda key: nn.unbox(layers.Block(cfg).init(key, x)["params"]))
   return jax.tree.map(np.asarray, _randomized(init(jax.random.PRNGKey(seed)), seed + 1))
 
 
-@pytest.mark.parametrize("index,name", enumerate(PLACEMENTS))
+@pytest.mark.parametrize("index,name", list(enumerate(PLACEMENTS)))
 def test_every_block_matches_its_numpy_reference(make_config, index, name):
   # Alternate placements check the other activation and the biases.
   activation, use_bias = [("gelu_tanh", False), ("gelu", True)][index % 2]
@@ -59,7 +60,7 @@ def test_every_block_matches_its_numpy_reference(make_config, index, name):
   cfg = model_lib.ModelConfig.create(config.model)
   x = np.random.default_rng(0).normal(size=(2, 16, 32)).astype(np.float32)
   params = _block_params(cfg, x)
-  got = np.asarray(jax.jit(model_lib.Block(cfg).apply)({"params": params}, x))
+  got = np.asarray(jax.jit(layers.Block(cfg).apply)({"params": params}, x))
   block, _ = ref.BLOCKS[name]
   expected = block(x.astype(np.float64), params, num_layers, True, cfg.norm_eps, activation)
   np.testing.assert_allclose(got, expected, atol=3e-4, rtol=3e-4)
@@ -194,7 +195,7 @@ def test_input_norm_normalises_the_embedding_output(make_config):
   params = _randomized(model_lib.init_params(cfg, 0), 4)
   params = jax.tree.map(np.asarray, params)
   tokens = np.random.default_rng(2).integers(0, 32, (2, 16)).astype(np.int32)
-  positions = np.asarray(model_lib.sinusoidal_positions(16, 32))
+  positions = np.asarray(layers.sinusoidal_positions(16, 32))
   x = params["embedding"][tokens] + positions
   en = params["embedding_norm"]
   x = ref.layernorm(x, en["scale"], en["bias"], cfg.norm_eps)
@@ -214,7 +215,7 @@ def test_without_attention_a_block_is_its_mlp_alone(make_config):
   assert not [n for n in names if "attention" in n] and "layers/mlp/fc1" in names
   params = jax.tree.map(np.asarray, _randomized(model_lib.init_params(cfg, 0), 4))
   tokens = np.random.default_rng(2).integers(0, 32, (2, 16)).astype(np.int32)
-  x = params["embedding"][tokens] + np.asarray(model_lib.sinusoidal_positions(16, 32))
+  x = params["embedding"][tokens] + np.asarray(layers.sinusoidal_positions(16, 32))
   for i in range(2):
     layer = jax.tree.map(lambda a, i=i: a[i], params["layers"])
     norm = layer["mlp_norm"]
@@ -228,7 +229,7 @@ def test_without_attention_a_block_is_its_mlp_alone(make_config):
 
 @pytest.mark.parametrize("name", ["gelu", "gelu_tanh"])
 def test_gelu_runs_in_float32_with_a_finite_gradient_in_float16(name):
-  act = model_lib.ACTIVATIONS.get(name)
+  act = layers.ACTIVATIONS.get(name)
   x16 = jnp.asarray([-3.0, -0.5, 0.0, 0.7, 2.5, 148.0, 1e4], jnp.float16)
   y = act(x16)
   assert y.dtype == jnp.float16
@@ -269,7 +270,7 @@ def test_relax_forms_equal_plain_attention_in_float32(form):
   q = rng.normal(size=(2, 4, 16, 8)).astype(np.float32) * 3
   k = rng.normal(size=(2, 4, 16, 8)).astype(np.float32) * 3
   plain = np.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(8)
-  logits, shift = model_lib.attention_scores(jnp.asarray(q), jnp.asarray(k), 32.0, form)
+  logits, shift = layers.attention_scores(jnp.asarray(q), jnp.asarray(k), 32.0, form)
   np.testing.assert_allclose(np.asarray(logits + shift), plain, rtol=1e-5, atol=1e-4)
   np.testing.assert_allclose(_softmax(np.asarray(logits)), _softmax(plain), atol=1e-6)
 
@@ -279,8 +280,8 @@ def test_pb_relax_survives_a_float16_score_that_overflows_after_the_product():
   plain = np.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(8)
   assert plain.max() == pytest.approx(8.7e4, rel=1e-3) and plain.max() > 65504
   q16, k16 = jnp.asarray(q, jnp.float16), jnp.asarray(k, jnp.float16)
-  relaxed, _ = model_lib.attention_scores(q16, k16, 32.0, "pb_relax")
-  after, _ = model_lib.attention_scores(q16, k16, 32.0, "after_product")
+  relaxed, _ = layers.attention_scores(q16, k16, 32.0, "pb_relax")
+  after, _ = layers.attention_scores(q16, k16, 32.0, "after_product")
   assert np.isfinite(np.asarray(relaxed)).all()
   assert not np.isfinite(np.asarray(after)).all()
   np.testing.assert_allclose(_softmax(np.asarray(relaxed)), _softmax(plain), atol=2e-3)
@@ -329,7 +330,7 @@ def test_grouped_conv_matches_a_direct_transcription(width, groups):
         source = t + w - left
         if 0 <= source < 9:
           expected[:, t, out] += x[:, source, g * per_group:(g + 1) * per_group] @ kernel[w, :, out]
-  got = np.asarray(model_lib.grouped_conv1d(jnp.asarray(x), jnp.asarray(kernel), groups))
+  got = np.asarray(layers.grouped_conv1d(jnp.asarray(x), jnp.asarray(kernel), groups))
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from normstudy import optimizer as optimizer_lib
-from normstudy import per_run
-from normstudy import config as config_lib
+from normstudy.core import config as config_lib
+from normstudy.core import optimizer as optimizer_lib
+import inprocess
 
 
 def _fairseq_polynomial_lr(num_updates, peak, end, warmup, total, power):
@@ -62,7 +62,7 @@ def test_adam_fairseq_matches_fairseqs_adam_and_schedule_over_100_steps():
   rng = np.random.default_rng(0)
   params = {"w": rng.normal(size=(7, 5)).astype(np.float32),
             "scale": np.ones(5, np.float32)}  # a norm gain: fairseq decays it too
-  hp = per_run.hyperparameters(config)
+  hp = inprocess.hyperparameters(config)
   mask = {"w": True, "scale": False}  # ignored by adam_fairseq
   tx = optimizer_lib.make_optimizer(opt, hp, mask)
   state = tx.init(params)
@@ -94,7 +94,7 @@ def test_schedules_equal_optax_schedules_joined_after_warmup(schedule):
   config.optimizer.update(learning_rate=1e-3, end_learning_rate=1e-4, warmup_steps=10,
                           schedule=schedule, power=2.0)
   config.train.num_steps = 110
-  hp = per_run.hyperparameters(config)
+  hp = inprocess.hyperparameters(config)
   decay = {
       "constant": optax.constant_schedule(1e-3),
       "linear": optax.linear_schedule(1e-3, 1e-4, 100),
@@ -111,7 +111,7 @@ def test_schedule_is_traced_data():
   config = config_lib.default_config()
   config.optimizer.update(schedule="linear", warmup_steps=4)
   config.train.num_steps = 20
-  hp = per_run.hyperparameters(config)
+  hp = inprocess.hyperparameters(config)
   stacked = {k: jnp.stack([v, v * 2]) for k, v in hp.items()}
   rates = jax.jit(jax.vmap(lambda h: optimizer_lib.learning_rate("linear", h, 2)))(stacked)
   # Two runs: peak 1e-3 and 2e-3, warm-ups 4 and 8 steps: step 2 is half and a quarter of peak.
@@ -121,7 +121,7 @@ def test_schedule_is_traced_data():
 def test_clip_norm_zero_is_exactly_no_clipping():
   config = config_lib.default_config()
   config.optimizer.update(name="adamw", clip_norm=None, weight_decay=0.0)
-  hp = per_run.hyperparameters(config)
+  hp = inprocess.hyperparameters(config)
   params = {"w": jnp.ones((3, 3))}
   grads = {"w": jnp.full((3, 3), 100.0)}
   tx = optimizer_lib.make_optimizer(config.optimizer, hp, {"w": True})
@@ -137,7 +137,7 @@ def test_adamw_decays_by_role_mask():
   config = config_lib.default_config()
   config.optimizer.update(name="adamw", weight_decay=0.5, learning_rate=0.1, clip_norm=0.0,
                           warmup_steps=0, schedule="constant")
-  hp = per_run.hyperparameters(config)
+  hp = inprocess.hyperparameters(config)
   params = {"w": jnp.full((2,), 3.0), "gain": jnp.full((2,), 5.0)}
   tx = optimizer_lib.make_optimizer(config.optimizer, hp, {"w": True, "gain": False})
   zero = jax.tree.map(jnp.zeros_like, params)

@@ -1,5 +1,5 @@
-"""Per-run fields (normstudy.per_run): each one, set two ways in two runs of one program, trains
-each run with its own value, step for step as that run trains alone.
+"""Per-run fields (normstudy.core.per_run): each one, set two ways in two runs of one program,
+trains each run with its own value, step for step as that run trains alone.
 
 The program's step is built from the first run's config, so a per-run field that the step read
 from the config instead of the state would train the second run with the first run's value and
@@ -12,11 +12,12 @@ import jax
 import numpy as np
 import pytest
 
-from normstudy import config as config_lib
-from normstudy import execution
-from normstudy import life
-from normstudy import per_run
-from normstudy import sharding
+from normstudy.core import config as config_lib
+from normstudy.core import life
+from normstudy.core import per_run
+from normstudy.engine import execution
+from normstudy.engine import sharding
+import inprocess
 
 STEPS = 8
 # What a step reports that a per-run field can change.
@@ -68,7 +69,7 @@ def _config(make_config, settings):
 
 def _trajectory(configs, batch, one_at_a_time=None):
   """[K] dicts of [STEPS] arrays: what each run of one program of `configs` reported, its runs
-  stepping as `one_at_a_time` says (None: as normstudy.execution chooses)."""
+  stepping as `one_at_a_time` says (None: as normstudy.engine.execution chooses)."""
   mesh = sharding.make_mesh(configs[0].mesh, jax.devices()[:1])
   steps = execution.ProgramSteps(configs[0], mesh, len(configs), one_at_a_time=one_at_a_time)
   state = steps.initial(configs)
@@ -87,7 +88,7 @@ DISCRETE = ("skipped", "clipped", "status", "loss_scale")
 
 def _same(a, b, exact: bool):
   """Every report equal: bit for bit when the program's runs step one at a time through the
-  one-run program (normstudy.execution); vmapped, the K-run program rounds the last bits
+  one-run program (normstudy.engine.execution); vmapped, the K-run program rounds the last bits
   differently, so the floats agree to rounding and the discrete reports exactly."""
   for key in OBSERVED:
     if exact or key in DISCRETE:
@@ -139,8 +140,7 @@ def test_a_restored_state_takes_the_changeable_fields_of_its_new_config(make_con
   changed.optimizer.update(learning_rate=0.5, warmup_steps=7)
   changed.train.update(seed=9, num_steps=50, max_consecutive_skips=2)
   changed.optimizer.loss_scale.update(initial_scale=4.0, min_scale=0.25)
-  from normstudy import steps as steps_lib
-  restored = steps_lib.create_train_state(config)
+  restored = inprocess.create_train_state(config)
   applied = per_run.apply_to_restored(restored, per_run.run_values(changed))
   assert float(applied.hparams["learning_rate"]) == 0.5
   assert float(applied.hparams["warmup_steps"]) == 7

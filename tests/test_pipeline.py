@@ -29,7 +29,7 @@ def _halting_study(tmp_path):
   path = tmp_path / "halting_study.py"
   path.write_text(textwrap.dedent(f"""
       from configs import seed_figure
-      from normstudy import config as config_lib
+      from normstudy.core import config as config_lib
 
       VARIANTS = dict(seed_figure.VARIANTS)
       STUDY_VARIANTS = seed_figure.STUDY_VARIANTS
@@ -144,7 +144,7 @@ def test_localize_copies_run_files_but_not_checkpoints(tmp_path):
   assert (tmp_path / "cache" / "run" / "metrics.jsonl").read_text() == '{"step": 1, "loss": 2.0}\n'
   assert (tmp_path / "cache" / "run" / "config.json").exists()
   assert not (tmp_path / "cache" / "run" / "checkpoints").exists()
-  assert set(analysis.load_runs(local).label) == {"R"}
+  assert set(analysis.load_runs(local).table.label) == {"R"}
   assert analysis.localize(str(tmp_path)) == str(tmp_path)  # local paths are used in place
 
 
@@ -168,11 +168,12 @@ def test_single_run_command_line_and_overrides(tmp_path):
   assert config["train"]["tensorboard"] is False  # runs.TINY: metrics.jsonl only
   assert not [n for n in os.listdir(workdir) if n.startswith("events.out.tfevents")]
   assert all(r["clipped"] == (r["grad_norm"] > 0.25) for r in recs)
-  df = analysis.load_runs(str(workdir))
+  loaded = analysis.load_runs(str(workdir))
+  df = loaded.table
   assert set(df.columns) == {"run", "label", "step", "metric", "value"}
   # The label says what the run is, overrides included.
   assert set(df.label) == {"Pre-Norm | Attention Relax | Gradient Clip=0.25"}
-  losses = analysis.series(df, ".", "loss")
+  losses = analysis.series(loaded, ".", "loss")
   assert list(losses.index) == [1, 2, 3, 4]
   assert list(losses.values) == [r["loss"] for r in recs]
 

@@ -1,16 +1,17 @@
-"""normstudy.platform decides every XLA:CPU-only choice from the devices a program is compiled
-for, and the steps carry its choice: a CPU host compiling for other devices must not get the
-CPU's fusion boundaries, compiler options or stepping."""
+"""normstudy.engine.platform decides every XLA:CPU-only choice from the devices a program is
+compiled for, and the steps carry its choice: a CPU host compiling for other devices must not get
+the CPU's fusion boundaries, compiler options or stepping."""
 
 import dataclasses
 
 import jax
 import numpy as np
 
-from normstudy import execution
-from normstudy import platform
-from normstudy import sharding
-from normstudy import steps as steps_lib
+from normstudy.core import steps as steps_lib
+from normstudy.engine import execution
+from normstudy.engine import platform
+from normstudy.engine import sharding
+import inprocess
 
 
 @dataclasses.dataclass
@@ -33,7 +34,7 @@ def test_the_choices_follow_the_devices_not_the_host():
 def _barriers(config, fusion_boundaries):
   """Optimization barriers in the lowered eval step (the train step's forward, cheaper to
   lower; the train step builds its model the same way, from steps._model_config)."""
-  params = steps_lib.create_train_state(config).params
+  params = inprocess.create_train_state(config).params
   batch = {"tokens": np.zeros((config.train.batch_size, config.model.max_len), np.int32)}
   step = jax.jit(steps_lib.make_eval_step(config, fusion_boundaries=fusion_boundaries))
   return step.lower(params, batch).as_text().count("optimization_barrier")

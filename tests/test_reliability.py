@@ -9,14 +9,15 @@ import time
 
 import pytest
 
-from normstudy import config as config_lib
 from normstudy import errors
-from normstudy import metrics as metrics_lib
-from normstudy import model as model_lib
-from normstudy import optimizer as optimizer_lib
-from normstudy import placements
-from normstudy import rundir
-from normstudy import validation
+from normstudy.core import config as config_lib
+from normstudy.core import layers
+from normstudy.core import optimizer as optimizer_lib
+from normstudy.core import per_run
+from normstudy.core import placements
+from normstudy.experiments import validation
+from normstudy.records import metrics as metrics_lib
+from normstudy.records import rundir
 import runs
 
 SEED = "configs/seed_figure.py:pre_norm_clip1"
@@ -157,8 +158,8 @@ def _allowed(names):
 
 BAD_VALUES = [
     ("model.placement", "not_a_placement", _allowed(placements.names())),
-    ("model.norm", "batchnorm", _allowed(model_lib.NORMS.names())),
-    ("model.activation", "swish", _allowed(model_lib.ACTIVATIONS.names())),
+    ("model.norm", "batchnorm", _allowed(layers.NORMS.names())),
+    ("model.activation", "swish", _allowed(layers.ACTIVATIONS.names())),
     ("optimizer.name", "sgd", _allowed(optimizer_lib.OPTIMIZERS.names())),
     ("model.dtype", "float64", "allowed: float32, bfloat16, float16"),
     ("model.init", "he", "allowed: xavier, bert"),
@@ -204,8 +205,8 @@ def test_a_tokenizer_for_text_files_is_refused_not_ignored():
 
 
 def test_synthetic_split_sizes_follow_the_generator():
-  from normstudy import data as data_lib
-  from normstudy import synthetic
+  from normstudy.data import sources as data_lib
+  from normstudy.data import synthetic
   for requested in (1, 10, 4096, 4097, 2**16):
     docs = max(1, -(-requested // synthetic.DOC_LENGTH))
     assert data_lib.synthetic_tokens(requested) == docs * synthetic.DOC_LENGTH
@@ -348,21 +349,21 @@ def test_config_differences_ignore_what_may_change():
   new["train"].update(num_steps=5000, log_every=7, checkpoint_every=11, telemetry_every=10)
   new["mesh"].update(data=2, fsdp=2, tensor=2)
   new["label"] = "renamed"
-  assert rundir.config_differences(old, new) == []
+  assert per_run.config_differences(old, new) == []
   new["model"]["d_model"] = 64
   new["train"]["seed"] = 3
-  assert rundir.config_differences(old, new) == ["model.d_model: 128 -> 64",
+  assert per_run.config_differences(old, new) == ["model.d_model: 128 -> 64",
                                                  "train.seed: 0 -> 3"]
   # A run saved before train.eval_seed existed was evaluated on its own seed's masks (-1): it
   # continues as it was with -1, and the new default would change its eval set.
   older = json.loads(config_lib.default_config().to_json_best_effort())
   del older["train"]["eval_seed"]
   current = json.loads(config_lib.default_config().to_json_best_effort())
-  assert rundir.config_differences(older, current) == ["train.eval_seed: '<absent>' -> 0"]
+  assert per_run.config_differences(older, current) == ["train.eval_seed: '<absent>' -> 0"]
   current["train"]["eval_seed"] = -1
-  assert rundir.config_differences(older, current) == []
+  assert per_run.config_differences(older, current) == []
   current["train"]["wandb_project"] = "p"  # tracking may start on a resume
-  assert rundir.config_differences(older, current) == []
+  assert per_run.config_differences(older, current) == []
 
 
 def test_a_directory_of_another_kind_is_refused():

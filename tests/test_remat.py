@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from normstudy import model as model_lib
-from normstudy import steps as steps_lib
+from normstudy.core import model as model_lib
+from normstudy.core import steps as steps_lib
+import inprocess
 
 
 def _config(make_config, remat, scan):
@@ -47,7 +48,7 @@ def test_remat_changes_no_value_or_gradient(make_config, scan):
 def test_telemetry_and_the_locator_work_under_remat(make_config):
   for scan in (False, True):
     config = _config(make_config, "block", scan)
-    state = steps_lib.create_train_state(config)
+    state = inprocess.create_train_state(config)
     batch = {"tokens": jnp.zeros((8, 128), jnp.int32)}
     _, metrics = jax.jit(steps_lib.make_train_step(config, telemetry_on=True))(state, batch)
     assert np.asarray(metrics["telemetry"]["attn_logit_max"]).shape[0] == 3

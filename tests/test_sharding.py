@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from normstudy import placements
-from normstudy import sharding
+from normstudy.core import placements
+from normstudy.engine import sharding
 from normstudy.errors import UserError
+import runs
 from conftest import parameter_layout
 from conftest import tiny_config
-import runs
 
 
 def _mesh(data=-1, fsdp=1, tensor=1, runs=1):

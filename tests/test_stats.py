@@ -13,8 +13,8 @@ from scipy import optimize
 from scipy import special
 from scipy import stats as scipy_stats
 
-from normstudy import synthetic
 from normstudy.analysis import stats
+from normstudy.data import synthetic
 
 
 @pytest.mark.parametrize("table", [(0, 6, 5, 9), (2, 2, 0, 2), (1, 3, 3, 3), (4, 10, 4, 10),
@@ -347,7 +347,6 @@ def test_masked_posteriors_and_floor_match_brute_force_on_a_tiny_chain():
   assert floor == pytest.approx(-np.log(truth[mask]).mean())
   pi = synthetic.stationary_distribution(transitions)
   assert synthetic.unigram_entropy(transitions) == pytest.approx(-(pi * np.log(pi)).sum())
-
 
 
 @pytest.mark.slow  # a sweep's whole analysis

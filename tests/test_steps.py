@@ -6,10 +6,11 @@ import numpy as np
 import optax
 import pytest
 
-from normstudy import life
-from normstudy import model as model_lib
-from normstudy import precision
-from normstudy import steps as steps_lib
+from normstudy.core import life
+from normstudy.core import model as model_lib
+from normstudy.core import precision
+from normstudy.core import steps as steps_lib
+import inprocess
 
 
 def _batch(seed=0, causal=True):
@@ -21,7 +22,7 @@ def _batch(seed=0, causal=True):
 
 
 def _independent_loss(config, params, batch):
-  """Cross-entropy written out with log-softmax, not through normstudy.loss."""
+  """Cross-entropy written out with log-softmax, not through normstudy.core.loss."""
   logits = model_lib.forward(config.model, params, batch["tokens"], batch.get("mask"))
   logp = jax.nn.log_softmax(logits, axis=-1)
   if config.model.causal:
@@ -47,7 +48,7 @@ def _step(config, telemetry_on=False):
 def test_loss_and_grad_norm_match_independent_computation(make_config, causal):
   config = make_config(causal=causal)
   config.optimizer.clip_norm = 0.0
-  state = steps_lib.create_train_state(config)
+  state = inprocess.create_train_state(config)
   batch = _batch(causal=causal)
   expected_loss, grads = jax.jit(jax.value_and_grad(
       lambda p: _independent_loss(config, p, batch)))(state.params)
@@ -68,11 +69,11 @@ def _seen_norm(state, b2):
 def test_clipping_bounds_the_gradient_adam_sees(make_config):
   config = make_config()
   config.optimizer.update(clip_norm=0.05, b2=0.98)
-  new_state, metrics = _step(config)(steps_lib.create_train_state(config), _batch())
+  new_state, metrics = _step(config)(inprocess.create_train_state(config), _batch())
   assert float(metrics["grad_norm"]) > 0.05 and bool(metrics["clipped"])
   assert _seen_norm(new_state, 0.98) == pytest.approx(0.05, rel=1e-4)
   config.optimizer.clip_norm = 1000.0
-  new_state, metrics = _step(config)(steps_lib.create_train_state(config), _batch())
+  new_state, metrics = _step(config)(inprocess.create_train_state(config), _batch())
   assert not bool(metrics["clipped"])
   assert _seen_norm(new_state, 0.98) == pytest.approx(float(metrics["grad_norm"]), rel=1e-4)
 
@@ -80,7 +81,7 @@ def test_clipping_bounds_the_gradient_adam_sees(make_config):
 def test_float16_overflow_skips_update_and_halves_scale(make_config):
   config = make_config(dtype="float16")
   config.optimizer.loss_scale.initial_scale = 2.0**40  # the scaled fp16 backward overflows
-  state = steps_lib.create_train_state(config)
+  state = inprocess.create_train_state(config)
   before = jax.tree.map(np.asarray, (state.params, state.opt_state))
   new_state, metrics = _step(config)(state, _batch())
   assert bool(metrics["skipped"]) and int(new_state.skipped_total) == 1
@@ -96,7 +97,7 @@ def test_float16_overflow_skips_update_and_halves_scale(make_config):
 def test_float16_scale_grows_after_growth_interval_and_the_run_learns(make_config):
   config = make_config(dtype="float16")
   config.optimizer.loss_scale.update(initial_scale=128.0, growth_interval=3)
-  state = steps_lib.create_train_state(config)
+  state = inprocess.create_train_state(config)
   step = _step(config)
   scales, losses = [], []
   for _ in range(12):
@@ -114,8 +115,8 @@ def test_float16_gradients_match_float32_after_unscaling(make_config):
   config16.optimizer.clip_norm = 0.0
   config32 = make_config(dtype="float32")
   config32.optimizer.clip_norm = 0.0
-  _, m16 = _step(config16)(steps_lib.create_train_state(config16), _batch())
-  _, m32 = _step(config32)(steps_lib.create_train_state(config32), _batch())
+  _, m16 = _step(config16)(inprocess.create_train_state(config16), _batch())
+  _, m32 = _step(config32)(inprocess.create_train_state(config32), _batch())
   assert float(m16["loss_scale"]) == 128.0 and float(m32["loss_scale"]) == 1.0
   assert float(m16["grad_norm"]) == pytest.approx(float(m32["grad_norm"]), rel=0.02)
 
@@ -147,7 +148,7 @@ def _poisoned(state):
 def test_a_halted_run_is_frozen(make_config, policy, limit, halts_at, status):
   config = make_config()
   config.train.update(on_nonfinite=policy, max_consecutive_skips=limit)
-  state = _poisoned(steps_lib.create_train_state(config))
+  state = _poisoned(inprocess.create_train_state(config))
   step = _step(config)
   frozen = jax.tree.map(np.asarray, state.params)
   seen = []
@@ -166,7 +167,7 @@ def test_a_halted_run_is_frozen(make_config, policy, limit, halts_at, status):
 def test_float16_halts_at_the_loss_scale_floor(make_config):
   config = make_config(dtype="float16")
   config.optimizer.loss_scale.update(initial_scale=4.0, min_scale=1.0)
-  state = _poisoned(steps_lib.create_train_state(config))
+  state = _poisoned(inprocess.create_train_state(config))
   step = _step(config)
   statuses, scales = [], []
   for _ in range(4):
@@ -183,7 +184,7 @@ def test_num_steps_counts_train_steps_or_applied_updates(make_config, count_skip
   config = make_config(dtype="float16")
   config.optimizer.loss_scale.initial_scale = 2.0**40  # overflows until the scale falls
   config.train.update(num_steps=3, count_skipped_steps=count_skipped)
-  state = steps_lib.create_train_state(config)
+  state = inprocess.create_train_state(config)
   step = _step(config)
   for _ in range(40):
     state, _ = step(state, _batch())

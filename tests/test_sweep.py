@@ -10,12 +10,14 @@ import textwrap
 import pytest
 
 from normstudy import errors
-from normstudy import grid
-from normstudy import labels
-from normstudy import life
-from normstudy import rundir
-from normstudy import orchestrate
+from normstudy.core import labels
+from normstudy.experiments import grid
+from normstudy.experiments import planning
+from normstudy.records import names
+from normstudy.records import rundir
+from normstudy.records import schema
 import fresh_env
+import inprocess
 import runs
 
 
@@ -38,8 +40,8 @@ def test_axes_parse_merge_and_name_points(tmp_path):
   with pytest.raises(errors.UserError, match="--axis=train.seed=... is given twice"):
     grid.axes_of(module, ["train.seed=1,2", "train.seed=3"])
   assert grid.file_axes(module, ["train.seed=5"]) == ["optimizer.clip_norm"]
-  assert grid.point_name({"optimizer.learning_rate": 0.001, "train.seed": 1}) == "lr0.001_seed1"
-  assert grid.point_name({"model.placement": "deepnorm"}) == "placement-deepnorm"
+  assert names.point_name({"optimizer.learning_rate": 0.001, "train.seed": 1}) == "lr0.001_seed1"
+  assert names.point_name({"model.placement": "deepnorm"}) == "placement-deepnorm"
 
 
 def test_grid_points_of_a_file_and_of_one_variant(tmp_path):
@@ -68,13 +70,13 @@ def test_grid_points_of_a_file_and_of_one_variant(tmp_path):
     grid.points(path, "pre_norm_clip1", {"optimizer.learning_rate": [1.2345671e-4,
                                                                       1.2345672e-4]}, {})
   # Arms that differ in data fields share a program; a structural axis splits them.
-  assert len(orchestrate.group_runs([grid.Run(p.name, p.config, "") for p in every])) == 3
+  assert len(planning.group_runs([grid.Run(p.name, p.config, "") for p in every])) == 3
   # A limit on runs per program splits a structure's runs into near-equal parts, in order.
   one_runs = [grid.Run(p.name, p.config, "") for p in one]
-  assert [[r.name for r in g] for g in orchestrate.group_runs(one_runs, max_runs=3)] == [
+  assert [[r.name for r in g] for g in planning.group_runs(one_runs, max_runs=3)] == [
       ["lr0.001_seed0", "lr0.001_seed1"], ["lr0.01_seed0", "lr0.01_seed1"]]
-  assert [len(g) for g in orchestrate.group_runs(one_runs * 2, max_runs=3)] == [3, 3, 2]
-  assert [len(g) for g in orchestrate.group_runs(one_runs, max_runs=0)] == [4]
+  assert [len(g) for g in planning.group_runs(one_runs * 2, max_runs=3)] == [3, 3, 2]
+  assert [len(g) for g in planning.group_runs(one_runs, max_runs=0)] == [4]
 
 
 def test_a_sweep_of_the_seed_figure_takes_its_sweep_arms_and_settings():
@@ -125,17 +127,17 @@ def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path):
       _tiny(p.config, tmp_path)
     sweep_runs.append(grid.Run(p.name, p.config, str(tmp_path / "sweep" / p.name), p.arm,
                                       point=p.point))
-  statuses = orchestrate.train_programs(sweep_runs, str(tmp_path / "sweep"))
+  statuses = inprocess.train_programs(sweep_runs, str(tmp_path / "sweep"))
   assert statuses == {p.name: "finished" for p in points}
   for run in sweep_runs:
     alone = tmp_path / "alone" / run.name
-    orchestrate.train_and_evaluate(run.config, str(alone))
+    planning.train_and_evaluate(run.config, str(alone))
     swept, single = runs.trajectory(run.directory), runs.trajectory(alone)
     assert [r["step"] for r in swept] == list(range(1, 21))
     # Bit for bit: on the CPU the program's runs step one at a time through the one-run
-    # program (normstudy.execution), and the records hold float32 values exactly.
+    # program (normstudy.engine.execution), and the records hold float32 values exactly.
     assert swept == single, run.name
-    info = rundir.RunDir(run.directory).info()
+    info = rundir.RunDir(run.directory).info().as_json()
     assert info["arm"] == "pre_norm_clip1" and info["point"] == run.point
   # Different seeds and learning rates really gave different trajectories.
   finals = {runs.trajectory(r.directory)[-1]["loss"] for r in sweep_runs}
@@ -154,15 +156,15 @@ def test_a_run_that_halts_is_frozen_while_the_others_finish(tmp_path):
       p.config.train.on_nonfinite = "halt"
     sweep_runs.append(grid.Run(p.name, p.config, str(tmp_path / p.name), p.arm,
                                       point=p.point))
-  statuses = orchestrate.train_programs(sweep_runs, str(tmp_path))
+  statuses = inprocess.train_programs(sweep_runs, str(tmp_path))
   assert statuses == {"lr0.001": "finished", "lr10000": "halted"}
-  halted = rundir.RunDir(str(tmp_path / "lr10000")).info()
+  halted = rundir.RunDir(str(tmp_path / "lr10000")).info().as_json()
   recs = runs.records(tmp_path / "lr10000")
   assert recs[-1]["step"] == halted["halt_step"] < 12 and recs[-1]["skipped"]
   assert halted["halt_reason"] == "non-finite gradient" and halted["nonfinite_at"]
   site = halted["nonfinite_site"]
   # The site's id (as telemetry sows it); the halt line's words derive from life's one table.
-  words = life.SITE_WORDS[site["site"]]
+  words = schema.SITE_WORDS[site["site"]]
   assert set(site) == {"layer", "site"} and halted["nonfinite_at"].endswith(words)
   assert site["layer"] is None or halted["nonfinite_at"] == f"layer {site['layer']} {words}"
   assert [r["step"] for r in runs.records(tmp_path / "lr0.001")] == list(range(1, 13))

@@ -13,18 +13,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from normstudy import config as config_lib
 from normstudy import errors
-from normstudy import labels
-from normstudy import loss as loss_lib
-from normstudy import model as model_lib
-from normstudy import placements
-from normstudy import steps as steps_lib
-from normstudy import validation
+from normstudy.core import config as config_lib
+from normstudy.core import labels
+from normstudy.core import layers
+from normstudy.core import loss as loss_lib
+from normstudy.core import model as model_lib
+from normstudy.core import placements
+from normstudy.core import steps as steps_lib
+from normstudy.experiments import validation
+import inprocess
 from conftest import train_losses
 import numpy_reference as ref
 
 # option field -> (off value, an on value)
+
+
 OPTIONS = {
     "qk_norm": ("none", "layernorm"),
     "layer_scale": (0.0, 0.1),
@@ -42,9 +46,9 @@ def _randomized(params, seed):
 
 
 def _block(cfg, x, seed=0, index=0):
-  init = jax.jit(lambda key: nn.unbox(model_lib.Block(cfg).init(key, x)["params"]))
+  init = jax.jit(lambda key: nn.unbox(layers.Block(cfg).init(key, x)["params"]))
   params = jax.tree.map(np.asarray, _randomized(init(jax.random.PRNGKey(seed)), seed + 1))
-  got = jax.jit(model_lib.Block(cfg).apply)({"params": params}, x, jnp.int32(index))
+  got = jax.jit(layers.Block(cfg).apply)({"params": params}, x, jnp.int32(index))
   return params, np.asarray(got)
 
 
@@ -80,11 +84,11 @@ def test_qk_norm_bounds_the_attention_logits_that_grow_without_it(make_config):
   for qk_norm in ("none", "layernorm"):
     cfg = model_lib.ModelConfig.create(make_config(qk_norm=qk_norm).model)
     x = _x()
-    init = jax.jit(lambda key, cfg=cfg: nn.unbox(model_lib.Block(cfg).init(key, x)["params"]))
+    init = jax.jit(lambda key, cfg=cfg: nn.unbox(layers.Block(cfg).init(key, x)["params"]))
     params = jax.tree.map(np.asarray, init(jax.random.PRNGKey(0)))
     for name in ("query", "key"):
       params["attention"][name] = params["attention"][name] * 30
-    attention = model_lib.Attention(cfg, 1.0, probe=model_lib.telemetry.Probe(stats=True))
+    attention = layers.Attention(cfg, 1.0, probe=model_lib.telemetry.Probe(stats=True))
     _, sown = attention.apply({"params": params["attention"]}, x,
                               mutable=[model_lib.telemetry.STATS])
     logits[qk_norm] = float(sown[model_lib.telemetry.STATS]["attn_logit_max"][0])
@@ -134,8 +138,8 @@ def test_attention_scores_in_float32_do_not_overflow_float16():
   k = (300 * rng.normal(size=(1, 2, 8, 16))).astype(np.float16)
   exact = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64)) / 4.0
   assert np.abs(exact).max() > 65504  # the product overflows float16
-  plain, _ = model_lib.attention_scores(jnp.asarray(q), jnp.asarray(k))
-  wide, _ = model_lib.attention_scores(jnp.asarray(q), jnp.asarray(k), scores_dtype=jnp.float32)
+  plain, _ = layers.attention_scores(jnp.asarray(q), jnp.asarray(k))
+  wide, _ = layers.attention_scores(jnp.asarray(q), jnp.asarray(k), scores_dtype=jnp.float32)
   assert not np.isfinite(np.asarray(plain)).all()
   np.testing.assert_allclose(np.asarray(wide), exact, rtol=1e-5)
 
@@ -174,7 +178,7 @@ def test_z_loss_adds_the_mean_squared_log_partition(make_config):
 def test_z_loss_is_logged_by_the_train_step(make_config):
   config = make_config()
   config.loss.z_loss = 1e-4
-  state = steps_lib.create_train_state(config)
+  state = inprocess.create_train_state(config)
   batch = {"tokens": jnp.asarray(np.random.default_rng(0).integers(0, 32, (4, 16)))}
   _, metrics = jax.jit(steps_lib.make_train_step(config))(state, batch)
   assert 0 < float(metrics["z_loss"]) < 1e-4 * 50
@@ -277,7 +281,7 @@ def test_rezero_starts_as_the_identity(make_config):
   params = model_lib.init_params(cfg)
   assert float(params["layer_0"]["rezero"]) == 0.0
   x = _x()
-  out = model_lib.Block(cfg).apply({"params": params["layer_0"]}, x)
+  out = layers.Block(cfg).apply({"params": params["layer_0"]}, x)
   np.testing.assert_array_equal(np.asarray(out), x)
 
 

@@ -5,11 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from normstudy import life
-from normstudy import loss as loss_lib
-from normstudy import model as model_lib
-from normstudy import steps as steps_lib
-from normstudy import telemetry
+from normstudy.core import loss as loss_lib
+from normstudy.core import model as model_lib
+from normstudy.core import steps as steps_lib
+from normstudy.core import telemetry
+from normstudy.records import keys
+from normstudy.records import schema
+import inprocess
 import numpy_reference as ref
 from conftest import USER_COMPILER_OPTIONS
 
@@ -38,7 +40,7 @@ def test_telemetry_matches_independent_computations(make_config, scan):
   config = make_config(scan_layers=scan, causal=True, placement="pre_ln", activation="gelu_tanh",
                        num_layers=2)
   config.optimizer.weight_decay = 0.1
-  state = steps_lib.create_train_state(config)
+  state = inprocess.create_train_state(config)
   tokens = np.random.default_rng(0).integers(0, 32, (4, 16)).astype(np.int32)
   params = jax.tree.map(np.asarray, state.params)
   new_state, metrics = jax.jit(steps_lib.make_train_step(config, telemetry_on=True))(
@@ -83,20 +85,20 @@ def test_telemetry_matches_independent_computations(make_config, scan):
   cfg = model_lib.ModelConfig.create(config.model)
   grads = jax.jit(jax.grad(lambda prm: loss_lib.cross_entropy(
       cfg, model_lib.Transformer(cfg).apply({"params": prm}, tokens), {"tokens": tokens})[0]))(
-          steps_lib.create_train_state(config).params)
+          inprocess.create_train_state(config).params)
   for i in range(2):
     assert tel["grad_norm"][i] == pytest.approx(_norm(_layer(grads, scan, i)), rel=1e-4)
   flat = telemetry.flatten(tel)
   assert flat["resid_absmax/layer_1"] == tel["resid_absmax"][1]
-  assert telemetry.parse_layer_key("attn_entropy/layer_12") == ("attn_entropy", 12)
-  assert telemetry.parse_layer_key("loss") is None
+  assert keys.parse_layer_key("attn_entropy/layer_12") == ("attn_entropy", 12)
+  assert keys.parse_layer_key("loss") is None
 
 
 @pytest.mark.slow  # two programs at XLA's full optimization: a fifth of the fast suite's time
 def test_telemetry_step_updates_state_like_the_plain_step(make_config):
   config = make_config(dtype="float16")
   batch = {"tokens": jnp.asarray(np.random.default_rng(1).integers(0, 32, (4, 16)), jnp.int32)}
-  state = steps_lib.create_train_state(config)
+  state = inprocess.create_train_state(config)
 
   def run(telemetry_on):
     step = jax.jit(steps_lib.make_train_step(config, telemetry_on=telemetry_on))
@@ -117,7 +119,7 @@ def test_locator_names_the_first_non_finite_site(make_config, scan):
   config = make_config(dtype="float16", scan_layers=scan, num_layers=3)
   config.train.on_nonfinite = "skip"
   batch = {"tokens": jnp.asarray(np.random.default_rng(2).integers(0, 32, (4, 16)), jnp.int32)}
-  state = steps_lib.create_train_state(config)
+  state = inprocess.create_train_state(config)
 
   def scaled(path_predicate, factor):
     return state.replace(params=jax.tree_util.tree_map_with_path(
@@ -136,15 +138,15 @@ def test_locator_names_the_first_non_finite_site(make_config, scan):
     blown = scaled(lambda path: in_layer(path, 1, "fc1"), 1e6)
   locate = jax.jit(steps_lib.make_locate_step(config))
   site = _located(locate, blown, batch)
-  assert site == life.Site(1, "mlp_preact")
+  assert site == schema.Site(1, "mlp_preact")
   assert site.sentence() == "layer 1 MLP pre-activation"
   # A NaN in the embedding table poisons the first site.
   nan_embedding = state.replace(params={**state.params, "embedding": jnp.full_like(
       state.params["embedding"], jnp.nan)})
-  assert _located(locate, nan_embedding, batch) == life.Site(None, "embedding")
+  assert _located(locate, nan_embedding, batch) == schema.Site(None, "embedding")
   # A finite forward pass (what an fp16 step whose scaled backward overflowed leaves): the
   # failure was in the backward pass only.
-  assert _located(locate, state, batch) == telemetry.BACKWARD_ONLY
+  assert _located(locate, state, batch) == schema.BACKWARD_ONLY
 
 
 # Restored without a target, orbax reads the shardings from the checkpoint and says so.
@@ -155,8 +157,9 @@ def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
   forward passes and the norm in numpy."""
   import orbax.checkpoint as ocp
   from configs import seed_figure
-  from normstudy import config as config_lib
-  from normstudy import data as data_lib
+  from normstudy.core import config as config_lib
+  from normstudy.data import batches as batches_lib
+  from normstudy.data import sources as data_lib
   import runs
   workdir = tmp_path / "run"
   settings = {"model.num_layers": 1, "model.d_model": 16, "model.num_heads": 2,
@@ -176,7 +179,7 @@ def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
 
   config = seed_figure.get_config("pre_norm_clip1")
   config_lib.apply_overrides(config, settings)
-  batch = data_lib.eval_batches(config, data_lib.load_splits(config))[0]
+  batch = batches_lib.eval_batches(config, data_lib.load_splits(config))[0]
   model = model_lib.Transformer(model_lib.ModelConfig.create(config.model), deterministic=True)
 
   def outputs(step):

@@ -80,9 +80,9 @@ def test_a_run_sends_its_records_to_wandb_offline_and_a_resume_continues_the_sam
 
 def test_wandb_project_without_wandb_installed_is_refused(monkeypatch):
   import importlib.util
-  from normstudy import config as config_lib
   from normstudy import errors
-  from normstudy import orchestrate
+  from normstudy.core import config as config_lib
+  from normstudy.experiments import preflight
   config = config_lib.default_config()
   config.train.wandb_project = "p"
   real = importlib.util.find_spec
@@ -90,6 +90,6 @@ def test_wandb_project_without_wandb_installed_is_refused(monkeypatch):
                       lambda name, *a: None if name == "wandb" else real(name, *a))
   with pytest.raises(errors.UserError, match=r"^config.train.wandb_project='p' needs wandb, "
                      r"which is not installed: pip install -e '.\[wandb\]'$"):
-    orchestrate.check_tracking(config)
+    preflight.check_tracking(config)
   config.train.wandb_project = ""
-  orchestrate.check_tracking(config)  # off: nothing asked
+  preflight.check_tracking(config)  # off: nothing asked

@@ -1,5 +1,6 @@
-"""A sweep's programs side by side in worker processes (normstudy.workers): how many, and that a
-sweep trained that way, stopped by SIGTERM and resumed, gives the uninterrupted trajectories."""
+"""A sweep's programs side by side in worker processes (normstudy.experiments.workers): how many,
+and that a sweep trained that way, stopped by SIGTERM and resumed, gives the uninterrupted
+trajectories."""
 
 import os
 import re
@@ -8,7 +9,7 @@ import signal
 import pytest
 
 from normstudy import errors
-from normstudy import workers
+from normstudy.experiments import workers
 import runs
 
 

@@ -4,16 +4,16 @@ from make tpu-aot, loaded only in this process), its figures printed as one JSON
 import json
 import sys
 
-from normstudy import aot
+from normstudy.engine import aot
 
 aot.prepare_tpu_compiler("v5e:2x2")
 
 import jax  # noqa: E402  (after the TPU compiler is named)
 import numpy as np  # noqa: E402
 
-from normstudy import config as config_lib  # noqa: E402
-from normstudy import execution  # noqa: E402
-from normstudy import sharding  # noqa: E402
+from normstudy.core import config as config_lib  # noqa: E402
+from normstudy.engine import execution  # noqa: E402
+from normstudy.engine import sharding  # noqa: E402
 
 
 DTYPE = "bfloat16"

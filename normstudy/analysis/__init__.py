@@ -1,8 +1,8 @@
 """Turn run directories into figures, a summary table and written observations.
 
-  df = load_runs("runs/seed_figure")      # long form: run, label, step, metric, value
-  plot_comparison(df, "fig.png")          # loss (+ eval, entropy floor) and the fp16 loss scale
-  summarize(df)                           # one row per run, with its status
+  loaded = load_runs("runs/seed_figure")  # .table: run, label, step, metric, value; .runs
+  plot_comparison(loaded, "fig.png")      # loss (+ eval, entropy floor) and the fp16 loss scale
+  summarize(loaded)                       # one row per run, with its status
   analyze("runs/seed_figure")             # everything above, written into the directory
 
 Modules: `runs` (loading), `detectors` (spikes, divergence, loss-scale collapse), `report`
@@ -10,9 +10,9 @@ Modules: `runs` (loading), `detectors` (spikes, divergence, loss-scale collapse)
 (failure against learning rate, the critical learning rate), `speed` (eval loss over seeds at
 one learning rate), `depth` (convergence and early update size against depth), `stats`
 (Fisher's exact test, Welch's t-test, the logistic fit, the likelihood-ratio test; every
-comparison's wording). Needs numpy, pandas and matplotlib, not the training
-stack, so a notebook can install normstudy without replacing its jax or TensorFlow. The command
-is `python -m normstudy.analyze`.
+comparison's wording). Reads what runs write through normstudy.records, which defines it; needs
+numpy, pandas and matplotlib, not the training stack, so a notebook can install normstudy
+without replacing its jax or TensorFlow. The command is `python -m normstudy.analyze`.
 """
 
 import dataclasses
@@ -31,6 +31,8 @@ from normstudy.analysis.report import describe_run
 from normstudy.analysis.report import summarize
 from normstudy.analysis.report import write_observations
 from normstudy.analysis.runs import NoRunsError
+from normstudy.analysis.runs import Run
+from normstudy.analysis.runs import Runs
 from normstudy.analysis.runs import layer_values
 from normstudy.analysis.runs import load_runs
 from normstudy.analysis.runs import localize
@@ -50,32 +52,22 @@ from normstudy.analysis import survival
 MAX_RUNS_PER_FIGURE = 12
 
 
-def statuses(workdir: str, df=None) -> dict:
-  """{run: status} of every run below `workdir` (finished, halted, diverged, preempted,
-  running), as the summary judges them; `df`: the runs already loaded from it."""
-  df = load_runs(workdir) if df is None else df
-  if df.empty:
-    return {}
-  summary = summarize(df)
-  return dict(zip(summary.run, summary.status))
-
-
 @dataclasses.dataclass(frozen=True)
 class Report:
   """One kind of analysis: the runs it `applies_to` (a predicate of the loaded runs) and how it
-  is written: `write(df, summary, workdir)` -> (outputs {name: path}, sections of
+  is written: `write(loaded, summary, workdir)` -> (outputs {name: path}, sections of
   observations.md [(heading, text)], the table summary.csv holds)."""
   name: str
   applies_to: Callable
   write: Callable
 
 
-def _sweep_report(df, summary, workdir, grid_survival: bool = True, runs=None):
+def _sweep_report(loaded, summary, workdir, grid_survival: bool = True, runs=None):
   """A learning-rate sweep: per-arm summary.csv (sensitivity.summarize), runs.csv (a study's
   summary plus the sweep's columns), deaths.csv (sensitivity.deaths), its figures, and survival
   (analysis.survival, unless `grid_survival` is False) and sensitivity sections. `runs`:
   sensitivity.table's, if already built."""
-  runs = sensitivity.table(df, summary) if runs is None else runs
+  runs = sensitivity.table(loaded, summary) if runs is None else runs
   by_arm = sensitivity.summarize(runs)
   died = sensitivity.deaths(runs)
   outputs = {"run_table": os.path.join(workdir, "runs.csv"),
@@ -87,39 +79,39 @@ def _sweep_report(df, summary, workdir, grid_survival: bool = True, runs=None):
   outputs.update(sensitivity_plots.plot_all(runs, died, workdir))
   sections = [("Learning-rate sensitivity", sensitivity.observations(runs, by_arm, died))]
   if grid_survival:
-    survived, survival_text = survival.analyze(df, runs, workdir)
+    survived, survival_text = survival.analyze(loaded, runs, workdir)
     outputs.update(survived)
     sections.insert(0, ("Survival", survival_text))
   return outputs, sections, by_arm
 
 
-def _search_report(df, summary, workdir):
-  """A search (normstudy.search): critical_lr.csv, its points, tests and figure
+def _search_report(loaded, summary, workdir):
+  """A search (normstudy.core.search): critical_lr.csv, its points, tests and figure
   (analysis.critical_lr), how every run ended (outcomes.csv, analysis.outcomes), then the
   learning-rate sweep's report of the runs it trained without the grid's survival tables: a
   search's learning rates follow each point's outcomes, so the grid's per-learning-rate tests
   and logistic fit answer nothing its design asks."""
-  outputs, text = critical_lr.analyze(df, workdir)
-  runs = sensitivity.table(df, summary)
+  outputs, text = critical_lr.analyze(loaded, workdir)
+  runs = sensitivity.table(loaded, summary)
   ended = outcomes.table(runs)
   outputs["outcomes"] = os.path.join(workdir, "outcomes.csv")
   ended.to_csv(outputs["outcomes"], index=False)
   text += "\n\n" + outcomes.observations(ended)
-  swept, sections, table = _sweep_report(df, summary, workdir, grid_survival=False,
+  swept, sections, table = _sweep_report(loaded, summary, workdir, grid_survival=False,
                                          runs=runs)
   return {**outputs, **swept}, [("Critical learning rate (search)", text), *sections], table
 
 
-def _speed_report(df, summary, workdir):
+def _speed_report(loaded, summary, workdir):
   """Seeds at one learning rate: speed.csv and speed.png (analysis.speed) and a section."""
-  outputs, text = speed.analyze(df, summary, workdir)
+  outputs, text = speed.analyze(loaded, summary, workdir)
   return outputs, [("Learning speed", text)], summary
 
 
-def _depth_report(df, summary, workdir):
+def _depth_report(loaded, summary, workdir):
   """Depths and seeds at one learning rate: depth.csv, depth_tests.csv and depth.png
   (analysis.depth) and a section."""
-  outputs, text = depth.analyze(df, summary, workdir)
+  outputs, text = depth.analyze(loaded, summary, workdir)
   return outputs, [("Depth", text)], summary
 
 
@@ -133,7 +125,8 @@ REPORTS = (
 )
 
 
-def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, df=None) -> dict:
+def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | None = None
+            ) -> dict:
   """Writes the analysis of every run below `workdir` into it; returns the paths written.
 
   Always summary.csv and observations.md; the first of REPORTS that applies adds its tables,
@@ -141,25 +134,25 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, df=None) -> dict
   deaths.png, deaths.csv, runs.csv, survival.csv, survival_tests.csv, survival.png, and a
   per-arm summary.csv; seeds at one learning rate: speed.csv and speed.png). With few enough
   runs to read them, the per-step figures: loss_comparison.png (+ .svg) and, with telemetry,
-  layers_<metric>.png. `df`: the runs already loaded from `workdir`.
+  layers_<metric>.png. `loaded`: the runs already loaded from `workdir`.
   """
   if not os.path.isdir(workdir):
     raise NoRunsError(f"{workdir!r} is not a directory")
-  df = load_runs(workdir) if df is None else df
-  if df.empty:
+  loaded = load_runs(workdir) if loaded is None else loaded
+  if not len(loaded):
     raise NoRunsError(f"no run with a metrics.jsonl below {workdir!r}")
-  summary = summarize(df)
+  summary = summarize(loaded)
   outputs, sections, table = {}, [], summary
-  report = next((r for r in REPORTS if r.applies_to(df)), None)
+  report = next((r for r in REPORTS if r.applies_to(loaded)), None)
   if report is not None:
-    outputs, sections, table = report.write(df, summary, workdir)
+    outputs, sections, table = report.write(loaded, summary, workdir)
   table.to_csv(os.path.join(workdir, "summary.csv"), index=False)
-  few = df.run.nunique() <= MAX_RUNS_PER_FIGURE
+  few = len(loaded) <= MAX_RUNS_PER_FIGURE
   if few:
-    outputs["figure"] = plot_comparison(df, os.path.join(workdir, "loss_comparison.png"),
+    outputs["figure"] = plot_comparison(loaded, os.path.join(workdir, "loss_comparison.png"),
                                         smoothing)
-    outputs.update(plot_layers(df, workdir))
+    outputs.update(plot_layers(loaded, workdir))
   outputs["summary"] = os.path.join(workdir, "summary.csv")
   outputs["observations"] = write_observations(
-      df, summary, os.path.join(workdir, "observations.md"), sections, per_run=few)
+      loaded, summary, os.path.join(workdir, "observations.md"), sections, per_run=few)
   return outputs

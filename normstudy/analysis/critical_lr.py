@@ -1,4 +1,4 @@
-"""The critical learning rate found by search (normstudy.search): per point its final bracket,
+"""The critical learning rate found by search (normstudy.core.search): per point its final bracket,
 per arm (and value of the other axes, the `group`) the geometric mean over seeds, and pairwise
 comparisons of arms.
 
@@ -29,33 +29,34 @@ import os
 import numpy as np
 import pandas as pd
 
+from normstudy.analysis import runs as runs_lib
 from normstudy.analysis import stats
+from normstudy.records import schema
 
 SEED_FIELD = "train.seed"
 
 
-def is_search(df: pd.DataFrame) -> bool:
-  return bool(df.attrs.get("search"))
+def is_search(loaded: runs_lib.Runs) -> bool:
+  return loaded.search is not None
 
 
-def points_table(df: pd.DataFrame) -> pd.DataFrame:
+def points_table(loaded: runs_lib.Runs) -> pd.DataFrame:
   """One row per point of the search: its final bracket and estimate."""
-  search = df.attrs["search"]
-  labels = {info.get("arm"): info.get("arm_label") for info in df.attrs["runs"].values()}
+  search = loaded.search
+  labels = {facts.info.arm: facts.arm_label for facts in loaded.runs.values()}
   rows = []
-  for point in search["points"]:
-    final = point["brackets"][-1] if point["brackets"] else {"low": search["low"],
-                                                             "high": search["high"],
-                                                             "established": False}
-    values = dict(point["point"])
+  for point in search.points:
+    final = point.brackets[-1] if point.brackets else schema.BracketRecord(
+        search.low, search.high, established=False)
+    values = dict(point.point)
     seed = values.pop(SEED_FIELD, None)
     group = ", ".join(f"{k}={v}" for k, v in values.items())
-    established = bool(final["established"])
-    rows.append({"point": point["name"], "arm": point["arm"],
-                 "label": labels.get(point["arm"]) or point["arm"], "group": group,
-                 "seed": seed, "low": final["low"], "high": final["high"],
-                 "established": established, "rounds": len(point["brackets"]),
-                 "critical_lr": math.sqrt(final["low"] * final["high"]) if established
+    established = bool(final.established)
+    rows.append({"point": point.name, "arm": point.arm,
+                 "label": labels.get(point.arm) or point.arm, "group": group,
+                 "seed": seed, "low": final.low, "high": final.high,
+                 "established": established, "rounds": len(point.brackets),
+                 "critical_lr": math.sqrt(final.low * final.high) if established
                  else math.nan})
   return pd.DataFrame(rows)
 
@@ -179,9 +180,9 @@ def observations(by_arm: pd.DataFrame, compared: pd.DataFrame) -> str:
   return "\n".join(lines)
 
 
-def analyze(df: pd.DataFrame, workdir: str):
+def analyze(loaded: runs_lib.Runs, workdir: str):
   """Writes the files of the module docstring into `workdir`; returns (outputs, text)."""
-  points = points_table(df)
+  points = points_table(loaded)
   by_arm = table(points)
   compared = tests(points)
   outputs = {"critical_lr": os.path.join(workdir, "critical_lr.csv"),

@@ -8,8 +8,8 @@ and seeds at one learning rate (`make depth`, configs/depth.py):
                    a run above it has learned nothing but token frequencies), the share,
                    the final eval loss (mean over the runs that ended finite), and the early
                    update size: per run the mean of `update_size` over its recorded steps at a
-                   learning rate above 0 (normstudy.steps.update_size), over seeds the geometric
-                   mean with its 95% t interval (on log10)
+                   learning rate above 0 (normstudy.core.steps.update_size), over seeds the
+                   geometric mean with its 95% t interval (on log10)
   depth_tests.csv  per pair of arms: at each depth Fisher's exact test of the converged counts
                    and Welch's t-test of log10 early update size; over all depths the stratified
                    exact test (depth the stratum); Holm's correction over each kind of test
@@ -23,9 +23,9 @@ import os
 import numpy as np
 import pandas as pd
 
-from normstudy import life
 from normstudy.analysis import runs as runs_lib
 from normstudy.analysis import stats
+from normstudy.records import schema
 
 DEPTH = "model.num_layers"
 LR = "optimizer.learning_rate"
@@ -34,42 +34,42 @@ STRATIFIED = "stratified exact test over depths"
 WELCH = "Welch's t-test of log10 update size"
 
 
-def is_depth_sweep(df: pd.DataFrame) -> bool:
+def is_depth_sweep(loaded: runs_lib.Runs) -> bool:
   """Whether the runs sweep the depth (two or more values of model.num_layers) at one learning
   rate."""
-  points = [info.get("point") or {} for info in df.attrs.get("runs", {}).values()]
+  points = [facts.info.point for facts in loaded.runs.values()]
   return (len({p.get(DEPTH) for p in points} - {None}) > 1
           and len({p.get(LR) for p in points} - {None}) <= 1)
 
 
-def early_update_size(df: pd.DataFrame, run: str) -> float:
+def early_update_size(loaded: runs_lib.Runs, run: str) -> float:
   """The mean recorded update size over the steps that trained at a learning rate above 0 (the
   warm-up's first step moves nothing), finite values only; NaN if none was recorded."""
-  sizes = runs_lib.series(df, run, "update_size")
-  lrs = runs_lib.series(df, run, "lr").reindex(sizes.index)
+  sizes = loaded.series(run, "update_size")
+  lrs = loaded.series(run, "lr").reindex(sizes.index)
   values = sizes[(lrs > 0).to_numpy() & np.isfinite(sizes.to_numpy())]
   return float(values.mean()) if len(values) else math.nan
 
 
-def run_table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+def run_table(loaded: runs_lib.Runs, summary: pd.DataFrame) -> pd.DataFrame:
   """One row per run: run, arm, arm_label, depth, seed, status, final eval loss, converged, the
   early update size, and the run's reference losses."""
   status = dict(zip(summary.run, summary.status))
   rows = []
-  for run, info in df.attrs.get("runs", {}).items():
-    point = info.get("point") or {}
-    eval_loss = runs_lib.series(df, run, "eval_loss")
-    rows.append({"run": run, "arm": info.get("arm") or run,
-                 "arm_label": info.get("arm_label") or run, "depth": point.get(DEPTH),
+  for run, facts in loaded.runs.items():
+    point = facts.info.point
+    eval_loss = loaded.series(run, "eval_loss")
+    rows.append({"run": run, "arm": facts.info.arm or run,
+                 "arm_label": facts.arm_label, "depth": point.get(DEPTH),
                  "seed": point.get("train.seed"), "status": status.get(run),
                  "final_eval_loss": float(eval_loss.iloc[-1]) if len(eval_loss) else np.nan,
-                 "update_size": early_update_size(df, run),
-                 "unigram_entropy": info.get("unigram_entropy"),
-                 "floor": runs_lib.loss_floor(info)})
+                 "update_size": early_update_size(loaded, run),
+                 "unigram_entropy": facts.info.unigram_entropy,
+                 "floor": facts.floor})
   runs = pd.DataFrame(rows)
   unigram = runs.unigram_entropy.dropna()
   runs["threshold"] = threshold = float(unigram.iloc[0]) if len(unigram) else np.nan
-  runs["converged"] = ((runs.status == life.FINISHED)
+  runs["converged"] = ((runs.status == schema.FINISHED)
                        & (runs.final_eval_loss < threshold)).astype(bool)
   return runs
 
@@ -182,10 +182,10 @@ def figure(by_depth: pd.DataFrame, runs: pd.DataFrame):
   return fig
 
 
-def analyze(df: pd.DataFrame, summary: pd.DataFrame, workdir: str) -> tuple[dict, str]:
+def analyze(loaded: runs_lib.Runs, summary: pd.DataFrame, workdir: str) -> tuple[dict, str]:
   """Writes depth.csv, depth_tests.csv and depth.png (+ .svg); returns (paths, observations)."""
   from normstudy.analysis.plots import save
-  runs = run_table(df, summary)
+  runs = run_table(loaded, summary)
   by_depth = table(runs)
   tested = tests(runs)
   outputs = {"depth_table": os.path.join(workdir, "depth.csv"),

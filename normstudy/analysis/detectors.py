@@ -9,26 +9,16 @@ Definitions (docs/reference.md, "Stability telemetry and observations"):
   a spike in the first logged steps is seen too; consecutive spiking steps form one spike.
   Gradient norms are compared on a log scale with a margin of at least log(5).
 - Divergence: the first non-finite loss, or the first step after warm-up from which the loss
-  stays above the first logged loss to the end (a spike that recovers is a spike, not this).
+  stays above the first logged loss to the end (a spike that recovers is a spike, not this);
+  normstudy.records.schema.diverged_at, the failure rule's, which a search judges its runs by.
 - Loss-scale collapse: halvings of the fp16 scale, their rate per 1K steps, the lowest scale.
 """
-
-import os
 
 import numpy as np
 import pandas as pd
 
-from normstudy import life
-from normstudy import metrics as metrics_lib
-from normstudy import rundir
 from normstudy.analysis import runs as runs_lib
-
-# The analysis's one status of its own, beside the loop's (normstudy.life): a run the loop
-# recorded as finished whose loss the divergence detector flags. Derived from the records,
-# never written by the loop.
-DIVERGED = "diverged"
-# The statuses that count as a failure.
-FAILED = (life.HALTED, DIVERGED)
+from normstudy.records import schema
 
 SPIKE_WINDOW = 50
 SPIKE_MIN_HISTORY = 3
@@ -68,16 +58,9 @@ def spikes(values: pd.Series, min_margin: float = SPIKE_MIN_MARGIN,
 
 def divergence_step(loss: pd.Series, warmup_steps: int):
   """The first step with a non-finite loss, or the first step after warm-up from which every
-  logged loss is above the first logged loss; None if the run never diverged."""
-  values = loss.to_numpy(dtype=float)
-  if not len(values):
-    return None
-  nonfinite = np.flatnonzero(~np.isfinite(values))
-  if len(nonfinite):
-    return int(loss.index[nonfinite[0]])
-  above = (loss.index.to_numpy() > warmup_steps) & (values > values[0])
-  stays = np.logical_and.accumulate(above[::-1])[::-1]  # above from here to the end
-  return int(loss.index[np.argmax(stays)]) if stays.any() else None
+  logged loss is above the first logged loss; None if the run never diverged
+  (normstudy.records.schema.diverged_at, of a series indexed by step)."""
+  return schema.diverged_at(loss.index.to_numpy(), loss.to_numpy(dtype=float), warmup_steps)
 
 
 def scale_collapses(scale: pd.Series) -> dict:
@@ -107,40 +90,19 @@ def lowest_scale_after_first_fall(scale: pd.Series) -> float:
   return float(np.nanmin(values[fell[0] + 1:] if len(fell) else values))
 
 
-def status(info: dict, diverged_at) -> str:
-  """The run's recorded status (normstudy.life), with a finished run that the divergence
-  detector flags reported as DIVERGED."""
-  recorded = info.get("status", life.RUNNING)
-  if recorded == life.FINISHED and diverged_at is not None:
-    return DIVERGED
-  return recorded
-
-
-def run_status(run_dir: str) -> str:
-  """A run directory's status as the analysis reads it (`status`): its recorded one, or
-  DIVERGED for a finished run whose losses the divergence detector flags. What a search
-  (normstudy.search) judges each run by: it fails when the status is in FAILED."""
-  info = rundir.read_json(os.path.join(run_dir, rundir.RUN))
-  config = rundir.read_json(os.path.join(run_dir, rundir.CONFIG))
-  path = os.path.join(run_dir, rundir.METRICS)
-  records = list(metrics_lib.read_records(path, skip_damaged=True)) if os.path.exists(path) else []
-  loss = pd.Series([r.get("loss", np.nan) for r in records], index=[r["step"] for r in records],
-                   dtype=float)
-  return status(info, divergence_step(loss, config.get("optimizer", {}).get("warmup_steps", 0)))
-
-
-def observe(df: pd.DataFrame, run: str) -> dict:
-  """The stability observations of one run, as numbers."""
-  info = df.attrs.get("runs", {}).get(run, {})
-  loss = runs_lib.series(df, run, "loss")
-  grad_norm = runs_lib.series(df, run, "grad_norm")
+def observe(loaded: runs_lib.Runs, run: str) -> dict:
+  """The stability observations of one run, as numbers; `status` as the failure rule judges it
+  (normstudy.records.schema.judge)."""
+  facts = loaded[run]
+  loss = loaded.series(run, "loss")
+  grad_norm = loaded.series(run, "grad_norm")
   loss_spikes = spikes(loss)
   positive = grad_norm[grad_norm > 0]
   grad_spikes = spikes(np.log(positive), min_margin=GRAD_SPIKE_LOG_MARGIN)
-  clipped = runs_lib.series(df, run, "clipped")
-  diverged_at = divergence_step(loss, info.get("warmup_steps", 0))
+  clipped = loaded.series(run, "clipped")
+  diverged_at = divergence_step(loss, facts.warmup_steps)
   return {
-      "status": status(info, diverged_at),
+      "status": schema.judge(facts.status, diverged_at),
       "loss_spikes": len(loss_spikes),
       "first_spike_step": loss_spikes[0]["step"] if loss_spikes else None,
       "largest_spike": max((e["excursion"] for e in loss_spikes), default=0.0),
@@ -149,5 +111,5 @@ def observe(df: pd.DataFrame, run: str) -> dict:
       "grad_norm_spikes": len(grad_spikes),
       "first_grad_spike_step": grad_spikes[0]["step"] if grad_spikes else None,
       "clipped_fraction": float(clipped.mean()) if len(clipped) else 0.0,
-      **scale_collapses(runs_lib.series(df, run, "loss_scale")),
+      **scale_collapses(loaded.series(run, "loss_scale")),
   }

@@ -4,7 +4,7 @@
   halted: non-finite      a non-finite gradient stopped it (float32/bfloat16, no loss scaling)
   diverged: non-finite    it finished, but its loss went non-finite (recorded, not halted)
   diverged: loss up       it finished with every logged loss after warm-up above its first
-                          (normstudy.analysis.detectors.divergence_step)
+                          (normstudy.records.schema.diverged_at)
   not learning            it finished without diverging, with its final eval loss at or above
                           the learning threshold (halfway from the unigram entropy to the loss
                           floor): alive, but on the plateau of a model that uses no context
@@ -17,9 +17,8 @@ Per arm (and group) and class: the runs and their learning rates' range.
 import numpy as np
 import pandas as pd
 
-from normstudy import life
-from normstudy.analysis import detectors
 from normstudy.analysis import runs as runs_lib
+from normstudy.records import schema
 
 CLASSES = ("halted: loss scale", "halted: non-finite", "diverged: non-finite",
            "diverged: loss up", "not learning", "learning")
@@ -27,9 +26,9 @@ CLASSES = ("halted: loss scale", "halted: non-finite", "diverged: non-finite",
 
 def outcome(row, threshold: float) -> str:
   """The class of one run of sensitivity.table's rows."""
-  if row.status == life.HALTED:
+  if row.status == schema.HALTED:
     return CLASSES[0] if "loss scale" in str(row.halt_reason) else CLASSES[1]
-  if row.status == detectors.DIVERGED:
+  if row.status == schema.DIVERGED:
     return CLASSES[2] if not np.isfinite(row.final_eval_loss) else CLASSES[3]
   if not np.isfinite(row.final_eval_loss) or row.final_eval_loss >= threshold:
     return CLASSES[4]
@@ -39,7 +38,7 @@ def outcome(row, threshold: float) -> str:
 def table(runs: pd.DataFrame) -> pd.DataFrame:
   """outcomes.csv from sensitivity.table's runs (those that finished training or stopped)."""
   threshold = runs_lib.learning_threshold(runs)
-  runs = runs[runs.status != life.RUNNING]
+  runs = runs[runs.status != schema.RUNNING]
   classes = [outcome(row, threshold) for row in runs.itertuples()]
   runs = runs.assign(outcome=classes)
   rows = []

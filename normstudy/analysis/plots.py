@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pandas as pd
 
-from normstudy import life
 from normstudy.analysis import runs as runs_lib
+from normstudy.records import schema
 
 # The seed figure's colours, in its legend order; line styles tell overlapping curves apart.
 COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:pink", "tab:purple", "tab:brown",
@@ -58,29 +58,30 @@ def _mark_end(ax, values: pd.Series, color, stopped: bool):
             markeredgecolor="black", linestyle="none", zorder=5)
 
 
-def plot_comparison(df: pd.DataFrame, path: str, smoothing: float = DEFAULT_SMOOTHING) -> str:
+def plot_comparison(loaded: runs_lib.Runs, path: str,
+                    smoothing: float = DEFAULT_SMOOTHING) -> str:
   """Saves `comparison_figure` as `path` (and .svg); returns `path`."""
-  return save(comparison_figure(df, smoothing), path)
+  return save(comparison_figure(loaded, smoothing), path)
 
 
-def reference_lines(info: dict) -> set:
+def reference_lines(facts: runs_lib.Run) -> set:
   """The reference losses that apply to a run, as (value, label, linestyle): the unigram
   entropy H(pi) (a model that uses no context: the early plateau); for a causal model the
   entropy rate (its floor), for masked prediction the Bayes-optimal masked loss (its floor)."""
-  lines = set()
-  if info.get("unigram_entropy") is not None:
-    value = round(info["unigram_entropy"], 6)
+  lines, info = set(), facts.info
+  if info.unigram_entropy is not None:
+    value = round(info.unigram_entropy, 6)
     lines.add((value, f"unigram entropy H(pi), no context ({value:.3f})", ":"))
-  if not info.get("causal", True) and info.get("masked_loss_floor") is not None:
-    value = round(info["masked_loss_floor"], 6)
+  if not facts.causal and info.masked_loss_floor is not None:
+    value = round(info.masked_loss_floor, 6)
     lines.add((value, f"Bayes-optimal masked loss ({value:.3f})", "--"))
-  elif info.get("entropy_floor") is not None:
-    value = round(info["entropy_floor"], 6)
+  elif info.entropy_floor is not None:
+    value = round(info.entropy_floor, 6)
     lines.add((value, f"entropy rate ({value:.3f} nats/token)", "--"))
   return lines
 
 
-def comparison_figure(df: pd.DataFrame, smoothing: float = DEFAULT_SMOOTHING):
+def comparison_figure(loaded: runs_lib.Runs, smoothing: float = DEFAULT_SMOOTHING):
   """The study's figure: training loss (with eval loss and the entropy floor), and, when any run
   trained in float16, the dynamic loss scale (log2). A run that halted or diverged ends with an
   X at its last finite point."""
@@ -88,9 +89,9 @@ def comparison_figure(df: pd.DataFrame, smoothing: float = DEFAULT_SMOOTHING):
   from matplotlib.lines import Line2D
   from matplotlib.ticker import FuncFormatter
 
-  infos = df.attrs.get("runs", {})
-  scaled = runs_lib.has_metric(df, "loss_scale") and bool(
-      (df[df.metric == "loss_scale"].value > 1).any())
+  table = loaded.table
+  scaled = loaded.has_metric("loss_scale") and bool(
+      (table[table.metric == "loss_scale"].value > 1).any())
   fig = Figure(figsize=(9, 7 if scaled else 5), layout="constrained")
   if scaled:
     loss_ax, scale_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
@@ -98,12 +99,11 @@ def comparison_figure(df: pd.DataFrame, smoothing: float = DEFAULT_SMOOTHING):
     loss_ax, scale_ax = fig.subplots(1, 1), None
   floors = set()
   any_stopped = False
-  for i, run in enumerate(df.run.unique()):
-    info = infos.get(run, {})
+  for i, (run, facts) in enumerate(loaded.runs.items()):
     look = style(i)
-    label = info.get("label", run)
-    raw = runs_lib.series(df, run, "loss")
-    stopped = (info.get("status") == life.HALTED
+    label = facts.label
+    raw = loaded.series(run, "loss")
+    stopped = (facts.status == schema.HALTED
                or not np.isfinite(raw.to_numpy(dtype=float)).all())
     any_stopped |= stopped
     if smoothing > 0:  # the raw curve stays visible behind its average
@@ -111,15 +111,15 @@ def comparison_figure(df: pd.DataFrame, smoothing: float = DEFAULT_SMOOTHING):
     loss = runs_lib.smooth(raw, smoothing)
     loss_ax.plot(loss.index, loss.values, label=label, linewidth=1.3, **look)
     _mark_end(loss_ax, loss, look["color"], stopped)
-    eval_loss = runs_lib.series(df, run, "eval_loss")
+    eval_loss = loaded.series(run, "eval_loss")
     if len(eval_loss):
       loss_ax.plot(eval_loss.index, eval_loss.values, color=look["color"], linestyle="none",
                    marker="o", markersize=4, markerfacecolor="white")
     if scale_ax is not None:
-      scale = runs_lib.series(df, run, "loss_scale")
+      scale = loaded.series(run, "loss_scale")
       scale_ax.plot(scale.index, scale.values, linewidth=1.0, **look)
       _mark_end(scale_ax, scale, look["color"], stopped)
-    floors.update(reference_lines(info))
+    floors.update(reference_lines(facts))
   for value, label, linestyle in sorted(floors):
     loss_ax.axhline(value, color="black", linestyle=linestyle, linewidth=1.0, label=label)
   handles, _ = loss_ax.get_legend_handles_labels()
@@ -142,7 +142,7 @@ def comparison_figure(df: pd.DataFrame, smoothing: float = DEFAULT_SMOOTHING):
   return fig
 
 
-def plot_layers(df: pd.DataFrame, workdir: str) -> dict:
+def plot_layers(loaded: runs_lib.Runs, workdir: str) -> dict:
   """layers_<metric>.png for each per-layer telemetry metric recorded: one panel per run, a line
   per layer for stacks of up to 8 layers, a layer x step heatmap for deeper ones."""
   from matplotlib.colors import LogNorm
@@ -150,10 +150,9 @@ def plot_layers(df: pd.DataFrame, workdir: str) -> dict:
   from matplotlib.figure import Figure
   from matplotlib.ticker import FuncFormatter
 
-  infos = df.attrs.get("runs", {})
   written = {}
   for metric, (title, unit, log) in LAYER_PLOTS.items():
-    tables = {run: runs_lib.layer_values(df, run, metric) for run in df.run.unique()}
+    tables = {run: loaded.layer_values(run, metric) for run in loaded.names}
     tables = {run: t for run, t in tables.items() if not t.empty}
     if not tables:
       continue
@@ -185,7 +184,7 @@ def plot_layers(df: pd.DataFrame, workdir: str) -> dict:
           ax.set_yscale("log")
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
-      ax.set_title(infos.get(run, {}).get("label", run), fontsize=8)
+      ax.set_title(loaded[run].label, fontsize=8)
       ax.set_xlabel("Training Step")
       ax.xaxis.set_major_formatter(FuncFormatter(_k_formatter))
     for ax in axes[len(tables):]:

@@ -3,17 +3,17 @@
 import numpy as np
 import pandas as pd
 
-from normstudy import life
 from normstudy.analysis import detectors
 from normstudy.analysis import runs as runs_lib
+from normstudy.records import schema
 
 
-def steps_taken(info: dict, loss: pd.Series) -> int:
+def steps_taken(facts: runs_lib.Run, loss: pd.Series) -> int:
   """Train steps a run really took: up to the last record, minus the step that halted it (its
   update was never applied)."""
   last = int(loss.index.max()) if len(loss) else 0
-  if info.get("status") == life.HALTED and info.get("halt_step"):
-    return int(info["halt_step"]) - 1
+  if facts.status == schema.HALTED and facts.info.halt_step:
+    return int(facts.info.halt_step) - 1
   return last
 
 
@@ -21,37 +21,35 @@ def _last(values: pd.Series):
   return values.iloc[-1] if len(values) else np.nan
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
+def summarize(loaded: runs_lib.Runs) -> pd.DataFrame:
   """One row per run: label, status (finished | halted | diverged | preempted | running), steps
   taken, halt step and reason, final/min loss, max loss after warm-up, final eval loss, skipped
   steps, lowest loss scale from its first fall on (detectors.lowest_scale_after_first_fall) and final
   loss scale, and the observation counts (detectors.observe)."""
-  infos = df.attrs.get("runs", {})
   rows = []
-  for run in df.run.unique():
-    info = infos.get(run, {})
-    loss = runs_lib.series(df, run, "loss")
+  for run, facts in loaded.runs.items():
+    loss = loaded.series(run, "loss")
     finite_loss = loss[np.isfinite(loss.to_numpy(dtype=float))]
-    after_warmup = finite_loss[finite_loss.index > info.get("warmup_steps", 0)]
-    scale = runs_lib.series(df, run, "loss_scale")
-    seen = detectors.observe(df, run)
+    after_warmup = finite_loss[finite_loss.index > facts.warmup_steps]
+    scale = loaded.series(run, "loss_scale")
+    skipped = loaded.series(run, "skipped_total")
+    seen = detectors.observe(loaded, run)
     rows.append({
         "run": run,
-        "label": info.get("label", run),
+        "label": facts.label,
         "status": seen["status"],
-        "steps": steps_taken(info, loss),
-        "halt_step": info.get("halt_step"),
-        "halt_reason": info.get("halt_reason"),
-        "nonfinite_at": info.get("nonfinite_at"),
+        "steps": steps_taken(facts, loss),
+        "halt_step": facts.info.halt_step,
+        "halt_reason": facts.info.halt_reason,
+        "nonfinite_at": facts.info.nonfinite_at,
         "final_loss": _last(loss),
         "min_loss": finite_loss.min() if len(finite_loss) else np.nan,
         "max_loss_after_warmup": after_warmup.max() if len(after_warmup) else np.nan,
-        "final_eval_loss": _last(runs_lib.series(df, run, "eval_loss")),
-        "skipped_steps": int(_last(runs_lib.series(df, run, "skipped_total")) or 0)
-        if len(runs_lib.series(df, run, "skipped_total")) else 0,
+        "final_eval_loss": _last(loaded.series(run, "eval_loss")),
+        "skipped_steps": int(_last(skipped) or 0) if len(skipped) else 0,
         "min_loss_scale": detectors.lowest_scale_after_first_fall(scale),
         "final_loss_scale": _last(scale),
-        "entropy_floor": info.get("entropy_floor"),
+        "entropy_floor": facts.info.entropy_floor,
         "loss_spikes": seen["loss_spikes"],
         "first_spike_step": seen["first_spike_step"],
         "largest_spike": seen["largest_spike"],
@@ -78,23 +76,22 @@ def power_of_two(value: float) -> str:
       else f"{value:g}"
 
 
-def describe_run(df: pd.DataFrame, run: str) -> str:
+def describe_run(loaded: runs_lib.Runs, run: str) -> str:
   """A few sentences with numbers and steps about one run, generated from its records."""
-  info = df.attrs.get("runs", {}).get(run, {})
-  seen = detectors.observe(df, run)
-  loss = runs_lib.series(df, run, "loss")
-  eval_loss = runs_lib.series(df, run, "eval_loss")
+  facts, info = loaded[run], loaded[run].info
+  seen = detectors.observe(loaded, run)
+  loss = loaded.series(run, "loss")
+  eval_loss = loaded.series(run, "eval_loss")
   finite_eval = eval_loss[np.isfinite(eval_loss.to_numpy(dtype=float))]
-  parts = [f"Trained {steps_text(steps_taken(info, loss))} steps"]
-  if info.get("status") == life.HALTED:
-    parts[0] += (f", then halted at step {steps_text(info['halt_step'])}: "
-                 f"{info.get('halt_reason') or 'stopped'}"
-                 + (f" (first non-finite: {info['nonfinite_at']})" if info.get("nonfinite_at")
-                    else ""))
+  parts = [f"Trained {steps_text(steps_taken(facts, loss))} steps"]
+  if facts.status == schema.HALTED:
+    parts[0] += (f", then halted at step {steps_text(info.halt_step)}: "
+                 f"{info.halt_reason or 'stopped'}"
+                 + (f" (first non-finite: {info.nonfinite_at})" if info.nonfinite_at else ""))
   parts[0] += f"; last loss {loss.iloc[-1]:.3f}" + (
       f", last eval loss {finite_eval.iloc[-1]:.3f} (step {steps_text(finite_eval.index[-1])})"
       if len(finite_eval) else "") + (
-          f" (entropy floor {info['entropy_floor']:.3f})" if info.get("entropy_floor") else "")
+          f" (entropy floor {info.entropy_floor:.3f})" if info.entropy_floor else "")
   parts[0] += "."
   if seen["loss_spikes"]:
     parts.append(f"Loss spiked {_times(seen['loss_spikes'])}, "
@@ -102,9 +99,9 @@ def describe_run(df: pd.DataFrame, run: str) -> str:
                  f"+{seen['largest_spike']:.2f} above trend.")
   else:
     parts.append("No loss spikes.")
-  if seen["diverged_at"] is not None and info.get("status") != life.HALTED:
+  if seen["diverged_at"] is not None and facts.status != schema.HALTED:
     parts.append(f"It diverged at step {steps_text(seen['diverged_at'])}.")
-  scale = runs_lib.series(df, run, "loss_scale")
+  scale = loaded.series(run, "loss_scale")
   if len(scale) and scale.max() > 1 and seen["scale_halvings"]:
     parts.append(f"The fp16 loss scale was halved {_times(seen['scale_halvings'])} "
                  f"({seen['halvings_per_1k']:.1f} per 1K steps) and fell as low as "
@@ -112,19 +109,19 @@ def describe_run(df: pd.DataFrame, run: str) -> str:
                  f"{steps_text(seen['lowest_scale_step'])}; final {power_of_two(scale.iloc[-1])}.")
   elif len(scale) and scale.max() > 1:
     parts.append(f"The fp16 loss scale never fell (final {power_of_two(scale.iloc[-1])}).")
-  skipped = runs_lib.series(df, run, "skipped_total")
+  skipped = loaded.series(run, "skipped_total")
   if len(skipped) and skipped.iloc[-1]:
     parts.append(f"{int(skipped.iloc[-1])} updates were skipped for non-finite gradients.")
   parts.append(f"Gradient clipping acted on {seen['clipped_fraction']:.0%} of logged steps"
                + (f"; the gradient norm spiked {_times(seen['grad_norm_spikes'])}, first at step "
                   f"{steps_text(seen['first_grad_spike_step'])}." if seen["grad_norm_spikes"]
                   else "; no gradient-norm spikes."))
-  logits = runs_lib.layer_values(df, run, "attn_logit_max")
+  logits = loaded.layer_values(run, "attn_logit_max")
   if not logits.empty and np.isfinite(logits.to_numpy()).any():
     layer, step = np.unravel_index(np.nanargmax(logits.to_numpy()), logits.shape)
     parts.append(f"The largest attention logit was {logits.to_numpy()[layer, step]:.1f} "
                  f"(layer {logits.index[layer]}, step {steps_text(logits.columns[step])}).")
-  rms = runs_lib.layer_values(df, run, "act_rms")
+  rms = loaded.layer_values(run, "act_rms")
   if not rms.empty and rms.shape[1] > 1:
     last = rms.iloc[-1]
     parts.append(f"Activation RMS after the last layer went from {last.iloc[0]:.2f} to "
@@ -143,7 +140,7 @@ def compare_runs(summary: pd.DataFrame) -> str:
     parts.append(f"Lowest final eval loss: {best.label} ({best.final_eval_loss:.3f}); highest: "
                  f"{worst.label} ({worst.final_eval_loss:.3f}), a gap of "
                  f"{worst.final_eval_loss - best.final_eval_loss:.3f}.")
-  halted = summary[summary.status == life.HALTED]
+  halted = summary[summary.status == schema.HALTED]
   if len(halted):
     parts.append("Halted: " + "; ".join(
         f"{row.label} at step {int(row.halt_step)} ({row.halt_reason}"
@@ -158,7 +155,7 @@ def compare_runs(summary: pd.DataFrame) -> str:
   else:
     parts.append(f"Most loss spikes ({int(most)}): {_tied(summary, summary.loss_spikes == most)}"
                  f"; fewest ({int(fewest)}): {_tied(summary, summary.loss_spikes == fewest)}.")
-  diverged = summary[summary.status == detectors.DIVERGED]
+  diverged = summary[summary.status == schema.DIVERGED]
   parts.append(f"Diverged: {', '.join(diverged.label)}." if len(diverged) else
                "No run diverged." if not len(halted) else "No other run diverged.")
   if (summary.scale_halvings > 0).any():
@@ -183,7 +180,7 @@ def _tied(summary: pd.DataFrame, where) -> str:
   return ", ".join(labels[:-1]) + f" and {labels[-1]}, tied"
 
 
-def write_observations(df: pd.DataFrame, summary: pd.DataFrame, path: str,
+def write_observations(loaded: runs_lib.Runs, summary: pd.DataFrame, path: str,
                        extra_sections=(), per_run: bool = True) -> str:
   """observations.md: any extra (title, text) sections first, then, unless `per_run` is False
   (a sweep of many runs), each run and the comparison."""
@@ -197,7 +194,7 @@ def write_observations(df: pd.DataFrame, summary: pd.DataFrame, path: str,
   for title, text in extra_sections:
     lines += [f"## {title}", "", text, ""]
   for run, label in zip(summary.run, summary.label) if per_run else ():
-    lines += [f"## {label}", "", describe_run(df, run), ""]
+    lines += [f"## {label}", "", describe_run(loaded, run), ""]
   if per_run:  # a sweep's comparison is its sensitivity section
     lines += ["## Comparison", "", compare_runs(summary), ""]
   with open(path, "w", encoding="utf-8") as f:

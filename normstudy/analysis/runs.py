@@ -1,21 +1,22 @@
-"""Loading run directories into one long table (run, label, step, metric, value).
+"""Loading run directories: their records as one long table (run, label, step, metric, value),
+and each run's run.json and config facts as values beside it (`Runs`).
 
-Needs only numpy and pandas: a notebook can read runs without the training stack.
+Needs only numpy and pandas (and normstudy.records, which defines what a run writes): a notebook
+can read runs without the training stack.
 """
 
+import dataclasses
 import os
-import weakref
 
 import numpy as np
 import pandas as pd
 
-from normstudy import life
-from normstudy import metrics as metrics_lib
-from normstudy import rundir
-from normstudy import telemetry
+from normstudy.records import keys
+from normstudy.records import rundir
+from normstudy.records import schema
 
 COLUMNS = ["run", "label", "step", "metric", "value"]
-RUN_FILES = (rundir.METRICS, rundir.CONFIG, rundir.RUN, rundir.STUDY, rundir.SWEEP)
+RUN_FILES = (schema.METRICS, schema.CONFIG, schema.RUN, schema.STUDY, schema.SWEEP)
 
 
 class NoRunsError(ValueError):
@@ -26,12 +27,12 @@ def localize(workdir: str, cache_dir: str | None = None, force_copy: bool = Fals
   """A local directory with the run files of `workdir` (records, configs; no checkpoints).
 
   Local paths are returned as they are; `gs://...` is copied to `cache_dir` (default: a fresh
-  temporary directory) first (normstudy.storage.pull), so pandas and matplotlib can read it.
+  temporary directory) first (normstudy.records.storage.pull), so pandas and matplotlib can read it.
   """
   if "://" not in workdir and not force_copy:
     return workdir
   import tempfile
-  from normstudy import storage  # etils.epath and gcsfs, only for remote paths
+  from normstudy.records import storage  # etils.epath and gcsfs, only for remote paths
   local_root = cache_dir or tempfile.mkdtemp(prefix="normstudy_")
   storage.pull(workdir, local_root, names=RUN_FILES)
   return local_root
@@ -43,11 +44,10 @@ def find_runs(workdir: str) -> list[str]:
   file's order), then any others sorted by path."""
   runs = []
   for root, dirs, files in os.walk(workdir):
-    dirs[:] = sorted(d for d in dirs if d not in (rundir.CHECKPOINTS, rundir.DAMAGED_CHECKPOINTS))
-    if rundir.METRICS in files:
+    dirs[:] = sorted(d for d in dirs if d not in (schema.CHECKPOINTS, schema.DAMAGED_CHECKPOINTS))
+    if schema.METRICS in files:
       runs.append(root)
-  order = rundir.read_json(os.path.join(workdir, rundir.STUDY)).get("variants", []) or [
-      run["name"] for run in rundir.read_json(os.path.join(workdir, rundir.SWEEP)).get("runs", [])]
+  order = _study(workdir).variants or [run.name for run in _sweep(workdir).runs]
   rank = {os.path.normpath(os.path.join(workdir, v)): i for i, v in enumerate(order)}
   return sorted(runs, key=lambda r: (rank.get(os.path.normpath(r), len(rank)), r))
 
@@ -62,74 +62,142 @@ def _unique_labels(labels: dict) -> dict:
           for run, label in labels.items()}
 
 
-def load_runs(workdir: str) -> pd.DataFrame:
-  """Every run below `workdir` as a long table: run, label, step, metric, value.
+def _study(workdir: str) -> schema.StudyRecord:
+  return schema.StudyRecord.from_json(rundir.read_json(os.path.join(workdir, schema.STUDY)))
 
-  `run` is the run's path relative to `workdir`; `label` its legend label (from run.json, else
-  config.json, else the run's name), unique per run. A non-finite value (a diverged loss) stays
-  in the table as NaN or inf; a metric a record does not have is absent. Run-level facts are in
-  `df.attrs["runs"][run]`: label, entropy floor, warm-up and planned steps, dtype, status
-  (finished | halted | preempted | running), halt step and reason, where a halted run first went
-  non-finite (`nonfinite_site`: layer and site), the sweep's axis values (`point`) and the
-  overrides that reproduce the run. `df.attrs["search"]`: sweep.json's search record, if any.
-  """
-  frames, infos = [], {}
+
+def _sweep(workdir: str) -> schema.SweepRecord:
+  return schema.SweepRecord.from_json(rundir.read_json(os.path.join(workdir, schema.SWEEP)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One loaded run: its name (its path below the loaded directory), its legend label (unique
+  among the loaded runs), its arm's label, its status (RUNNING when run.json has none), its
+  run.json (`info`, a schema.RunInfo), and what the analysis reads of its config.json: the
+  warm-up and planned steps, the dtype, whether it is causal, and its eval set (eval_seed -1,
+  also for runs that predate the field, means the masks of the run's own train.seed;
+  normstudy.data.batches.eval_mask_seed) and rows."""
+  name: str
+  label: str
+  arm_label: str
+  status: str
+  info: schema.RunInfo
+  warmup_steps: int = 0
+  num_steps: int | None = None
+  dtype: str | None = None
+  causal: bool = True
+  eval_seed: int = -1
+  eval_rows: int = 0
+
+  @classmethod
+  def from_files(cls, name: str, info: schema.RunInfo, config: dict) -> "Run":
+    label = info.label or config.get("label") or name
+    train, model = config.get("train", {}), config.get("model", {})
+    return cls(name=name, label=label, arm_label=info.arm_label or label,
+               status=info.status or schema.RUNNING, info=info,
+               warmup_steps=config.get("optimizer", {}).get("warmup_steps", 0),
+               num_steps=train.get("num_steps"), dtype=model.get("dtype"),
+               causal=model.get("causal", True), eval_seed=train.get("eval_seed", -1),
+               eval_rows=train.get("eval_steps", 0) * train.get("batch_size", 0))
+
+  @property
+  def floor(self):
+    """The lowest loss the run's objective can reach: the Bayes-optimal masked loss for masked
+    prediction, else the entropy rate; None when the data do not know it."""
+    return self.info.masked_loss_floor or self.info.entropy_floor
+
+
+@dataclasses.dataclass(frozen=True)
+class Runs:
+  """Runs loaded from a directory (`load_runs`): `table`, their records in long form (run,
+  label, step, metric, value; a non-finite value stays as NaN or inf, a metric a record does not
+  have is absent), `runs`, each run's facts (a Run) by name in the table's order, and `search`,
+  sweep.json's search record (a schema.SearchRecord) when the directory holds a search."""
+  table: pd.DataFrame
+  runs: dict
+  search: schema.SearchRecord | None = None
+
+  def __post_init__(self):
+    # Each (run, metric)'s rows, indexed once: a run's series is then a lookup, not a scan.
+    columns = {name: self.table[name].to_numpy() for name in ("run", "metric", "step", "value")}
+    groups = pd.DataFrame({"run": columns["run"], "metric": columns["metric"]}).groupby(
+        ["run", "metric"], sort=False).indices
+    object.__setattr__(self, "_series", {
+        key: (columns["step"][rows], columns["value"][rows]) for key, rows in groups.items()})
+
+  @property
+  def names(self) -> list:
+    """The runs' names, in order."""
+    return list(self.runs)
+
+  def __getitem__(self, name: str) -> Run:
+    return self.runs[name]
+
+  def __len__(self) -> int:
+    return len(self.runs)
+
+  def series(self, run: str, metric: str) -> pd.Series:
+    """One run's metric as a Series indexed by step (non-finite values kept)."""
+    steps, values = self._series.get((run, metric), (np.array([], int), np.array([])))
+    return pd.Series(values, index=steps, name=metric)
+
+  def has_metric(self, metric: str) -> bool:
+    return any(m == metric for _, m in self._series)
+
+  def layer_values(self, run: str, metric: str) -> pd.DataFrame:
+    """Telemetry `metric/layer_<i>` of a run as a table: rows = layers, columns = steps."""
+    layers = {}
+    for (name, key), (steps, values) in self._series.items():
+      parsed = keys.parse_layer_key(key) if name == run else None
+      if parsed is not None and parsed[0] == metric:
+        layers[parsed[1]] = pd.Series(values, index=steps)
+    if not layers:
+      return pd.DataFrame()
+    table = pd.DataFrame({layer: layers[layer] for layer in sorted(layers)}).T
+    table.index.name, table.columns.name = "layer", "step"
+    return table
+
+
+def load_runs(workdir: str) -> Runs:
+  """Every run below `workdir` (a directory holding a metrics.jsonl with a record): its records
+  as one long table and its facts (Runs). `run` is the run's path relative to `workdir`; `label`
+  its legend label (from run.json, else config.json, else the run's name), unique per run (a
+  label shared by several runs gets each run's name appended)."""
+  frames, facts = [], {}
   for run_dir in find_runs(workdir):
     run = os.path.relpath(run_dir, workdir)
-    records = list(metrics_lib.read_records(os.path.join(run_dir, rundir.METRICS),
-                                            skip_damaged=True))
+    files = rundir.RunDir(run_dir)
+    records = files.records()
     if not records:
       continue
-    info = rundir.read_json(os.path.join(run_dir, rundir.RUN))
-    config = rundir.read_json(os.path.join(run_dir, rundir.CONFIG))
-    label = info.get("label") or config.get("label") or run
-    infos[run] = {
-        "label": label,
-        "arm": info.get("arm"),
-        "arm_label": info.get("arm_label") or label,  # the arm's, without the sweep's point
-        "point": info.get("point") or {},  # the sweep's axis values
-        "overrides": info.get("overrides") or {},
-        "entropy_floor": info.get("entropy_floor"),
-        "warmup_steps": config.get("optimizer", {}).get("warmup_steps", 0),
-        "num_steps": config.get("train", {}).get("num_steps"),
-        "dtype": config.get("model", {}).get("dtype"),
-        "causal": config.get("model", {}).get("causal", True),
-        "unigram_entropy": info.get("unigram_entropy"),
-        "masked_loss_floor": info.get("masked_loss_floor"),
-        # The eval set (normstudy.data.eval_mask_seed): -1, also for runs that predate the
-        # field, means the masks of the run's own train.seed.
-        "eval_seed": config.get("train", {}).get("eval_seed", -1),
-        "eval_rows": (config.get("train", {}).get("eval_steps", 0)
-                      * config.get("train", {}).get("batch_size", 0)),
-        "status": info.get("status", life.RUNNING),
-        "halt_step": info.get("halt_step"),
-        "halt_reason": info.get("halt_reason"),
-        "nonfinite_at": info.get("nonfinite_at"),
-        "nonfinite_site": info.get("nonfinite_site"),  # {"layer": int or None, "site": str}
-    }
+    facts[run] = Run.from_files(run, files.info(), files.saved_config())
     rows = [(record["step"], key, value) for record in records for key, value in record.items()
             if key != "step" and isinstance(value, (int, float, bool))]
     long = pd.DataFrame(rows, columns=["step", "metric", "value"])
     long["value"] = long["value"].astype(float)
     long.insert(0, "run", run)
     frames.append(long)
-  labels = _unique_labels({run: info["label"] for run, info in infos.items()})
-  for run, label in labels.items():
-    infos[run]["label"] = label
-  df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+  labels = _unique_labels({run: fact.label for run, fact in facts.items()})
+  facts = {run: dataclasses.replace(fact, label=labels[run]) for run, fact in facts.items()}
+  table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
       columns=["run", "step", "metric", "value"])
-  df.insert(1, "label", df.run.map(labels) if len(df) else [])
-  df = df[COLUMNS]
-  df.attrs["runs"] = infos
-  # A search's record (normstudy.search: each point's brackets), for its report.
-  df.attrs["search"] = rundir.read_json(os.path.join(workdir, rundir.SWEEP)).get("search")
-  return df
+  table.insert(1, "label", table.run.map(labels) if len(table) else [])
+  return Runs(table[COLUMNS], facts, _sweep(workdir).search)
 
 
-def loss_floor(info: dict):
-  """The lowest loss a run's objective can reach, from its run.json: the Bayes-optimal masked
-  loss for masked prediction, else the entropy rate; None when the data do not know it."""
-  return info.get("masked_loss_floor") or info.get("entropy_floor")
+def series(loaded: Runs, run: str, metric: str) -> pd.Series:
+  """One run's metric as a Series indexed by step (non-finite values kept)."""
+  return loaded.series(run, metric)
+
+
+def has_metric(loaded: Runs, metric: str) -> bool:
+  return loaded.has_metric(metric)
+
+
+def layer_values(loaded: Runs, run: str, metric: str) -> pd.DataFrame:
+  """Telemetry `metric/layer_<i>` of a run as a table: rows = layers, columns = steps."""
+  return loaded.layer_values(run, metric)
 
 
 def learning_threshold(table: pd.DataFrame) -> float:
@@ -140,47 +208,6 @@ def learning_threshold(table: pd.DataFrame) -> float:
   if unigram.empty or floor.empty:
     return np.nan
   return float((unigram.iloc[0] + floor.iloc[0]) / 2)
-
-
-# Per loaded table, the rows of each (run, metric): a run's series is then a lookup. Selecting
-# with boolean masks costs a deep copy of df.attrs (every run's run.json) per operation (pandas
-# 3.1 propagates attrs so), which made a 216-run analysis take minutes.
-_ROWS = {}
-
-
-def _rows_by_series(df: pd.DataFrame) -> dict:
-  cached = _ROWS.get(id(df))
-  if cached is not None and cached[0]() is df and cached[1] == len(df):
-    return cached[2]
-  columns = {name: df[name].to_numpy() for name in ("run", "metric", "step", "value")}
-  groups = pd.DataFrame({"run": columns["run"], "metric": columns["metric"]}).groupby(
-      ["run", "metric"], sort=False).indices
-  by_series = {key: (columns["step"][rows], columns["value"][rows])
-               for key, rows in groups.items()}
-  for key in [k for k, v in _ROWS.items() if v[0]() is None]:
-    del _ROWS[key]
-  _ROWS[id(df)] = (weakref.ref(df), len(df), by_series)
-  return by_series
-
-
-def series(df: pd.DataFrame, run: str, metric: str) -> pd.Series:
-  """One run's metric as a Series indexed by step (non-finite values kept)."""
-  steps, values = _rows_by_series(df).get((run, metric), (np.array([], int), np.array([])))
-  return pd.Series(values, index=steps, name=metric)
-
-
-def has_metric(df: pd.DataFrame, metric: str) -> bool:
-  return bool((df.metric == metric).any())
-
-
-def layer_values(df: pd.DataFrame, run: str, metric: str) -> pd.DataFrame:
-  """Telemetry `metric/layer_<i>` of a run as a table: rows = layers, columns = steps."""
-  rows = df[(df.run == run) & df.metric.str.startswith(f"{metric}/layer_")]
-  if rows.empty:
-    return pd.DataFrame()
-  layers = [telemetry.parse_layer_key(m)[1] for m in rows.metric]
-  table = rows.assign(layer=layers).pivot(index="layer", columns="step", values="value")
-  return table.sort_index()
 
 
 def smooth(values: pd.Series, weight: float) -> pd.Series:

@@ -21,30 +21,29 @@ import math
 import numpy as np
 import pandas as pd
 
-from normstudy.analysis import detectors
-from normstudy import grid
-from normstudy import life
-from normstudy.analysis import stats
 from normstudy.analysis import runs as runs_lib
+from normstudy.analysis import stats
+from normstudy.records import names
+from normstudy.records import schema
 
 LR = "optimizer.learning_rate"
 SEED = "train.seed"
 # A learning-rate range "within reach" of the best: Wortsman et al.'s plots read 0.1 nats.
 NEAR_BEST_NATS = 0.1
-FAILED = detectors.FAILED
-# Where a run first went non-finite: the words of normstudy.life.SITE_WORDS, in the order the
-# forward pass computes them; "residual stream" for runs recorded before the two residual sites
+FAILED = schema.FAILED
+# Where a run first went non-finite: the words of normstudy.records.schema.SITE_WORDS, in the order
+# the forward pass computes them; "residual stream" for runs recorded before the two residual sites
 # were told apart (their run.json stored the words, not the id).
 LEGACY_RESIDUAL = "residual stream"
-DEATH_KINDS = (*(life.SITE_WORDS[s] for s in ("attn_scores", "attn_out", "resid_attn",
+DEATH_KINDS = (*(schema.SITE_WORDS[s] for s in ("attn_scores", "attn_out", "resid_attn",
                                               "mlp_preact", "mlp_out", "resid_mlp")),
-               LEGACY_RESIDUAL, life.SITE_WORDS["logits"], life.SITE_WORDS["embedding"],
-               life.SITE_WORDS["backward"], "not located")
+               LEGACY_RESIDUAL, schema.SITE_WORDS["logits"], schema.SITE_WORDS["embedding"],
+               schema.SITE_WORDS["backward"], "not located")
 
 
-def is_sweep(df: pd.DataFrame) -> bool:
+def is_sweep(loaded: runs_lib.Runs) -> bool:
   """Whether the runs below a directory vary the learning rate (a sensitivity sweep)."""
-  lrs = {info["point"].get(LR) for info in df.attrs.get("runs", {}).values()}
+  lrs = {facts.info.point.get(LR) for facts in loaded.runs.values()}
   return len(lrs - {None}) > 1
 
 
@@ -57,7 +56,7 @@ def _max_finite(values) -> float:
 def _group_of(point: dict) -> str:
   """The sweep's other axes (not learning rate, not seed) as text: "" or "layers=12"."""
   rest = {k: v for k, v in point.items() if k not in (LR, SEED)}
-  return grid.point_label(rest)
+  return names.point_label(rest)
 
 
 def death_kind(site) -> str:
@@ -66,7 +65,7 @@ def death_kind(site) -> str:
   older run.json's words are taken as they are); "not located" without one."""
   if not isinstance(site, dict):
     return "not located"
-  kind = life.SITE_WORDS.get(site.get("site"), site.get("site"))
+  kind = schema.SITE_WORDS.get(site.get("site"), site.get("site"))
   return kind if kind in DEATH_KINDS else "not located"
 
 
@@ -75,38 +74,37 @@ def death_layer(site):
   return site.get("layer") if isinstance(site, dict) else None
 
 
-def table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+def table(loaded: runs_lib.Runs, summary: pd.DataFrame) -> pd.DataFrame:
   """One row per run of the sweep: run, arm, arm_label, group, learning_rate, seed, status,
   final_eval_loss, loss_init (its first recorded train loss: the loss at initialisation),
   effective_loss (final eval loss, or loss_init if the run failed), max_attn_logit (over layers
   and telemetry steps; NaN without telemetry), nonfinite_at, halt_reason, entropy_floor,
   dtype."""
-  infos = df.attrs.get("runs", {})
   status = dict(zip(summary.run, summary.status))
   rows = []
-  for run, info in infos.items():
-    point = info["point"]
-    if LR not in point:
+  for run, facts in loaded.runs.items():
+    info = facts.info
+    if LR not in info.point:
       continue
-    loss = runs_lib.series(df, run, "loss")
-    eval_loss = runs_lib.series(df, run, "eval_loss")
+    loss = loaded.series(run, "loss")
+    eval_loss = loaded.series(run, "eval_loss")
     final = float(eval_loss.iloc[-1]) if len(eval_loss) else np.nan
     init = float(loss.iloc[0]) if len(loss) else np.nan
     failed = status.get(run) in FAILED or not np.isfinite(final)
-    logits = df[(df.run == run) & df.metric.str.startswith("attn_logit_max/layer_")].value
+    logits = loaded.layer_values(run, "attn_logit_max").to_numpy().ravel()
     rows.append({
-        "run": run, "arm": info.get("arm") or run, "arm_label": info.get("arm_label", run),
-        "group": _group_of(point), "learning_rate": float(point[LR]),
-        "seed": point.get(SEED), "status": status.get(run, info.get("status")),
+        "run": run, "arm": info.arm or run, "arm_label": facts.arm_label,
+        "group": _group_of(info.point), "learning_rate": float(info.point[LR]),
+        "seed": info.point.get(SEED), "status": status.get(run, facts.status),
         "final_eval_loss": final, "loss_init": init,
         "effective_loss": init if failed else min(final, init),
-        "max_attn_logit": _max_finite(logits), "nonfinite_at": info.get("nonfinite_at"),
-        "nonfinite_kind": death_kind(info.get("nonfinite_site")),
-        "nonfinite_layer": death_layer(info.get("nonfinite_site")),
-        "halt_reason": info.get("halt_reason"), "entropy_floor": info.get("entropy_floor"),
-        "unigram_entropy": info.get("unigram_entropy"),
-        "floor": runs_lib.loss_floor(info),
-        "dtype": info.get("dtype"),
+        "max_attn_logit": _max_finite(logits), "nonfinite_at": info.nonfinite_at,
+        "nonfinite_kind": death_kind(info.nonfinite_site),
+        "nonfinite_layer": death_layer(info.nonfinite_site),
+        "halt_reason": info.halt_reason, "entropy_floor": info.entropy_floor,
+        "unigram_entropy": info.unigram_entropy,
+        "floor": facts.floor,
+        "dtype": facts.dtype,
     })
   return pd.DataFrame(rows, columns=[
       "run", "arm", "arm_label", "group", "learning_rate", "seed", "status", "final_eval_loss",
@@ -167,8 +165,8 @@ def summarize(runs: pd.DataFrame) -> pd.DataFrame:
     rows.append({
         "arm": arm, "label": curve.arm_label.iloc[0] + (f", {group}" if group else ""),
         "group": group, "runs": len(curve), "seeds": curve.seed.nunique(),
-        "halted": int((curve.status == life.HALTED).sum()),
-        "diverged": int((curve.status == detectors.DIVERGED).sum()),
+        "halted": int((curve.status == schema.HALTED).sum()),
+        "diverged": int((curve.status == schema.DIVERGED).sum()),
         "halted_share": float(curve.status.isin(FAILED).mean()),
         **metric,
         "lr_sensitivity_seed_std": float(np.std(per_seed, ddof=1)) if len(per_seed) > 1
@@ -191,8 +189,8 @@ def deaths(runs: pd.DataFrame) -> pd.DataFrame:
     for lr, at_lr in curve.groupby("learning_rate"):
       failed = at_lr[at_lr.status.isin(FAILED)]
       base = {"arm": arm, "label": label, "group": group, "learning_rate": lr,
-              "runs": len(at_lr), "halted": int((at_lr.status == life.HALTED).sum()),
-              "diverged": int((at_lr.status == detectors.DIVERGED).sum())}
+              "runs": len(at_lr), "halted": int((at_lr.status == schema.HALTED).sum()),
+              "diverged": int((at_lr.status == schema.DIVERGED).sum())}
       if failed.empty:
         rows.append({**base, "site": "", "kind": "", "layer": None, "count": 0})
         continue
@@ -308,7 +306,7 @@ def _arm_line(runs, died, row) -> str:
         dead.groupby(["site", "kind", "layer"], dropna=False, as_index=False)["count"].sum())
     failed = runs[(runs.arm == row.arm) & (runs.group == row.group)
                   & runs.status.isin(FAILED)]
-    reasons = failed.halt_reason.fillna(detectors.DIVERGED).value_counts()
+    reasons = failed.halt_reason.fillna(schema.DIVERGED).value_counts()
     line += "; halted by: " + ", ".join(f"{reason} ({count})"
                                          for reason, count in reasons.items())
   return line + "."

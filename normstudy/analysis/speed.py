@@ -16,10 +16,10 @@ value of the sweep's other axes):
               entropy, the Bayes-optimal masked loss or the entropy rate) and the threshold
 
 Where every run of two arms was evaluated on the same rows and masks (config.train.eval_seed, the
-same for all: normstudy.data.eval_mask_seed), seeds pair the arms' runs and the tests are the paired
-t-test and the sign test over the seeds both arms finished; where each seed had its own eval set
-(eval_seed -1, and every run before the field existed), the runs of two arms saw different data,
-so the comparison is Welch's t-test and the table says so.
+same for all: normstudy.data.batches.eval_mask_seed), seeds pair the arms' runs and the tests are
+the paired t-test and the sign test over the seeds both arms finished; where each seed had its
+own eval set (eval_seed -1, and every run before the field existed), the runs of two arms saw
+different data, so the comparison is Welch's t-test and the table says so.
 
 The threshold defaults to halfway from the unigram entropy (a model that uses no context) to the
 loss floor (the masked loss floor for encoders, the entropy rate for causal models).
@@ -31,49 +31,49 @@ import os
 import numpy as np
 import pandas as pd
 
-from normstudy import life
-from normstudy import grid
 from normstudy.analysis import runs as runs_lib
 from normstudy.analysis import stats
+from normstudy.records import names
+from normstudy.records import schema
 
 PAIRED = "paired t-test"
 UNPAIRED = "Welch's t-test"
 SIGN = "sign test"
 
 
-def is_speed_sweep(df: pd.DataFrame) -> bool:
+def is_speed_sweep(loaded: runs_lib.Runs) -> bool:
   """Whether the runs are a sweep of seeds (at one learning rate): some arm has runs of at least
   two seeds."""
   seeds = {}
-  for info in df.attrs.get("runs", {}).values():
-    point = info.get("point") or {}
+  for facts in loaded.runs.values():
+    point = facts.info.point
     if "train.seed" in point:
-      seeds.setdefault(info.get("arm"), set()).add(point["train.seed"])
+      seeds.setdefault(facts.info.arm, set()).add(point["train.seed"])
   return any(len(s) > 1 for s in seeds.values())
 
 
-def run_table(df: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+def run_table(loaded: runs_lib.Runs, summary: pd.DataFrame) -> pd.DataFrame:
   """One row per run: run, arm, arm_label, group (the point's axes other than the seed), seed,
   status, final eval loss, and the run's reference losses."""
   status = dict(zip(summary.run, summary.status))
   rows = []
-  for run, info in df.attrs.get("runs", {}).items():
-    point = info.get("point") or {}
-    eval_loss = runs_lib.series(df, run, "eval_loss")
+  for run, facts in loaded.runs.items():
+    point = facts.info.point
+    eval_loss = loaded.series(run, "eval_loss")
     rest = {k: v for k, v in point.items() if k != "train.seed"}
     rows.append({
-        "run": run, "arm": info.get("arm") or run, "arm_label": info.get("arm_label") or run,
-        "group": grid.point_label(rest),
+        "run": run, "arm": facts.info.arm or run, "arm_label": facts.arm_label,
+        "group": names.point_label(rest),
         "seed": point.get("train.seed"), "status": status.get(run),
-        "eval_seed": info.get("eval_seed", -1), "eval_rows": info.get("eval_rows"),
+        "eval_seed": facts.eval_seed, "eval_rows": facts.eval_rows,
         "final_eval_loss": float(eval_loss.iloc[-1]) if len(eval_loss) else np.nan,
-        "unigram_entropy": info.get("unigram_entropy"), "floor": runs_lib.loss_floor(info)})
+        "unigram_entropy": facts.info.unigram_entropy, "floor": facts.floor})
   return pd.DataFrame(rows)
 
 
-def first_step_below(df: pd.DataFrame, run: str, threshold: float):
+def first_step_below(loaded: runs_lib.Runs, run: str, threshold: float):
   """The first eval step whose eval loss is below `threshold`, or None."""
-  eval_loss = runs_lib.series(df, run, "eval_loss")
+  eval_loss = loaded.series(run, "eval_loss")
   below = eval_loss[eval_loss < threshold]
   return int(below.index[0]) if len(below) else None
 
@@ -108,7 +108,8 @@ def compare(rows: pd.DataFrame, reference: pd.DataFrame) -> dict:
           "se": tested["se"], "df": tested["df"]}
 
 
-def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame:
+def table(loaded: runs_lib.Runs, runs: pd.DataFrame, threshold: float | None = None
+          ) -> pd.DataFrame:
   """The speed table described in the module's docstring; the reference arm is each group's
   first, and each group's comparisons with it are one family for Holm's correction."""
   threshold = runs_lib.learning_threshold(runs) if threshold is None else threshold
@@ -118,11 +119,11 @@ def table(df: pd.DataFrame, runs: pd.DataFrame, threshold: float | None = None) 
     for arm, rows in in_group.groupby("arm", sort=False):
       finals = rows.final_eval_loss.dropna().to_numpy()
       mean, low, high = stats.mean_interval(finals)
-      steps = [first_step_below(df, run, threshold) for run in rows.run]
+      steps = [first_step_below(loaded, run, threshold) for run in rows.run]
       reached = [s for s in steps if s is not None]
       row = {"arm": arm, "label": rows.arm_label.iloc[0] + (f", {group}" if group else ""),
              "group": group, "runs": len(rows),
-             "finished": int((rows.status == life.FINISHED).sum()),
+             "finished": int((rows.status == schema.FINISHED).sum()),
              "final_eval_loss": mean, "final_eval_loss_low": low, "final_eval_loss_high": high,
              "threshold": threshold, "reached": len(reached),
              "steps_to_threshold": float(np.mean(reached)) if reached else np.nan}
@@ -217,7 +218,7 @@ def observations(speed: pd.DataFrame) -> str:
   return "\n\n".join(parts)
 
 
-def figure(df: pd.DataFrame, runs: pd.DataFrame, threshold: float):
+def figure(loaded: runs_lib.Runs, runs: pd.DataFrame, threshold: float):
   """Eval loss against step, one colour per arm, one line per seed; reference lines labelled."""
   from matplotlib.figure import Figure
   from normstudy.analysis.plots import style
@@ -226,7 +227,7 @@ def figure(df: pd.DataFrame, runs: pd.DataFrame, threshold: float):
   for i, (arm, rows) in enumerate(runs.groupby("arm", sort=False)):
     look = style(i)
     for j, run in enumerate(rows.run):
-      series = runs_lib.series(df, run, "eval_loss")
+      series = loaded.series(run, "eval_loss")
       ax.plot(series.index, series.to_numpy(), color=look["color"], linestyle=look["linestyle"],
               marker="o", markersize=2.5, linewidth=1,
               label=rows.arm_label.iloc[0] if j == 0 else None)
@@ -252,17 +253,17 @@ def draw_reference_lines(ax, unigram, floor, threshold=np.nan):
                label=f"threshold {threshold:.3f}")
 
 
-def analyze(df: pd.DataFrame, summary: pd.DataFrame, workdir: str) -> tuple[dict, str]:
+def analyze(loaded: runs_lib.Runs, summary: pd.DataFrame, workdir: str) -> tuple[dict, str]:
   """Writes speed.csv and speed.png (+ .svg); returns (paths, observations)."""
   from normstudy.analysis.plots import save
-  runs = run_table(df, summary)
-  speed = table(df, runs)
+  runs = run_table(loaded, summary)
+  speed = table(loaded, runs)
   pairs = pairwise(runs)
   outputs = {"speed": os.path.join(workdir, "speed.csv"),
              "speed_tests": os.path.join(workdir, "speed_tests.csv")}
   speed.to_csv(outputs["speed"], index=False)
   pairs.to_csv(outputs["speed_tests"], index=False)
-  outputs["speed_figure"] = save(figure(df, runs, speed.threshold.iloc[0]),
+  outputs["speed_figure"] = save(figure(loaded, runs, speed.threshold.iloc[0]),
                                  os.path.join(workdir, "speed.png"))
   text = observations(speed)
   if len(pairs):

@@ -29,10 +29,11 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
-from normstudy.analysis import detectors
+from normstudy.analysis import runs as runs_lib
 from normstudy.analysis import stats
+from normstudy.records import schema
 
-FAILED = detectors.FAILED
+FAILED = schema.FAILED
 # Above this the attention logits are broken (Wortsman et al. 2023, section 3.2.1: attention
 # logit growth; logits of order 1e4 make the softmax one-hot).
 BROKEN_LOGIT = 1e4
@@ -221,10 +222,11 @@ def _draw_arm(share_ax, logit_ax, curve, est, look, label, height):
                 linewidth=1)
 
 
-def logits_at_step(df: pd.DataFrame, runs: pd.DataFrame):
+def logits_at_step(loaded: runs_lib.Runs, runs: pd.DataFrame):
   """(step, runs with `attn_logit_at_step`): the largest attention logit over layers at the
   first telemetry step of the sweep (NaN for runs that stopped before it)."""
-  logits = df[df.metric.str.startswith("attn_logit_max/layer_")]
+  records = loaded.table
+  logits = records[records.metric.str.startswith("attn_logit_max/layer_")]
   if logits.empty:
     return None, runs.assign(attn_logit_at_step=np.nan)
   step = int(logits.step.min())
@@ -232,11 +234,11 @@ def logits_at_step(df: pd.DataFrame, runs: pd.DataFrame):
   return step, runs.assign(attn_logit_at_step=runs.run.map(at).astype(float))
 
 
-def analyze(df: pd.DataFrame, runs: pd.DataFrame, workdir: str) -> tuple[dict, str]:
+def analyze(loaded: runs_lib.Runs, runs: pd.DataFrame, workdir: str) -> tuple[dict, str]:
   """Writes survival.csv, survival_tests.csv and survival.png (+ .svg); returns (paths,
   observations)."""
   from normstudy.analysis.plots import save
-  step, runs = logits_at_step(df, runs)
+  step, runs = logits_at_step(loaded, runs)
   survival = table(runs)
   tests_ = tests(runs)
   outputs = {"survival": os.path.join(workdir, "survival.csv"),

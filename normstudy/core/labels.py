@@ -1,0 +1,66 @@
+"""Legend labels, derived from what a run is, so a label cannot disagree with its config.
+
+`config.label` is a template: "" or "{auto}" is `describe(config)` (the placement's name, each
+technique that is on, the clip), and "{auto} | Run 2" adds to it; `{optimizer.clip_norm}` style
+fields are filled in from the config. A fixed text without braces is taken as it is.
+"""
+
+import re
+
+from normstudy import errors
+from normstudy.core import placements
+from normstudy.core import techniques
+from normstudy.core.fields import get_field
+from normstudy.records.names import number
+
+
+def describe(config) -> str:
+  """'Pre-Norm | Attention Relax | Gradient Clip=1': the placement's name, each technique that is
+  on (normstudy.core.techniques, in its table's order), the clip."""
+  parts = [placements.get(config.model.placement).label, *techniques.legend(config)]
+  clip = config.optimizer.clip_norm
+  parts.append(f"Gradient Clip={number(float(clip))}" if clip else "No Clip")
+  return " | ".join(parts)
+
+
+_FIELD = re.compile(r"\{([a-z_][a-z0-9_.]*)(?::([^}]*))?\}")
+
+
+def resolve(config, template: str | None = None) -> str:
+  """The label of a run: `config.label` (or `template`) with {auto} and {field[:format]}
+  filled in."""
+  template = template or config.label or "{auto}"
+
+  def fill(match):
+    name, spec = match.group(1), match.group(2)
+    if name == "auto":
+      return describe(config)
+    value = get_field(config, name)
+    return format(value, spec) if spec else number(value)
+
+  return _FIELD.sub(fill, template)
+
+
+def check(config) -> None:
+  """ConfigError unless every {field[:format]} of `config.label` names a config field and its
+  format applies to the field's value (checked with the config, before anything is written)."""
+  template = config.label or "{auto}"
+  for match in _FIELD.finditer(template):
+    name, spec = match.group(1), match.group(2)
+    if name == "auto":
+      continue
+    try:
+      value = get_field(config, name)
+    except (KeyError, AttributeError):
+      raise errors.ConfigError(
+          f"config.label={template!r}: {{{name}}} is not a config field; allowed: {{auto}} or "
+          "{section.field} / {section.field:format} of the config, e.g. "
+          "{optimizer.learning_rate:g}") from None
+    if spec:
+      try:
+        format(value, spec)
+      except (ValueError, TypeError):
+        raise errors.ConfigError(
+            f"config.label={template!r}: the format {spec!r} does not apply to "
+            f"config.{name}={value!r}; allowed: a Python format spec for its type, e.g. "
+            "{optimizer.learning_rate:g}") from None

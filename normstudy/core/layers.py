@@ -1,0 +1,407 @@
+"""The transformer's layers: parameters with their logical axes and decay roles, norms,
+activations, attention (with its relax forms and soft-cap), the MLP, the position convolution and
+a block, whose norms and residuals its placement wires (normstudy.core.placements).
+
+Dtypes (docs/reference.md, "Precision and fidelity"): parameters, embeddings and positions are
+float32; the residual stream, the projections, attention products and the position conv run in the
+compute dtype; norm statistics, GELU, the softmax, the relaxed score shift and the loss run in
+float32, as fairseq runs them under --fp16. `cfg` is a normstudy.core.model.ModelConfig.
+"""
+
+import math
+from typing import Any
+
+from flax import struct
+import flax.linen as nn
+from flax.linen import spmd
+import jax
+import jax.numpy as jnp
+
+from normstudy.core import placements
+from normstudy.core import telemetry
+from normstudy.core.registry import Registry
+
+
+class RoleBox(spmd.LogicallyPartitioned):
+  """A parameter's logical axis names plus its weight-decay role, declared where it is created."""
+  decay: bool = struct.field(default=True, pytree_node=False)
+
+
+def param(module, name, init, shape, axes, decay=True):
+  def boxed(*args):
+    return RoleBox(init(*args), names=axes, decay=decay)
+  return module.param(name, boxed, shape, jnp.float32)
+
+
+def _plus_bias(module, name, y, axes, dims=None):
+  """y + a zero-initialised, undecayed bias over y's dimensions `dims` (default: the trailing
+  `len(axes)`), when `cfg.use_bias` (fairseq, MERT and torchscale give every projection one)."""
+  if not module.cfg.use_bias:
+    return y
+  dims = tuple(range(y.ndim - len(axes), y.ndim)) if dims is None else dims
+  bias = param(module, name, nn.initializers.zeros, tuple(y.shape[d] for d in dims), axes,
+               decay=False)
+  others = [d for d in range(y.ndim) if d not in dims]
+  return y + jnp.expand_dims(bias.astype(y.dtype), others)
+
+
+def xavier_normal(gain: float = 1.0, in_axis=-2, out_axis=-1):
+  """Xavier (Glorot) normal with a gain: std = gain * sqrt(2 / (fan_in + fan_out))."""
+  return nn.initializers.variance_scaling(
+      gain**2, "fan_avg", "normal", in_axis=in_axis, out_axis=out_axis)
+
+
+BERT_STD = 0.02
+
+
+def projection_init(cfg, gain: float = 1.0, in_axis=-2, out_axis=-1):
+  """Init of a projection. `xavier`: Xavier-normal with `gain` (DeepNet's formulation); `bert`:
+  normal(0.02 * gain), fairseq's init_bert_params, with the placement's gain on top."""
+  if cfg.init == "bert":
+    return nn.initializers.normal(BERT_STD * gain)
+  return xavier_normal(gain, in_axis, out_axis)
+
+
+def sinusoidal_positions(length: int, dim: int) -> jax.Array:
+  """Fixed sin/cos positions (Vaswani et al.): a relative offset is a linear map of them, so an
+  encoder can attend to its neighbours from the first steps, which learned positions (init 0.02)
+  only reach after many steps."""
+  position = jnp.arange(length, dtype=jnp.float32)[:, None]
+  freq = jnp.exp(-math.log(10000.0) * jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+  angles = position * freq[None, :]
+  table = jnp.zeros((length, dim), jnp.float32)
+  table = table.at[:, 0::2].set(jnp.sin(angles))
+  return table.at[:, 1::2].set(jnp.cos(angles[:, : dim // 2]))
+
+
+class LayerNorm(nn.Module):
+  eps: float
+  dtype: Any
+  axis_name: str = "embed"  # the logical axis of the normalised dimension
+  use_bias: bool = True  # False: a gain only (QK-norm: flax's normalize_qk, ViT-22B)
+
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    axes = (self.axis_name,)
+    scale = param(self, "scale", nn.initializers.ones, (d,), axes, decay=False)
+    bias = (param(self, "bias", nn.initializers.zeros, (d,), axes, decay=False)
+            if self.use_bias else 0.0)
+    # Statistics in float32: an fp16 variance of a large residual stream overflows.
+    x = x.astype(jnp.float32)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return ((x - mean) * jax.lax.rsqrt(var + self.eps) * scale + bias).astype(self.dtype)
+
+
+class RMSNorm(nn.Module):
+  eps: float
+  dtype: Any
+  axis_name: str = "embed"
+  use_bias: bool = False  # RMSNorm has none; the field keeps make_norm's call uniform
+
+  @nn.compact
+  def __call__(self, x):
+    scale = param(self, "scale", nn.initializers.ones, (x.shape[-1],), (self.axis_name,),
+                  decay=False)
+    x = x.astype(jnp.float32)
+    ms = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    return (x * jax.lax.rsqrt(ms + self.eps) * scale).astype(self.dtype)
+
+
+NORMS: Registry[type] = Registry("model.norm")
+NORMS.register("layernorm", LayerNorm)
+NORMS.register("rmsnorm", RMSNorm)
+
+
+def make_norm(cfg, name: str, kind: str | None = None, axis_name: str = "embed",
+              use_bias: bool = True) -> nn.Module:
+  """The config's norm (or `kind`) over the last axis, statistics in float32; `use_bias` False
+  drops LayerNorm's bias."""
+  norm = NORMS.get(kind or cfg.norm)
+  return norm(eps=cfg.norm_eps, dtype=cfg.compute_dtype, axis_name=axis_name, name=name,
+              use_bias=use_bias and norm is not RMSNorm)
+
+
+def constrain(x, axes):
+  """`x` constrained to the layout of its logical `axes` (normstudy.engine.sharding.RULES: the
+  batch over data x fsdp, heads over tensor). Without it XLA's propagation follows the fsdp-sharded
+  weights and computes attention on the whole batch on every chip (4.9x the temporaries at
+  fsdp=4, measured with normstudy.compile). A no-op outside a rules context (one device)."""
+  return nn.with_logical_constraint(x, axes)
+
+
+def boundary(cfg, x):
+  """`fusion_boundary(x)` where the program's compiler wants it (`cfg.fusion_boundaries`, set
+  by normstudy.engine.platform for XLA:CPU, where it was measured); the identity elsewhere (GPU
+  compilers fuse a dot's epilogue across it otherwise, and keep their own layouts)."""
+  return fusion_boundary(x) if cfg.fusion_boundaries else x
+
+
+@jax.custom_vjp
+def fusion_boundary(x):
+  """The identity, forward and backward, that XLA may not fuse across (`optimization_barrier`).
+
+  Placed on each projection's output, the logits and each block's output. Without it XLA:CPU
+  fuses elementwise work into the layout copies before the weight-gradient dots and computes
+  it there in transposed order, several inputs read with a stride; between the layers of an
+  unrolled stack it fuses the residual stream's gradient, a sum over every later layer's
+  branch, into each consumer and recomputes it there (benchmarks/profile.py measures what such
+  copies cost; docs/throughput.md). XLA:CPU drops barriers before fusion unless its
+  `cse_barrier_expander` pass is off (platform.CPU_COMPILER_OPTIONS). Values are unchanged up to
+  the rounding of a different fusion."""
+  return jax.lax.optimization_barrier(x)
+
+
+def _boundary_forward(x):
+  return jax.lax.optimization_barrier(x), None
+
+
+def _boundary_backward(_, cotangent):
+  return (jax.lax.optimization_barrier(cotangent),)
+
+
+fusion_boundary.defvjp(_boundary_forward, _boundary_backward)
+
+
+def softcap(x, cap: float):
+  """Gemma 2's soft-capping, cap * tanh(x / cap) (Gemma Team 2024, "Gemma 2", section 2): smooth,
+  close to x for |x| << cap, bounded by cap. `cap` 0 leaves x as it is."""
+  return cap * jnp.tanh(x / cap) if cap > 0 else x
+
+
+def _float32_gelu(approximate: bool):
+  def gelu(x):
+    # fairseq: gelu(x.float()).type_as(x). In float16 the tanh form's 3x^2 overflows from
+    # |x| ~ 148, and its gradient turns NaN.
+    return jax.nn.gelu(x.astype(jnp.float32), approximate=approximate).astype(x.dtype)
+  return gelu
+
+
+ACTIVATIONS: Registry[Any] = Registry("model.activation")
+ACTIVATIONS.register("gelu", _float32_gelu(approximate=False))
+ACTIVATIONS.register("gelu_tanh", _float32_gelu(approximate=True))
+ACTIVATIONS.register("relu", jax.nn.relu)
+
+
+def attention_scores(q, k, alpha: float = 0.0, form: str = "pb_relax", scores_dtype=None):
+  """Pre-softmax attention logits in float32, from q and k [b, h, l, d] in the compute dtype.
+
+  `scores_dtype` (model.attention_scores_dtype="float32"): q and k are cast to it first, so the
+  product cannot overflow float16's 65504 (the simplest fix for score overflow; it costs the
+  product's half-precision speed).
+  Plain (alpha = 0): (q / sqrt(d)) K^T in the compute dtype, as fp16 training does.
+  `pb_relax` (CogView's PB-Relax, Ding et al. 2021): S = (q / (alpha sqrt(d))) K^T in the
+    compute dtype, then (S - max_row(S)) * alpha in float32: the product stays alpha times
+    further from fp16's 65504.
+  `after_product` (MERT's released fairseq code): W = (q / sqrt(d)) K^T in the compute dtype,
+    then (W/alpha - max_row(W/alpha)) * alpha; no protection once the product overflows.
+  Softmax ignores a per-row shift, so all three agree in real arithmetic. Returns (logits,
+  row_shift): logits + row_shift are the unshifted scores (row_shift is zero without relax).
+  """
+  if scores_dtype is not None:
+    q, k = q.astype(scores_dtype), k.astype(scores_dtype)
+  dtype = q.dtype
+  head_dim = q.shape[-1]
+  divisor = alpha * math.sqrt(head_dim) if alpha > 0 and form == "pb_relax" else math.sqrt(
+      head_dim)
+  scores = jnp.einsum("bhqd,bhkd->bhqk", q / jnp.asarray(divisor, dtype), k)
+  if alpha <= 0:
+    return scores.astype(jnp.float32), jnp.zeros(scores.shape[:-1] + (1,), jnp.float32)
+  if form == "after_product":
+    scores = scores / jnp.asarray(alpha, dtype)
+  # Softmax is shift invariant, so the row max carries no gradient.
+  row_max = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
+  shifted = (scores - row_max).astype(jnp.float32) * alpha
+  return shifted, row_max.astype(jnp.float32) * alpha
+
+
+def grouped_conv1d(x, kernel, groups: int):
+  """The grouped 1-D convolution over the sequence with "SAME" padding that
+  `lax.conv_general_dilated(..., feature_group_count=groups)` computes, written as one einsum
+  over the kernel's taps: y[b, t, g, j] = sum_w sum_c x[b, t + w - left, g, c] K[w, c, g, j].
+  XLA partitions an einsum on any mesh; its grouped convolution aborts when the batch and the
+  channels are both split over the fsdp axis (XLA:CPU, jax 0.10).
+
+  x: [batch, length, channels]; kernel: [width, channels // groups, channels]."""
+  batch, length, channels = x.shape
+  width, group_in, _ = kernel.shape
+  left = (width - 1) // 2
+  padded = jnp.pad(x, ((0, 0), (left, width - 1 - left), (0, 0)))
+  taps = jnp.stack([padded[:, w:w + length] for w in range(width)], axis=2)
+  taps = taps.reshape(batch, length, width, groups, group_in)
+  y = jnp.einsum("blwgc,wcgj->blgj", taps,
+                 kernel.reshape(width, group_in, groups, channels // groups))
+  return y.reshape(batch, length, channels)
+
+
+class ConvPositions(nn.Module):
+  """wav2vec2/HuBERT/MERT's convolutional relative positions: activation(grouped conv(x)) over
+  the sequence, added to x by the caller. It sees both sides of a position: encoders only."""
+  cfg: Any
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    dtype = cfg.compute_dtype
+    group_width = cfg.d_model // cfg.conv_pos_groups
+    kernel = param(self, "kernel", xavier_normal(1.0, in_axis=1, out_axis=2),
+                   (cfg.conv_pos_width, group_width, cfg.d_model), (None, None, "embed"))
+    y = grouped_conv1d(x.astype(dtype), kernel.astype(dtype), cfg.conv_pos_groups)
+    y = _plus_bias(self, "bias", y, ("embed",))
+    return ACTIVATIONS.get(cfg.activation)(y)
+
+
+class Attention(nn.Module):
+  cfg: Any
+  branch_gain: float
+  inner_norm: bool = False  # Sub-LN: a norm over the heads' concatenation before `out`
+  probe: telemetry.Probe = telemetry.OFF
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    dtype = cfg.compute_dtype
+    qkv_shape = (cfg.d_model, cfg.num_heads, cfg.head_dim)
+    qkv_axes = ("embed", "heads", "kv")
+    qk_init = projection_init(cfg, 1.0, in_axis=0, out_axis=(1, 2))
+    v_init = projection_init(cfg, self.branch_gain, in_axis=0, out_axis=(1, 2))
+
+    def project(name, init):
+      w = param(self, name, init, qkv_shape, qkv_axes)
+      # Heads-major [batch, heads, length, head_dim]: the score and context products then need
+      # no transposes (measurably faster on CPU than [batch, length, heads, head_dim]).
+      y = jnp.einsum("bld,dhk->bhlk", x, w.astype(dtype))
+      return boundary(cfg, _plus_bias(self, f"{name}_bias", y, qkv_axes[1:], dims=(1, 3)))
+
+    q, k, v = project("query", qk_init), project("key", qk_init), project("value", v_init)
+    if cfg.qk_norm != "none":
+      # QK-norm (Dehghani et al. 2023, ViT-22B; Wortsman et al. 2023): each head's q and k
+      # normalised over head_dim, one gain shared by the heads and no bias (a bias on q would
+      # add a learned key-content term to every score; flax's normalize_qk has none either).
+      q = make_norm(cfg, "query_norm", cfg.qk_norm, axis_name="kv", use_bias=False)(q)
+      k = make_norm(cfg, "key_norm", cfg.qk_norm, axis_name="kv", use_bias=False)(k)
+    logits, row_shift = attention_scores(
+        q, k, cfg.attention_relax, cfg.attention_relax_form,
+        jnp.float32 if cfg.attention_scores_dtype == "float32" else None)
+    logits = constrain(logits, ("batch", "heads", "length", "kv_length"))
+    telemetry.sow_site(self, self.probe, "attn_scores", logits)
+    raw_logits = logits  # what telemetry reports: the scores before any cap
+    logits = softcap(logits, cfg.attn_softcap)
+    length = x.shape[1]
+    allowed = jnp.tril(jnp.ones((length, length), bool)) if cfg.causal else None
+    if allowed is not None:
+      logits = jnp.where(allowed, logits, -jnp.inf)
+
+    def largest_score():
+      seen = raw_logits + row_shift
+      return jnp.max(seen if allowed is None else jnp.where(allowed, seen, -jnp.inf))
+
+    telemetry.sow_stat(self, self.probe, "attn_logit_max", largest_score)
+    probs = jax.nn.softmax(logits, axis=-1)
+    telemetry.sow_stat(self, self.probe, "attn_entropy", lambda: telemetry.row_entropy(probs))
+    context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(dtype), v)
+    wo = param(self, "out", projection_init(cfg, self.branch_gain, in_axis=(0, 1), out_axis=2),
+               (cfg.num_heads, cfg.head_dim, cfg.d_model), ("heads", "kv", "embed"))
+    if self.inner_norm:
+      batch = x.shape[0]
+      joined = context.transpose(0, 2, 1, 3).reshape(batch, length, cfg.d_model)
+      joined = make_norm(cfg, "inner_norm")(joined)
+      out = jnp.einsum("bld,de->ble", joined,
+                       wo.reshape(cfg.d_model, cfg.d_model).astype(dtype))
+    else:
+      out = jnp.einsum("bhlk,hkd->bld", context, wo.astype(dtype))
+    out = boundary(cfg, _plus_bias(self, "out_bias", out, ("embed",)))
+    telemetry.sow_site(self, self.probe, "attn_out", out)
+    return out
+
+
+class Mlp(nn.Module):
+  cfg: Any
+  branch_gain: float
+  inner_norm: bool = False  # Sub-LN: a norm before fc2
+  probe: telemetry.Probe = telemetry.OFF
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.cfg
+    dtype = cfg.compute_dtype
+    init = projection_init(cfg, self.branch_gain)
+    w1 = param(self, "fc1", init, (cfg.d_model, cfg.d_ff), ("embed", "mlp"))
+    w2 = param(self, "fc2", init, (cfg.d_ff, cfg.d_model), ("mlp", "embed"))
+    h = boundary(cfg, _plus_bias(self, "fc1_bias", jnp.einsum("bld,df->blf", x, w1.astype(dtype)),
+                                 ("mlp",)))
+    telemetry.sow_site(self, self.probe, "mlp_preact", h)
+    telemetry.sow_stat(self, self.probe, "mlp_preact_absmax", lambda: telemetry.absmax(h))
+    h = ACTIVATIONS.get(cfg.activation)(h)
+    if self.inner_norm:
+      h = make_norm(cfg, "inner_norm", axis_name="mlp")(h)
+    out = boundary(cfg, _plus_bias(self, "fc2_bias",
+                                   jnp.einsum("blf,fd->bld", h, w2.astype(dtype)), ("embed",)))
+    telemetry.sow_site(self, self.probe, "mlp_out", out)
+    return out
+
+
+class Block(nn.Module):
+  """One transformer layer; the placement decides where the norms and residuals go."""
+  cfg: Any
+  deterministic: bool = True
+  probe: telemetry.Probe = telemetry.OFF
+
+  @nn.compact
+  def __call__(self, x, index=0):
+    cfg = self.cfg
+    x = constrain(x, ("batch", "length", "act_embed"))
+    placement = placements.get(cfg.placement)
+    gain = placement.branch_gain(cfg.num_layers)
+
+    shared = {}  # the layer's own parameters, shared by its two sublayers
+
+    def context(prefix):
+      def sublayer_param(name, shape, value):
+        return param(self, f"{prefix}_{name}", nn.initializers.constant(value), shape,
+                     ("embed",) * len(shape), decay=False)
+
+      def layer_param(name, shape, value):
+        if name not in shared:
+          shared[name] = param(self, name, nn.initializers.constant(value), shape,
+                               ("embed",) * len(shape), decay=False)
+        return shared[name]
+      return placements.LayerContext(
+          index=index, num_layers=cfg.num_layers, causal=cfg.causal,
+          alpha=placement.residual_alpha(cfg.num_layers), cfg=cfg, param=sublayer_param,
+          layer_param=layer_param)
+
+    def norms_of(prefix):
+      return lambda slot: make_norm(cfg, f"{prefix}_norm" if slot == "in" else
+                                    f"{prefix}_{slot}_norm")
+
+    def branch(f, prefix):
+      def dropped(h):
+        return nn.Dropout(cfg.dropout)(f(h), deterministic=self.deterministic)
+      if cfg.layer_scale <= 0:
+        return dropped
+      # LayerScale (Touvron et al. 2021, CaiT, eq. 3): x + diag(g) F(...), g learned per
+      # channel, initialised to a small constant, not decayed.
+      scale = param(self, f"{prefix}_layer_scale", nn.initializers.constant(cfg.layer_scale),
+                    (cfg.d_model,), ("embed",), decay=False)
+      return lambda h: dropped(h) * scale.astype(h.dtype)
+
+    mlp = Mlp(cfg, gain, placement.inner_norm, self.probe, name="mlp")
+    if cfg.attention != "none":
+      attention = Attention(cfg, gain, placement.inner_norm, self.probe, name="attention")
+      x = placement.wrap(x, branch(attention, "attention"), norms_of("attention"),
+                         context("attention"))
+    telemetry.sow_site(self, self.probe, "resid_attn", x)
+    x = placement.wrap(x, branch(mlp, "mlp"), norms_of("mlp"), context("mlp"))
+    telemetry.sow_site(self, self.probe, "resid_mlp", x)
+    telemetry.sow_stat(self, self.probe, "act_rms", lambda: telemetry.rms(x))
+    telemetry.sow_stat(self, self.probe, "resid_absmax", lambda: telemetry.absmax(x))
+    return boundary(cfg, x)
+
+
+class ScanBlock(Block):
+  """Block with the (carry, xs) -> (carry, ys) signature nn.scan needs; xs is the layer index."""
+
+  def __call__(self, x, index):
+    return super().__call__(x, index), None

@@ -1,0 +1,112 @@
+"""A run's memory per device, estimated from its config and mesh before anything is compiled.
+
+  plan(config, sizes, num_runs)   a MemoryPlan: bytes per device of the parameters, the
+                                  optimizer state, the gradients, the activations the backward
+                                  pass keeps (under config.model.remat) and the logits
+
+Pure arithmetic (no jax): the entry commands refuse, in one line and before anything is written,
+a run whose plan exceeds the memory it would run in (normstudy.experiments.preflight), so a
+mistyped size is an error in a second rather than minutes of swapping.
+
+The estimate counts what dominates a transformer step and no more: float32 parameters, Adam's
+two float32 moments and float32 gradients, sharded over fsdp x tensor; per layer, the
+activations a backward pass needs, in the compute dtype (the attention scores and
+probabilities in float32, as the model computes its softmax), over the batch's share of
+data x fsdp; the float32 logits with their softmax and gradient. It ignores XLA's
+scheduling and fusion: XLA:CPU's compiled step (arguments and temporaries) needs 1.0-1.8x the
+plan (tests/test_memory.py), so on the host a refusal by it is never a false alarm. A TPU's
+compiled step needs 0.78-1.24x it at the paper's size on v5e:4x4 (docs/pods/paper_v5e_4x4.csv)
+and 0.3-1.5x at the small size tests/test_compile.py checks (the plan counts float32 scores
+and probabilities that a fused softmax partly avoids); `python -m normstudy.compile` gives the
+exact figure for a topology.
+"""
+
+import dataclasses
+import math
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+GIB = 2**30
+
+# Values per token a layer keeps for its backward pass, in units of d_model and d_ff, by remat
+# policy (normstudy.core.model.REMAT_POLICIES): "none" keeps the inputs of every operation (norms,
+# q/k/v/out, the MLP's two matmuls and its activation, the residual sums); "dots" keeps the
+# projections' and the MLP's matmul outputs; "block" keeps each block's input only.
+_KEPT_PER_TOKEN = {"none": (12, 3), "dots": (5, 1), "block": (1, 0)}
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+  """Bytes per device."""
+  parameters: int
+  optimizer: int
+  gradients: int
+  activations: int
+  logits: int
+
+  @property
+  def total(self) -> int:
+    return (self.parameters + self.optimizer + self.gradients + self.activations
+            + self.logits)
+
+  def describe(self) -> str:
+    """'31.4 GiB (parameters 7.8 GiB, optimizer 15.7 GiB, ...)'."""
+    parts = ", ".join(f"{name} {human(getattr(self, name))}" for name in (
+        "parameters", "optimizer", "gradients", "activations", "logits"))
+    return f"{human(self.total)} ({parts})"
+
+  def as_json(self) -> dict:
+    return {**dataclasses.asdict(self), "total": self.total}
+
+
+def human(n: float) -> str:
+  """Bytes as '1.5 GiB', '320 MiB', '12 KiB'."""
+  for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+    if abs(n) >= size:
+      return f"{n / size:.3g} {unit}"
+  return f"{int(n)} B"
+
+
+def parameter_count(model) -> int:
+  """The model's parameters, counted from `config.model` (the matrices exactly; norms, biases
+  and the techniques' gains to within a few vectors of d_model per layer)."""
+  d, ff, layers, vocab = model.d_model, model.d_ff, model.num_layers, model.vocab_size
+  per_layer = 4 * d * d + 2 * d * ff + 8 * d  # attention, MLP, two norms' gains and biases
+  if model.use_bias:
+    per_layer += 4 * d + ff + d
+  count = layers * per_layer + vocab * d + 2 * d  # the embedding and a final norm
+  if not model.tie_embeddings:
+    count += vocab * d
+  if not model.causal:
+    count += d  # the mask embedding
+  if model.position_embedding == "learned":
+    count += model.max_len * d
+  elif model.position_embedding == "conv":
+    count += model.conv_pos_width * (d // model.conv_pos_groups) * d + d
+  return count
+
+
+def plan(config, sizes: dict, num_runs: int = 1, one_at_a_time: bool = False) -> MemoryPlan:
+  """The memory plan of one device of a program of `num_runs` runs of `config` on a mesh of
+  `sizes` ({"runs", "data", "fsdp", "tensor"}: normstudy.engine.sharding.mesh_shape). Every run's
+  state is held; `one_at_a_time` (normstudy.engine.execution): only one run's step is live at
+  once."""
+  model = config.model
+  runs_here = math.ceil(num_runs / sizes["runs"])
+  weights = parameter_count(model) * 4 * runs_here / (sizes["fsdp"] * sizes["tensor"])
+  rows = math.ceil(config.train.batch_size / (sizes["data"] * sizes["fsdp"]))
+  stepping = 1 if one_at_a_time else runs_here
+  tokens = rows * model.max_len * stepping
+  width = _DTYPE_BYTES[model.dtype]
+  per_d, per_ff = _KEPT_PER_TOKEN[model.remat]
+  per_layer = tokens * (per_d * model.d_model + per_ff * model.d_ff / sizes["tensor"]) * width
+  heads = model.num_heads / sizes["tensor"]
+  scores = rows * stepping * heads * model.max_len ** 2 * 4 * 2  # float32 scores, probabilities
+  kept = model.num_layers * (per_layer + (scores if model.remat == "none" else 0))
+  if model.remat != "none":  # the one layer being recomputed holds all of it
+    full_d, full_ff = _KEPT_PER_TOKEN["none"]
+    kept += tokens * (full_d * model.d_model + full_ff * model.d_ff / sizes["tensor"]) * width
+    kept += scores
+  logits = tokens * model.vocab_size * 4 * 3  # float32 logits, their softmax, their gradient
+  gradients = weights * stepping / runs_here
+  return MemoryPlan(parameters=int(weights), optimizer=int(2 * weights),
+                    gradients=int(gradients), activations=int(kept), logits=int(logits))

@@ -1,0 +1,100 @@
+"""The optimizer: clip, Adam (three flavours), weight decay and the learning-rate schedule.
+
+Hyperparameters are data: normstudy.core.per_run turns the numeric ones into float32 arrays that
+live in the train state, and `make_optimizer` builds the optax chain from them inside the
+jitted step. A sweep then stacks K runs' hyperparameters and vmaps one compiled step; a single
+run is the K = 1 case. What changes the program's structure (the optimizer's name, the schedule's
+shape) stays in the config.
+"""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from normstudy.core.registry import Registry
+
+# name -> decayed(peak, end, progress in [0, 1], power): the rate after the warm-up.
+SCHEDULES: Registry = Registry("optimizer.schedule")
+SCHEDULES.register("constant", lambda peak, end, progress, power: peak)
+SCHEDULES.register("linear", lambda peak, end, progress, power: peak + (end - peak) * progress)
+SCHEDULES.register(  # fairseq's polynomial_decay
+    "polynomial", lambda peak, end, progress, power: (peak - end) * (1.0 - progress)**power + end)
+SCHEDULES.register(  # optax's cosine_decay_schedule
+    "cosine", lambda peak, end, progress, power: end + (peak - end) * 0.5 * (
+        1.0 + jnp.cos(jnp.pi * progress)))
+
+
+def learning_rate(schedule: str, hp: dict, count) -> jax.Array:
+  """The learning rate of update `count` (0-based): linear warm-up from 0 to `learning_rate`
+  over `warmup_steps`, then the named decay to `end_learning_rate` at `schedule_steps`
+  (`constant` stays at the peak). `polynomial` is fairseq's polynomial_decay
+  ((peak - end) (1 - t)^power + end); `cosine` is optax's cosine_decay_schedule; `linear` is
+  polynomial with power 1. The same values as optax's schedules joined after the warm-up."""
+  count = jnp.asarray(count, jnp.float32)
+  peak, end, warmup = hp["learning_rate"], hp["end_learning_rate"], hp["warmup_steps"]
+  progress = jnp.clip((count - warmup) / jnp.maximum(hp["schedule_steps"] - warmup, 1.0), 0, 1)
+  decayed = SCHEDULES.get(schedule)(peak, end, progress, hp["power"])
+  warming = peak * count / jnp.maximum(warmup, 1.0)
+  return jnp.where(count < warmup, warming, decayed)
+
+
+def scale_by_fairseq_adam(b1, b2, eps) -> optax.GradientTransformation:
+  """fairseq's Adam direction (fairseq/optim/adam.py): `sqrt(1 - b2^t) / (1 - b1^t) * m /
+  (sqrt(v) + eps)` with eps added to the square root of the bias-uncorrected v. optax's
+  `scale_by_adam` adds eps after the correction instead; the moments are optax's own."""
+
+  def init_fn(params):
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
+                                  mu=optax.tree.zeros_like(params),
+                                  nu=optax.tree.zeros_like(params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+    count = optax.safe_increment(state.count)
+    t = count.astype(jnp.float32)
+    step_size = jnp.sqrt(1.0 - b2**t) / (1.0 - b1**t)
+    direction = jax.tree.map(lambda m, v: step_size * m / (jnp.sqrt(v) + eps), mu, nu)
+    return direction, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _adamw(hp, mask):
+  return [optax.scale_by_adam(b1=hp["b1"], b2=hp["b2"], eps=hp["eps"]),
+          optax.add_decayed_weights(hp["weight_decay"], mask)]
+
+
+def _adam(hp, mask):
+  return [optax.add_decayed_weights(hp["weight_decay"], mask),
+          optax.scale_by_adam(b1=hp["b1"], b2=hp["b2"], eps=hp["eps"])]
+
+
+def _adam_fairseq(hp, mask):
+  del mask  # fairseq decays every parameter, norm gains and biases included
+  return [scale_by_fairseq_adam(hp["b1"], hp["b2"], hp["eps"]),
+          optax.add_decayed_weights(hp["weight_decay"])]
+
+
+# name -> (hyperparameters, decay mask) -> the optax transforms between clipping and the rate.
+OPTIMIZERS: Registry = Registry("optimizer.name")
+OPTIMIZERS.register("adamw", _adamw)  # decay decoupled from the gradient statistics
+OPTIMIZERS.register("adam", _adam)  # L2 added to the gradient before Adam
+OPTIMIZERS.register("adam_fairseq", _adam_fairseq)
+
+
+def make_optimizer(opt_cfg, hp: dict, decay_mask) -> optax.GradientTransformation:
+  """clip_by_global_norm -> Adam flavour with weight decay -> -learning rate (schedule).
+
+  Clipping sees the unscaled gradient once per step; `clip_norm` 0 leaves it untouched (the
+  clip's threshold is then infinite, so the chain's structure is the same for every run).
+  `decay_mask` (normstudy.core.model.decay_mask) says which parameters weight decay applies to.
+  Works with traced `hp`: build it inside the step. Its state does not depend on `hp`.
+  """
+  clip = jnp.where(hp["clip_norm"] > 0, hp["clip_norm"], jnp.inf)
+  return optax.chain(
+      optax.clip_by_global_norm(clip),
+      *OPTIMIZERS.get(opt_cfg.name)(hp, decay_mask),
+      optax.scale_by_schedule(lambda count: -learning_rate(opt_cfg.schedule, hp, count)),
+  )

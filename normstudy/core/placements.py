@@ -1,0 +1,175 @@
+"""The norm-placement factory: where a transformer block puts its normalisation.
+
+A placement owns its whole behaviour in one registered definition: how each sublayer (attention,
+MLP) is wrapped with norms and the residual (`wrap`), whether the stack starts with a norm on the
+embedding output and ends with a final norm, whether attention and the MLP get a norm inside
+(before their output projection), the residual weight alpha and the initial gain of the
+residual-branch weights. `wrap` sees a `LayerContext`: the layer's index (a Python int, or a traced
+int32 scalar when layers are scanned, so index-dependent wiring uses `jnp.where`), the number of
+layers, causality and the model config.
+
+Options that combine with any placement (QK-norm, attention relax, z-loss, LayerScale, ...) are
+config fields, not placements. To add a placement: write its `wrap`, `register(Placement(...))`,
+and add its numpy reference to `tests/numpy_reference.py` (BLOCKS).
+"""
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from normstudy.core.registry import Registry
+
+Array = jax.Array
+# norm(slot) returns the sublayer's norm for `slot` ("in" or "out"), created on first use.
+NormFactory = Callable[[str], Callable[[Array], Array]]
+Sublayer = Callable[[Array], Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerContext:
+  """What a placement may know about the layer it wraps."""
+  index: Any  # int, or a traced int32 scalar under nn.scan
+  num_layers: int
+  causal: bool
+  alpha: float  # this placement's residual weight for the stack
+  cfg: Any = None  # the ModelConfig, for placement-specific fields
+  # param(name, shape, init value) -> a learned float32 parameter of this sublayer, not decayed;
+  # created on first use. layer_param: the same, shared by the layer's two sublayers (ReZero).
+  param: Callable[[str, tuple, float], Array] | None = None
+  layer_param: Callable[[str, tuple, float], Array] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  name: str
+  # wrap(x, f, norm, ctx) -> the residual stream after sublayer f.
+  wrap: Callable[[Array, Sublayer, NormFactory, LayerContext], Array]
+  final_norm: bool
+  label: str  # how legends name it ("Pre-Norm", "Post-Norm | DeepNorm")
+  embedding_norm: bool = False  # a norm on the embedding output before layer 0
+  # Whether the residual stream passes from layer to layer untouched (x + F(...)); False when it
+  # goes through a norm (Post-LN family), which decides how the stack compiles best.
+  identity_residual: bool = True
+  inner_norm: bool = False  # a norm before attention's output projection and before fc2
+  # num_layers -> residual weight alpha; 1 for plain residuals.
+  residual_alpha: Callable[[int], float] = lambda num_layers: 1.0
+  # num_layers -> init gain of value, out, fc1 and fc2 (query and key keep 1).
+  branch_gain: Callable[[int], float] = lambda num_layers: 1.0
+  description: str = ""
+
+
+REGISTRY: Registry[Placement] = Registry("model.placement")
+
+
+def register(placement: Placement) -> Placement:
+  return REGISTRY.register(placement.name, placement)
+
+
+def names() -> tuple[str, ...]:
+  return REGISTRY.names()
+
+
+def get(name: str) -> Placement:
+  return REGISTRY.get(name)
+
+
+def _pre_ln(x, f, norm, ctx):
+  return x + f(norm("in")(x))
+
+
+def _post_ln(x, f, norm, ctx):
+  return norm("in")(ctx.alpha * x + f(x))
+
+
+def _sandwich_ln(x, f, norm, ctx):
+  return x + norm("out")(f(norm("in")(x)))
+
+
+def _mix_ln(x, f, norm, ctx):
+  """Post-LN in the first ceil(fraction * N) layers, Pre-LN after (Li et al. 2024, "Mix-LN",
+  alpha = 0.25). Under nn.scan the layer index is traced: the sublayer runs once on the input
+  the layer's kind chooses, and the output is chosen the same way."""
+  post = ctx.index < mix_ln_post_layers(ctx.num_layers, ctx.cfg.mix_ln_fraction)
+  if isinstance(post, bool):
+    return _post_ln(x, f, norm, ctx) if post else _pre_ln(x, f, norm, ctx)
+  n = norm("in")
+  y = f(where_layer(post, x, n(x)))
+  return where_layer(post, n(x + y), x + y)
+
+
+def mix_ln_post_layers(num_layers: int, fraction: float) -> int:
+  """How many of the first layers Mix-LN makes Post-LN: ceil(fraction * N)."""
+  return math.ceil(fraction * num_layers)
+
+
+def _rezero(x, f, norm, ctx):
+  """x + a F(x), a a learned scalar initialised to 0, no norms (Bachlechner et al. 2020); one
+  `a` per layer, shared by its attention and MLP sublayers, as the authors' rztx.py does
+  (`self.resweight` in RZTXEncoderLayer)."""
+  del norm
+  return x + ctx.layer_param("rezero", (), 0.0).astype(x.dtype) * f(x)
+
+
+def sub_ln_gain(num_layers: int) -> float:
+  """Magneto's init gain for value, out, fc1 and fc2: sqrt(log(2N)) (Wang et al. 2022,
+  "Foundation Transformers", section 2.2)."""
+  return math.sqrt(math.log(2.0 * num_layers))
+
+
+def deepnorm_alpha(num_layers: int) -> float:
+  """DeepNet's residual weight for a decoder-only or encoder-only stack of N layers: (2N)^(1/4).
+
+  Both one-stack cases share the formula (Wang et al. 2022, "DeepNet", Table 1). For an
+  encoder-decoder with N encoder and M decoder layers (not built here) the paper gives: encoder
+  alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16); decoder alpha = (3M)^(1/4),
+  beta = (12M)^(-1/4).
+  """
+  return (2.0 * num_layers) ** 0.25
+
+
+def deepnorm_beta(num_layers: int) -> float:
+  """DeepNet's init gain for value, out, fc1, fc2 of a one-stack model: (8N)^(-1/4)."""
+  return (8.0 * num_layers) ** -0.25
+
+
+register(Placement(
+    name="pre_ln", wrap=_pre_ln, final_norm=True, label="Pre-Norm",
+    description="x + F(LN(x)); one final LN before the head (Xiong et al. 2020)."))
+register(Placement(
+    name="post_ln", wrap=_post_ln, final_norm=False, label="Post-Norm", identity_residual=False,
+    description="LN(x + F(x)), the original Transformer; needs LR warm-up."))
+register(Placement(
+    name="deepnorm", wrap=_post_ln, final_norm=False, label="Post-Norm | DeepNorm",
+    identity_residual=False,
+    residual_alpha=deepnorm_alpha, branch_gain=deepnorm_beta,
+    description="LN(alpha x + F(x)) with beta-scaled branch init (DeepNet, Wang et al. 2022)."))
+register(Placement(
+    name="sandwich_ln", wrap=_sandwich_ln, final_norm=True, label="Sandwich-LN",
+    description="x + LN_out(F(LN_in(x))) (CogView, Ding et al. 2021)."))
+register(Placement(
+    name="sub_ln", wrap=_pre_ln, final_norm=True, label="Sub-LN", inner_norm=True,
+    branch_gain=sub_ln_gain,
+    description="Pre-LN plus a LN before attention's output projection and before fc2; value, "
+                "out, fc1, fc2 init gain sqrt(log 2N) (Magneto, Wang et al. 2022)."))
+register(Placement(
+    name="peri_ln", wrap=_sandwich_ln, final_norm=True, label="Peri-LN", embedding_norm=True,
+    description="x + LN_out(F(LN_in(x))), a LN on the embedding output and a final LN "
+                "(Peri-LN, Kim et al. 2025)."))
+register(Placement(
+    name="mix_ln", wrap=_mix_ln, final_norm=True, label="Mix-LN", identity_residual=False,
+    description="Post-LN in the first ceil(model.mix_ln_fraction * N) layers, Pre-LN after "
+                "(Mix-LN, Li et al. 2024)."))
+register(Placement(
+    name="rezero", wrap=_rezero, final_norm=False, label="ReZero",
+    description="x + a F(x), a learned scalar per sublayer initialised to 0, no norms "
+                "(ReZero, Bachlechner et al. 2020)."))
+
+
+def where_layer(condition, a: Array, b: Array) -> Array:
+  """`a` where the (possibly traced) layer condition holds, else `b`; static when it is a bool."""
+  if isinstance(condition, bool):
+    return a if condition else b
+  return jnp.where(condition, a, b)

@@ -1,0 +1,146 @@
+"""The critical value of a field by bisection, per grid point: the learning rate at which a run
+stops surviving, found by search instead of read off a grid.
+
+  Search.parse(text, rounds)   --search=optimizer.learning_rate:LOW,HIGH and --rounds=N
+  Bracket                      one point's (low, high): low survived, high failed
+  round_values(bracket)        the values a point trains at in its next round
+  advance(bracket, outcomes)   the bracket after a round's outcomes {value: failed}
+  run(search, points, train_round, after_round)   every round, a pure loop over `train_round`
+
+Round 1 checks each point's bracket: it trains LOW and HIGH. A LOW that fails moves the
+bracket down (low / WIDEN_FACTOR, the failed LOW its new high), a HIGH that survives moves it up
+(high x WIDEN_FACTOR), each at most MAX_WIDENINGS times, one widening a round; a point whose
+bracket is still not established after them is reported as such (its critical value lies beyond).
+Each later round trains every established point at the geometric midpoint of its bracket and
+keeps the half that still straddles: after r bisection rounds the bracket spans
+(HIGH / LOW)^(1 / 2^r). A point's estimate is its final bracket's geometric midpoint.
+
+Nothing here trains or reads files: normstudy.experiments.search_runner trains each round's runs
+(one program per structure, the searched value per-run data) and judges each run by the failure
+rule (normstudy.records.schema.judge); the same outcomes always give the same rounds, so a killed
+search resumes by replaying its rounds from the runs' records, and more rounds continue it.
+"""
+
+import dataclasses
+import math
+
+from normstudy.errors import UserError
+
+WIDEN_FACTOR = 10.0
+MAX_WIDENINGS = 2
+DEFAULT_ROUNDS = 5  # --rounds's default (launch/sweep.sh reads it to submit every round)
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+  field: str
+  low: float
+  high: float
+  rounds: int
+
+  @classmethod
+  def parse(cls, text: str, rounds: int) -> "Search":
+    """From --search=FIELD:LOW,HIGH and --rounds; one line for what is wrong."""
+    field, sep, bounds = text.partition(":")
+    parts = bounds.split(",")
+    if not sep or not field or len(parts) != 2:
+      raise UserError(f"--search={text!r} is not FIELD:LOW,HIGH (e.g. "
+                      "--search=optimizer.learning_rate:0.1,1)")
+    try:
+      low, high = float(parts[0]), float(parts[1])
+    except ValueError:
+      raise UserError(f"--search={text!r}: LOW and HIGH must be numbers") from None
+    if not (0 < low < high) or not math.isfinite(high):
+      raise UserError(f"--search={text!r}: allowed: 0 < LOW < HIGH (finite)")
+    if rounds < 1:
+      raise UserError(f"--rounds={rounds} is not allowed; allowed: an integer >= 1 (round 1 "
+                      "checks the bracket, each later one halves it)")
+    return cls(field, low, high, rounds)
+
+  def as_json(self) -> dict:
+    return {"field": self.field, "low": self.low, "high": self.high, "rounds": self.rounds,
+            "widen_factor": WIDEN_FACTOR, "max_widenings": MAX_WIDENINGS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Bracket:
+  """low survived and high failed once `established`; before that, the bounds still to check."""
+  low: float
+  high: float
+  low_survived: bool = False
+  high_failed: bool = False
+  widenings: int = 0
+
+  @property
+  def established(self) -> bool:
+    return self.low_survived and self.high_failed
+
+  @property
+  def midpoint(self) -> float:
+    return math.sqrt(self.low * self.high)
+
+  def as_json(self) -> dict:
+    return {"low": self.low, "high": self.high, "established": self.established,
+            "widenings": self.widenings}
+
+
+def _rounded(value: float) -> float:
+  """Values as the run directories name them (6 significant digits), so that a value is the
+  same number in the config, the directory name and sweep.json."""
+  return float(f"{value:.6g}")
+
+
+def initial(search: Search) -> Bracket:
+  return Bracket(search.low, search.high)
+
+
+def round_values(bracket: Bracket) -> list:
+  """The values a point trains at in its next round: its unchecked bounds, or its midpoint;
+  none for a point whose bracket cannot be established (widened as far as allowed)."""
+  if bracket.established:
+    return [_rounded(bracket.midpoint)]
+  return [v for v, known in ((bracket.low, bracket.low_survived),
+                             (bracket.high, bracket.high_failed)) if not known]
+
+
+def advance(bracket: Bracket, outcomes: dict) -> Bracket:
+  """The bracket after a round: `outcomes` {value: failed} for the values round_values gave."""
+  if bracket.established:
+    (value, failed), = outcomes.items()
+    return dataclasses.replace(bracket, high=value) if failed else dataclasses.replace(
+        bracket, low=value)
+  low, high, widenings = bracket.low, bracket.high, bracket.widenings
+  low_failed = False if bracket.low_survived else outcomes[low]
+  high_failed = True if bracket.high_failed else outcomes[high]
+  if low_failed or not high_failed:
+    if widenings >= MAX_WIDENINGS:  # given up: the critical value lies beyond
+      return dataclasses.replace(bracket, widenings=widenings + 1)
+    if low_failed:  # LOW failed (whatever HIGH did): it bounds from above; look lower
+      return Bracket(_rounded(low / WIDEN_FACTOR), low, False, True, widenings + 1)
+    return Bracket(high, _rounded(high * WIDEN_FACTOR), True, False, widenings + 1)
+  return Bracket(low, high, True, True, widenings)
+
+
+def gave_up(bracket: Bracket) -> bool:
+  """Widened as often as allowed and still not established: the value lies beyond."""
+  return not bracket.established and bracket.widenings > MAX_WIDENINGS
+
+
+def run(search: Search, points: list, train_round, after_round=None) -> dict:
+  """Every round of the search: `train_round(k, {point: [values]})` trains round k's runs and
+  returns {point: {value: failed}}; `after_round(history)` is told the history after each
+  round. Returns {point: [bracket after each round]} (the history sweep.json records). Pure:
+  the same outcomes give the same rounds."""
+  brackets = {p: initial(search) for p in points}
+  history = {p: [] for p in points}
+  for k in range(1, search.rounds + 1):
+    todo = {p: round_values(b) for p, b in brackets.items() if not gave_up(b)}
+    todo = {p: v for p, v in todo.items() if v}
+    outcomes = train_round(k, todo) if todo else {}
+    for p in points:
+      if p in outcomes:
+        brackets[p] = advance(brackets[p], outcomes[p])
+      history[p].append(brackets[p])
+    if after_round is not None:
+      after_round(history)
+  return history

@@ -1,0 +1,121 @@
+"""Stability techniques that combine with any placement, as a table (like placements' registry).
+
+Each entry declares one config field (a normstudy.core.fields.Field: its off value, the schema's
+default at which the technique adds no operation, what values are allowed, a line about it), its
+legend fragment, its paper and the combinations it refuses. The schema (normstudy.core.config),
+the legend (normstudy.core.labels) and validation (normstudy.experiments.validation) all read
+this table, so adding a technique is its entry here, its code (the model or the loss) and its
+numpy reference (tests/numpy_reference.py).
+
+Techniques that are block designs (Sub-LN, Peri-LN, Mix-LN, ReZero) are placements instead
+(normstudy.core.placements).
+"""
+
+import dataclasses
+from typing import Any, Callable
+
+from normstudy.core.fields import Field
+from normstudy.core.fields import get_field
+from normstudy.records.names import number
+
+
+@dataclasses.dataclass(frozen=True)
+class Conflict:
+  """A combination refused with one line: `clashes(config)` says whether it is present."""
+  clashes: Callable[[Any], bool]
+  message: Callable[[Any], str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Technique:
+  """A technique's config field (`declaration`: its off value is the default), its legend
+  fragment when on (`legend(value, config)`), the paper it comes from and the combinations it
+  refuses."""
+  declaration: Field
+  legend: Callable[[Any, Any], str]
+  paper: str
+  conflicts: tuple = ()
+
+  @property
+  def field(self) -> str:
+    return self.declaration.name
+
+  @property
+  def off(self):
+    return self.declaration.default
+
+  def value(self, config):
+    return get_field(config, self.field)
+
+  def is_on(self, config) -> bool:
+    return self.value(config) != self.off
+
+
+def _scale(name):
+  return lambda value, config: f"{name}={number(float(value))}"
+
+
+def _relax_legend(value, config):
+  del value
+  return "Attention Relax" + (" (after product)"
+                              if config.model.attention_relax_form == "after_product" else "")
+
+
+TECHNIQUES = (
+    Technique(Field("model.attention_relax", 0.0,
+                    "attention relax alpha (PB-Relax; MERT: 32), in the form "
+                    "model.attention_relax_form", "0 (off) or a number > 0",
+                    accepts=lambda v: v >= 0),
+              _relax_legend, "Ding et al. 2021 (CogView, PB-Relax); MERT uses alpha = 32"),
+    Technique(Field("model.qk_norm", "none", "QK-norm: queries and keys normalised per head, no "
+                    "bias", ("none", "layernorm", "rmsnorm")),
+              lambda v, c: "QK-Norm" + (" (RMS)" if v == "rmsnorm" else ""),
+              "Dehghani et al. 2023 (ViT-22B); Wortsman et al. 2023"),
+    Technique(Field("model.layer_scale", 0.0, "LayerScale: each branch times a learned "
+                    "per-channel gain initialised to this", "0 (off) or a number > 0",
+                    accepts=lambda v: v >= 0),
+              _scale("LayerScale"), "Touvron et al. 2021 (CaiT)",
+              conflicts=(Conflict(
+                  lambda c: c.model.placement == "rezero",
+                  lambda c: f"config.model.layer_scale={c.model.layer_scale:g} scales the "
+                            "branches that config.model.placement='rezero' already scales by a "
+                            "learned scalar; use one of them"),)),
+    Technique(Field("model.emb_grad_shrink", 1.0, "embedding gradient shrink: the embedding's "
+                    "gradient times this, its value unchanged", "a number in (0, 1]; 1 = off",
+                    accepts=lambda v: 0 < v <= 1),
+              _scale("Emb Grad Shrink"), "Zeng et al. 2022 (GLM-130B)"),
+    Technique(Field("model.attn_softcap", 0.0, "attention scores soft-capped: cap * tanh(s / cap)",
+                    "0 (off) or a number > 0", accepts=lambda v: v >= 0),
+              _scale("Attn Softcap"), "Gemma Team 2024 (Gemma 2)",
+              conflicts=(Conflict(
+                  lambda c: c.model.attention_relax > 0,
+                  lambda c: f"config.model.attn_softcap={c.model.attn_softcap:g} caps the "
+                            "scores that config.model.attention_relax="
+                            f"{c.model.attention_relax:g} shifts by their row maximum; use one "
+                            "of them (set the other to 0)"),)),
+    Technique(Field("model.output_softcap", 0.0, "output logits soft-capped: cap * tanh(s / cap)",
+                    "0 (off) or a number > 0", accepts=lambda v: v >= 0),
+              _scale("Output Softcap"), "Gemma Team 2024 (Gemma 2)"),
+    Technique(Field("model.attention_scores_dtype", "compute", "the dtype of q, k and their "
+                    "product: the compute dtype, or float32 (no fp16 overflow)",
+                    ("compute", "float32")),
+              lambda v, c: "fp32 Scores", "the simplest fix for score overflow"),
+    Technique(Field("loss.z_loss", 0.0, "z-loss: this times the mean (log Z)^2 added to the loss",
+                    "0 (off) or a number > 0", accepts=lambda v: v >= 0),
+              _scale("z-loss"), "Chowdhery et al. 2022 (PaLM)"),
+)
+
+
+def on(config) -> list:
+  """The techniques a config turns on, in the table's (the legend's) order."""
+  return [t for t in TECHNIQUES if t.is_on(config)]
+
+
+def legend(config) -> list[str]:
+  """The legend fragments of the techniques that are on."""
+  return [t.legend(t.value(config), config) for t in on(config)]
+
+
+def conflicts(config) -> list[str]:
+  """The message of every refused combination present in `config`, in the table's order."""
+  return [c.message(config) for t in on(config) for c in t.conflicts if c.clashes(config)]

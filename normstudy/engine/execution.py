@@ -1,0 +1,196 @@
+"""How the K runs of one program step: the compiled steps and the state in the form they take.
+
+  steps = ProgramSteps(config, mesh, num_runs=K)
+  state = steps.initial(configs)          # or steps.hold(stacked), e.g. a restored checkpoint
+  state, metrics = steps.train(state, batch)   # steps.telemetry: the same with telemetry
+  losses = steps.eval(steps.params(state), batch)
+  flags = steps.locate(state, batch)      # compiled on first use: where a step went non-finite
+  logits = steps.outputs(steps.params(state), batch)   # compiled on first use: f(x; theta)
+  checkpoints.save(..., steps.stacked(state))
+
+Every state leaf carries a leading run axis of size K (normstudy.engine.sharding places it), and a
+program's runs step in one of two ways, chosen once here:
+  vmapped         one compiled K-run program (`jax.vmap` over the run axis) on the stacked
+                  state: an accelerator's speed comes from stacking
+  one at a time   the compiled one-run program (the one normstudy.main runs) called per run,
+                  the state held as K one-run states [1, ...], each donated to and returned by
+                  its own step: on XLA:CPU with the runs axis unsplit (normstudy.engine.platform),
+                  where every run of a sweep then computes bit for bit what it computes alone
+                  and its sweep.json command reproduces it (benchmarks/sweep.py compares both)
+The loop never asks which: it holds whatever `initial`/`hold` return and hands it back.
+"""
+
+from typing import Any
+
+from flax import linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from normstudy.core import per_run
+from normstudy.core import steps as steps_lib
+from normstudy.engine import platform
+from normstudy.engine import sharding
+
+
+def _join(parts):
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
+
+
+def _take(tree, k):
+  return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, k, 1), tree)
+
+
+def _with_rules(fn):
+  """`fn` traced with the logical-axis rules, so the model's activation constraints
+  (normstudy.core.layers.constrain) name mesh axes."""
+  def ruled(*args):
+    with nn.logical_axis_rules(sharding.RULES):
+      return fn(*args)
+  return ruled
+
+
+def over_runs(fn, num_runs: int):
+  """`fn` of one run, applied to K runs stacked on a leading axis: vmapped for K > 1; for one
+  run the axis is squeezed away and restored around `fn` itself (a reshape, free: a vmapped step
+  of one run is slower on XLA:CPU, benchmarks/throughput.py)."""
+  if num_runs > 1:
+    return jax.vmap(fn, spmd_axis_name="runs")
+
+  def one_run(*args):
+    out = fn(*jax.tree.map(lambda x: x[0], args))
+    return jax.tree.map(lambda x: x[None], out)
+
+  return one_run
+
+
+def _run_by_run(one_run, batch_sharding, updates_state: bool):
+  """fn(firsts, batch) for K runs held as K one-run values `firsts` ([1, ...] each) and the
+  stacked batch: K calls of the compiled one-run program `one_run`, outputs joined on the run
+  axis (with `updates_state`, the list of new states and the joined metrics)."""
+  take_batch = jax.jit(_take, out_shardings=batch_sharding)
+  join = jax.jit(_join)
+
+  def step(firsts, batch):
+    outs = [one_run(first, take_batch(batch, k)) for k, first in enumerate(firsts)]
+    if updates_state:
+      return [out[0] for out in outs], join([out[1] for out in outs])
+    return join(outs)
+
+  return step
+
+
+def _initializer(config):
+  """values [K, ...] -> the stacked (unboxed) initial state of K runs of `config`'s structure."""
+  return jax.vmap(lambda values: steps_lib.unboxed(steps_lib.init_state(config, values)))
+
+
+def _abstract(config, shardings, stacked_values):
+  """ShapeDtypeStructs, with `shardings`, of the stacked initial state of `stacked_values`."""
+  shapes = jax.eval_shape(_initializer(config), stacked_values)
+  return jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where),
+                      shapes, shardings)
+
+
+def _host_values(held, part, one_at_a_time: bool):
+  if not one_at_a_time:
+    return jax.device_get(part(held))
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *[jax.device_get(part(s)) for s in held])
+
+
+def steps_one_at_a_time(devices, runs_axis: int, num_runs: int) -> bool:
+  """Whether a program of `num_runs` runs compiled for `devices`, with a runs mesh axis of
+  size `runs_axis`, steps its runs one at a time (normstudy.engine.platform's choice, where the runs
+  axis is unsplit)."""
+  return platform.choices(devices).runs_one_at_a_time and runs_axis == 1 and num_runs > 1
+
+
+class ProgramSteps:
+  """The compiled steps of K runs of one program on `mesh`, and how they hold the state:
+  `config` is the first run's (its structure is every run's); `one_at_a_time`: True or False
+  forces a stepping mode (benchmarks, tests), None lets normstudy.engine.platform decide from the
+  mesh's devices. Attributes: `shardings` (of the stacked state), `one_at_a_time`, `choices`
+  (normstudy.engine.platform.Choices), and the compiled `train`, `telemetry` and `eval`."""
+
+  def __init__(self, config, mesh, num_runs: int, one_at_a_time: bool | None = None):
+    self.config, self.mesh, self.num_runs = config, mesh, num_runs
+    self.choices = platform.choices(mesh.devices.flat)
+    if one_at_a_time is None:
+      one_at_a_time = steps_one_at_a_time(mesh.devices.flat, mesh.shape["runs"], num_runs)
+    self.one_at_a_time = bool(one_at_a_time) and num_runs > 1
+    self.shardings = sharding.state_shardings(config, mesh)
+    self._batch_sharding = sharding.batch_sharding(mesh)
+    boundaries = self.choices.fusion_boundaries
+    self.train = self._compile(steps_lib.make_train_step(config, False, boundaries),
+                               self.shardings, updates_state=True)
+    self.telemetry = self._compile(steps_lib.make_train_step(config, True, boundaries),
+                                   self.shardings, updates_state=True)
+    self.eval = self._compile(steps_lib.make_eval_step(config, boundaries),
+                              self.shardings.params, updates_state=False)
+    self._compiled_on_use = {}
+    if self.one_at_a_time:
+      self._take = jax.jit(_take, out_shardings=self.shardings)
+      self._join = jax.jit(_join, out_shardings=self.shardings)
+
+  def _compile(self, fn, first_sharding, updates_state: bool):
+    """fn(first, batch) of one run as a step of the program's K runs. `updates_state`: fn
+    returns (new state, metrics) and the state is donated."""
+    outputs = sharding.runs_sharding(self.mesh)
+    step = jax.jit(over_runs(_with_rules(fn), 1 if self.one_at_a_time else self.num_runs),
+                   in_shardings=(first_sharding, self._batch_sharding),
+                   out_shardings=(first_sharding, outputs) if updates_state else outputs,
+                   donate_argnums=0 if updates_state else (),
+                   compiler_options=self.choices.compiler_options)
+    return _run_by_run(step, self._batch_sharding, updates_state) if self.one_at_a_time else step
+
+  def initial(self, configs) -> Any:
+    """The held initial state of runs whose configs share this program, created in its shards:
+    each run's values are those of the run alone on one device."""
+    init = jax.jit(_initializer(self.config), out_shardings=self.shardings)
+    with jax.set_mesh(self.mesh):
+      if self.one_at_a_time:  # each run from the one-run initialiser, as alone
+        return [init(per_run.stacked_values([c])) for c in configs]
+      return init(per_run.stacked_values(configs))
+
+  def abstract(self, configs) -> Any:
+    """The stacked state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves),
+    computing nothing: what a checkpoint restores into, and what `train.lower` takes to compile
+    ahead of time (vmapped programs: an accelerator's)."""
+    return _abstract(self.config, self.shardings, per_run.stacked_values(configs))
+
+  def host_values(self, held, part) -> Any:
+    """`part(state)` of every run on the host, stacked [K, ...] (e.g. the hyperparameters),
+    without stacking the whole state."""
+    return _host_values(held, part, self.one_at_a_time)
+
+  def hold(self, stacked) -> Any:
+    """The stacked state [K, ...] in the form the steps take."""
+    if self.one_at_a_time:
+      return [self._take(stacked, k) for k in range(self.num_runs)]
+    return stacked
+
+  def stacked(self, held) -> Any:
+    """The stacked state [K, ...] of a held state (a copy when the runs step one at a time)."""
+    return self._join(held) if self.one_at_a_time else held
+
+  def params(self, held) -> Any:
+    """The parameters, as `eval` takes them."""
+    return [s.params for s in held] if self.one_at_a_time else held.params
+
+  def locate(self, held, batch):
+    """The finiteness flags of every forward site of the step `held` took on `batch`
+    (normstudy.core.steps.make_locate_step), [K, ...]."""
+    return self._on_first_use(steps_lib.make_locate_step, self.shardings)(held, batch)
+
+  def outputs(self, params, batch):
+    """Each run's float32 output logits on `batch` (steps.make_output_step), [K, ...]."""
+    return self._on_first_use(steps_lib.make_output_step, self.shardings.params)(params, batch)
+
+  def _on_first_use(self, make_step, first_sharding):
+    """The program's step of `make_step(config, fusion_boundaries)` (no state update), compiled
+    on its first call and kept."""
+    if make_step not in self._compiled_on_use:
+      self._compiled_on_use[make_step] = self._compile(
+          make_step(self.config, self.choices.fusion_boundaries), first_sharding,
+          updates_state=False)
+    return self._compiled_on_use[make_step]

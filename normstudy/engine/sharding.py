@@ -1,0 +1,144 @@
+"""Device meshes and where every array lives on them: the logical-axis rules, the shardings of
+the state and the batch, the global batch, and multi-process start-up.
+
+The mesh has four axes, sized by `config.mesh.{runs,data,fsdp,tensor}` (one of them may be -1,
+the remaining devices):
+  runs    the K runs of one program (a sweep), each run on its own slice of devices
+  data    replicas, each with a slice of the batch
+  fsdp    a slice of the batch too, and a slice of every parameter and optimizer moment (on `embed`)
+  tensor  attention heads and the MLP hidden dimension
+Every state leaf carries a leading run axis of size K (K = 1 for a single run). Parameters carry
+logical axis names (normstudy.core.model); RULES map them to mesh axes. How a program's steps are
+compiled with these shardings, and how its K runs step, is normstudy.engine.execution's.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+from normstudy.core import per_run
+from normstudy.core import steps as steps_lib
+from normstudy.errors import UserError
+
+AXES = ("runs", "data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# logical axis -> mesh axis (None: replicated)
+RULES = (
+    ("runs", "runs"),
+    ("batch", BATCH_AXES),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("mlp", "tensor"),
+    ("kv", None),
+    ("vocab", None),
+    ("layers", None),
+    # activations (normstudy.core.layers.constrain): the batch as above, the rest replicated
+    ("length", None),
+    ("kv_length", None),
+    ("act_embed", None),
+    ("act_vocab", None),
+)
+
+
+def mesh_shape(mesh_cfg, num_devices: int) -> dict:
+  """{axis: size} with a -1 resolved; UserError if the sizes do not fit the devices."""
+  sizes = [int(mesh_cfg[axis]) for axis in AXES]
+  described = ", ".join(f"config.mesh.{a}={s}" for a, s in zip(AXES, sizes))
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise UserError(f"{described}: each size must be >= 1, and at most one may be -1")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % known:
+      raise UserError(f"{described}: the other axes ({known}) do not divide the {num_devices} "
+                      "devices")
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
+    raise UserError(f"{described}: the mesh has {math.prod(sizes)} devices, but there are "
+                    f"{num_devices}")
+  return dict(zip(AXES, sizes))
+
+
+def make_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
+  """A mesh over `devices` (default: all). Auto axis types: jax.make_mesh now defaults to
+  Explicit, under which matmuls with sharded contracting dimensions fail (jax 0.10)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = tuple(mesh_shape(mesh_cfg, len(devices)).values())
+  return jax.sharding.Mesh(np.asarray(devices).reshape(shape), AXES)
+
+
+def check_divisible(config, sizes: dict, num_runs: int = 1) -> None:
+  """The one check that a mesh of `sizes` (axis -> size) splits every sharded size evenly:
+  UserError naming the first that it does not."""
+  m = config.model
+  need = [
+      (f"{num_runs} runs", num_runs, sizes["runs"], "runs"),
+      (f"config.train.batch_size={config.train.batch_size}", config.train.batch_size,
+       sizes["data"] * sizes["fsdp"], "data x fsdp"),
+      (f"config.model.d_model={m.d_model}", m.d_model, sizes["fsdp"], "fsdp"),
+      (f"config.model.num_heads={m.num_heads}", m.num_heads, sizes["tensor"], "tensor"),
+      (f"config.model.d_ff={m.d_ff}", m.d_ff, sizes["tensor"], "tensor"),
+  ]
+  for what, value, parts, axes in need:
+    if value % parts:
+      mesh = ", ".join(f"{a}={s}" for a, s in sizes.items())
+      raise UserError(f"{what} is not divisible by the mesh's {axes} size {parts} (mesh {mesh})")
+
+
+def batch_sharding(mesh) -> NamedSharding:
+  """[runs, batch, ...] arrays: runs on `runs`, the batch on data x fsdp."""
+  return NamedSharding(mesh, P("runs", BATCH_AXES))
+
+
+def runs_sharding(mesh) -> NamedSharding:
+  """[runs, ...] per-run values (metrics, seeds, hyperparameters)."""
+  return NamedSharding(mesh, P("runs"))
+
+
+def state_shardings(config, mesh):
+  """NamedShardings of every leaf of the stacked (unboxed) train state [K, ...]."""
+  values = jax.tree.map(np.asarray, per_run.run_values(config))
+  boxed = jax.eval_shape(lambda: steps_lib.init_state(config, values))
+  specs = nn.get_partition_spec(boxed)
+  stacked = jax.tree.map(lambda spec: P("runs", *spec), specs,
+                         is_leaf=lambda x: isinstance(x, P))
+  return jax.tree.map(lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(spec, RULES)),
+                      stacked, is_leaf=lambda x: isinstance(x, P))
+
+
+def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
+  """jax.distributed.initialize for multi-process runs.
+
+  Explicit flags win; with none, a TPU pod or a multi-task SLURM job is detected and JAX's
+  automatic configuration used; otherwise this is a single-process run and nothing happens.
+  """
+  import os
+  explicit = [v is not None for v in (coordinator_address, num_processes, process_id)]
+  if any(explicit):
+    if not all(explicit):
+      raise UserError("--coordinator_address, --num_processes and --process_id go together")
+    if not 0 <= process_id < num_processes:
+      raise UserError(f"--process_id={process_id} is outside [0, --num_processes="
+                      f"{num_processes})")
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+    return True
+  on_slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
+  on_tpu_pod = "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  if on_slurm or on_tpu_pod:
+    jax.distributed.initialize()
+    return True
+  return False
+
+
+def global_batch(mesh, local_batch: dict) -> dict:
+  """Device arrays of the global batch [runs, batch, ...], from this process's rows of it."""
+  sharding = batch_sharding(mesh)
+  if jax.process_count() == 1:
+    return jax.device_put(local_batch, sharding)
+  return jax.tree.map(
+      lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local_batch)

@@ -1,0 +1,3 @@
+"""Experiments: from a config file to trained runs (the grid of arms and axes, validation,
+preflight, planning into programs, the search runner, worker processes). Imports the engine,
+the data, the core, the records and the errors."""

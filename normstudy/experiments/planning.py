@@ -1,0 +1,258 @@
+"""A study's or sweep's runs, planned once and trained: grouped into programs, every check run
+before anything is written (`plan`), then trained (`train_plan`), recorded and analysed
+(`run_grid`); and normstudy.main's one run (`train_and_evaluate`).
+
+Runs whose configs differ only in per-run fields (normstudy.core.per_run) share one compiled
+program (`group_runs`); normstudy.engine.train trains one program; programs train one after
+another or side by side in worker processes (normstudy.experiments.workers). The analysis is
+the caller's (`run_grid`'s `analyze`): the commands that draw pass it.
+"""
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import time
+
+from absl import logging
+import jax
+
+from normstudy import errors
+from normstudy.core import per_run
+from normstudy.data import sources
+from normstudy.engine import platform
+from normstudy.engine import train
+from normstudy.experiments import grid
+from normstudy.experiments import workers as workers_lib
+from normstudy.experiments.preflight import preflight
+from normstudy.records import rundir
+from normstudy.records import schema
+
+
+def lock(directory: str):
+  """The directory's lock for this program's life; only process 0 of a multi-process run takes
+  it (all processes share the directory)."""
+  return rundir.Lock(directory) if jax.process_index() == 0 else contextlib.nullcontext()
+
+
+def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) -> dict:
+  """Trains one run in `workdir` (resuming if it holds a checkpoint); returns its last record.
+  Raises RunHalted when the run halts."""
+  rundir.check_kind(workdir, "run")
+  run = grid.Run(os.path.basename(os.path.normpath(workdir)) or workdir, config, workdir)
+  checkpoint_dir = rundir.RunDir(workdir).checkpoints
+  preflight([run], checkpoint_dir, allow_config_change)
+  with rundir.made_for(workdir), lock(workdir):
+    recorder, = train.train_program([run], checkpoint_dir, single=True)
+  return recorder.last_record
+
+
+def program_key(config) -> str:
+  """What must be equal for runs to share one compiled program: the config without its per-run
+  fields (normstudy.core.per_run.RUN_DATA_FIELDS) and label."""
+  flat = rundir.flatten(rundir.config_json(config))
+  for field in per_run.RUN_DATA_FIELDS + ("label",):
+    flat.pop(field, None)
+  return json.dumps(flat, sort_keys=True, default=str)
+
+
+def group_runs(runs: list, max_runs: int = grid.MAX_RUNS_PER_PROGRAM) -> list:
+  """The runs split into programs (lists of runs), in order of first appearance: runs that
+  differ only in per-run fields share one, split into equal parts of at most `max_runs` runs
+  (0 = no limit)."""
+  groups = {}
+  for run in runs:
+    groups.setdefault(program_key(run.config), []).append(run)
+  programs = []
+  for group in groups.values():
+    parts = -(-len(group) // max_runs) if max_runs > 0 else 1
+    size = -(-len(group) // parts)
+    programs += [group[i:i + size] for i in range(0, len(group), size)]
+  return programs
+
+
+def program_checkpoints(root: str, group: list) -> str:
+  """Where a program of a study or sweep in `root` keeps its stacked checkpoints: a stable
+  name from its runs' names."""
+  names = "\n".join(run.name for run in group)
+  digest = hashlib.sha1(names.encode()).hexdigest()[:8]
+  first = group[0].name.replace("/", "_")
+  name = f"{first}+{len(group) - 1}_{digest}" if len(group) > 1 else f"{first}_{digest}"
+  return os.path.join(root, schema.CHECKPOINTS, name)
+
+
+def needs_training(run: grid.Run) -> bool:
+  return rundir.RunDir(run.directory).info().needs_training(run.config.train.num_steps)
+
+
+@dataclasses.dataclass
+class Plan:
+  """A study's or sweep's runs, worked out once and then trained as they are: the grid, its
+  directory, its runs, their programs (lists of runs, in order), the programs that still need
+  training (`todo`, (index, program) pairs) and how many train at a time (`workers`)."""
+  grid: grid.Grid
+  workdir: str
+  runs: list
+  programs: list
+  todo: list
+  workers: int
+
+  def describe(self) -> list[str]:
+    return self.grid.describe(self.runs, len(self.programs), self.workers,
+                              len(workers_lib.available_cores()))
+
+
+def plan(spec: grid.Grid, workdir: str, allow_config_change: bool = False,
+         max_runs: int = grid.MAX_RUNS_PER_PROGRAM, workers: int = 0) -> Plan:
+  """The grid's runs in `workdir`, grouped into programs, every run checked (UserError before
+  anything is written). `workers`: programs at a time (0: one per core, up to one per
+  program; 1: one after another in this process)."""
+  rundir.check_writable(workdir, "--workdir")  # before its runs' directories are named
+  rundir.check_kind(workdir, "sweep" if spec.axes else "study")
+  runs = spec.runs(workdir)
+  return plan_programs(spec, workdir, runs, allow_config_change, max_runs, workers)
+
+
+def plan_programs(spec, workdir, runs, allow_config_change=False,
+                  max_runs: int = grid.MAX_RUNS_PER_PROGRAM, workers: int = 0) -> Plan:
+  """`runs` (of the grid `spec`, in `workdir`) grouped into programs, every run checked before
+  any starts; the programs that need training, and how many train at a time."""
+  programs = group_runs(runs, max_runs)
+  for group in programs:  # every run checked before any starts
+    preflight(group, program_checkpoints(workdir, group), allow_config_change)
+  todo = [(i, group) for i, group in enumerate(programs, start=1)
+          if any(needs_training(run) for run in group)]
+  return Plan(spec, workdir, runs, programs, todo, worker_count(len(todo), workers))
+
+
+def share(plan_: Plan, index: int, count: int) -> Plan:
+  """The plan cut to the index-th of `count` shares of its programs (1-based; program i goes to
+  share (i - 1) % count + 1, so shares of a grid's programs balance), for one task of a cluster
+  job array. The programs keep their numbers, directories and locks, so shares run side by side
+  into the same directory, and the sweep without a share afterwards finds their runs trained."""
+  mine = [(i, group) for i, group in plan_.todo if (i - 1) % count == index - 1]
+  return dataclasses.replace(plan_, todo=mine, workers=worker_count(len(mine), plan_.workers))
+
+
+def train_share(plan_: Plan) -> dict:
+  """Trains a share of a plan (`share`): its programs only, without the sweep's lock or record
+  (other shares train beside it; the sweep run whole afterwards writes sweep.json and the
+  analysis). Returns {run name: status} of the share's runs."""
+  rundir.ensure_directory(plan_.workdir)
+  return train_plan(dataclasses.replace(plan_,
+                                        runs=[run for _, group in plan_.todo for run in group]))
+
+
+def train_plan(plan_: Plan) -> dict:
+  """Trains the plan's programs that need it; returns {run name: status} as their training
+  left them (normstudy.core.life: finished, halted, preempted, running)."""
+  todo = {i for i, _ in plan_.todo}
+  for i, group in enumerate(plan_.programs, start=1):
+    if i not in todo:
+      logging.info("[program %d/%d] %s: finished earlier, skipped", i, len(plan_.programs),
+                   ", ".join(run.name for run in group))
+  calls = [(i, len(plan_.programs), group, plan_.workdir) for i, group in plan_.todo]
+  overall = _OverallProgress(calls)
+  if plan_.workers > 1:
+    _prepare_data([group for _, group in plan_.todo])
+    workers_lib.run(_train_group, calls, plan_.workers, describe=_describe_call,
+                    on_done=overall.done)
+  else:
+    for call in calls:
+      _train_group(*call)
+      overall.done()
+  return {run.name: rundir.RunDir(run.directory).status() for run in plan_.runs}
+
+
+class _OverallProgress:
+  """The sweep-wide line after each program: programs done, runs trained, time so far and an
+  ETA from the programs done so far (runs of the remaining programs at their mean time a run)."""
+
+  def __init__(self, calls):
+    self.runs = [len(group) for _, _, group, _ in calls]
+    self.finished = 0
+    self.started = time.perf_counter()
+
+  def done(self):
+    self.finished += 1
+    if len(self.runs) < 2:
+      return
+    elapsed = time.perf_counter() - self.started
+    runs_done = sum(self.runs[:self.finished])  # programs finish about in order; a guide
+    left = sum(self.runs) - runs_done
+    eta = elapsed / max(runs_done, 1) * left
+    logging.info("[sweep] programs %d/%d done, runs %d/%d | %.0fs so far | ETA %.0fs",
+                 self.finished, len(self.runs), runs_done, sum(self.runs), elapsed, eta)
+
+
+def _describe_call(call) -> str:
+  index, total, group, _ = call
+  return f"program {index}/{total} ({', '.join(run.name for run in group)})"
+
+
+def _prepare_data(groups: list) -> None:
+  """Builds (or finds) each program's dataset here, once: worker processes building the same
+  one at the same time would race for its directory."""
+  seen = set()
+  for group in groups:
+    config = group[0].config
+    key = repr((config.data.to_dict(), config.model.vocab_size, config.model.max_len))
+    if key not in seen:
+      seen.add(key)
+      sources.load_splits(config)
+
+
+def _train_group(index: int, total: int, group: list, root: str) -> None:
+  names = ", ".join(run.name for run in group)
+  logging.info("[program %d/%d] %d run(s): %s", index, total, len(group), names)
+  with contextlib.ExitStack() as locks:
+    for run in group:  # the run's directory, once: normstudy.engine.train expects it
+      locks.enter_context(rundir.made_for(run.directory))
+      locks.enter_context(lock(run.directory))
+    train.train_program(group, program_checkpoints(root, group),
+                        tag=f"[program {index}/{total}]" if total > 1 else "")
+
+
+def worker_count(num_programs: int, requested: int = 0) -> int:
+  """Programs trained at a time for a grid of `num_programs` (normstudy.experiments.workers
+  .count)."""
+  return workers_lib.count(num_programs, requested,
+                          platform.choices(jax.devices()).worker_processes)
+
+
+def run_grid(plan_: Plan, analyze):
+  """Trains a plan into its directory, records it (sweep.json or study.json, with the statuses
+  its training left), then analyses it (`analyze(workdir)` -> {name: path}, the command's: e.g.
+  normstudy.analysis.analyze). Returns (statuses by run name, analysis outputs)."""
+  spec, workdir = plan_.grid, plan_.workdir
+  rundir.ensure_directory(workdir)
+  with lock(workdir):
+    spec.record(workdir, plan_.runs, {})
+    with recorded_on_stop(lambda: spec.record(workdir, plan_.runs, recorded_statuses(plan_.runs))):
+      statuses = train_plan(plan_)
+    outputs = analyze(workdir)
+    recorded = spec.record(workdir, plan_.runs, statuses)
+    if spec.axes:
+      outputs["sweep"] = recorded
+  for run in plan_.runs:
+    logging.info("%s: %s", run.name, statuses.get(run.name) or "missing")
+  return statuses, outputs
+
+
+def recorded_statuses(runs: list) -> dict:
+  """{run name: its recorded status} of the runs that started (normstudy.records.schema)."""
+  found = {run.name: rundir.RunDir(run.directory).status() for run in runs}
+  return {name: status for name, status in found.items() if status}
+
+
+@contextlib.contextmanager
+def recorded_on_stop(record):
+  """Calls `record()` (sweep.json or study.json with the runs' statuses) when training stops
+  by a signal or a killed worker, so the record says which runs were preempted, then lets the
+  stop go on."""
+  try:
+    yield
+  except (errors.Preempted, errors.WorkerKilled):
+    record()
+    raise

@@ -1,0 +1,120 @@
+"""Every check of a study's, sweep's or run's runs that must pass before anything is created or
+written (`preflight`): each config (normstudy.experiments.validation), the mesh, the memory plan,
+the workdir and data directory, the tracking extra, the data files, and, for a run directory
+that holds a run, that its config may continue it (normstudy.core.per_run.config_differences).
+"""
+
+import importlib.util
+import json
+import os
+
+from absl import logging
+import jax
+
+from normstudy.core import memory
+from normstudy.core import per_run
+from normstudy.data import sources
+from normstudy.engine import execution
+from normstudy.engine import sharding
+from normstudy.errors import UserError
+from normstudy.experiments import validation
+from normstudy.records import rundir
+from normstudy.records import schema
+from normstudy.records import storage
+
+
+def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False) -> None:
+  """Every check that must pass before anything is created or written (raises UserError).
+
+  A run directory with a checkpointed step holds a run, and a new config must match its
+  config.json (fields that may change excepted); one with no checkpoint is not a run yet, and
+  any config may take it."""
+  sizes = sharding.mesh_shape(runs[0].config.mesh, jax.device_count())
+  checkpointed = rundir.checkpointed_steps(storage.remote(checkpoint_dir))
+  files_checked = set()
+  for run in runs:
+    validation.validate(run.config)
+    sharding.check_divisible(run.config, sizes, num_runs=len(runs))
+    check_memory(run.config, sizes, len(runs))
+    rundir.check_writable(run.directory, "--workdir")
+    data_dir = run.config.data.data_dir
+    if run.config.data.name != "text_files":
+      data_dir = os.path.expanduser(data_dir) if data_dir else sources.default_dir()
+      rundir.check_writable(data_dir, "config.data.data_dir")
+      if not storage.is_url(data_dir):  # the dataset's cache, not the run: making it is safe
+        rundir.ensure_directory(data_dir, "config.data.data_dir")
+    check_tracking(run.config)
+    corpus = json.dumps([run.config.data.to_dict(), run.config.model.max_len], default=str)
+    if corpus not in files_checked:  # once per corpus, not per run
+      sources.check_files(run.config)
+      _warn_small_synthetic(run.config)
+      files_checked.add(corpus)
+    if checkpointed and not allow_config_change:
+      _check_saved_config(run, checkpointed)
+
+
+def _warn_small_synthetic(config) -> None:
+  """One warning when a synthetic split is asked for fewer tokens than a document holds: the
+  split is one whole document, which the run then reads over and over."""
+  data_cfg = config.data
+  if data_cfg.name != "synthetic":
+    return
+  for split in ("train", "validation"):
+    asked = data_cfg[f"{split}_tokens"]
+    held = sources.synthetic_tokens(asked)
+    if held >= 2 * asked:
+      logging.warning("config.data.%s_tokens=%d is less than one synthetic document: the %s "
+                      "split holds %d tokens (%d rows of config.model.max_len=%d)", split, asked,
+                      split, held, held // config.model.max_len, config.model.max_len)
+
+
+def check_tracking(config) -> None:
+  """UserError when config.train.wandb_project asks for Weights & Biases and wandb is not
+  installed (the `wandb` extra)."""
+  if config.train.wandb_project and importlib.util.find_spec("wandb") is None:
+    raise UserError(f"config.train.wandb_project={config.train.wandb_project!r} needs wandb, "
+                    "which is not installed: pip install -e '.[wandb]'")
+
+
+def memory_limit() -> tuple[int | None, str]:
+  """(bytes one device's share of a program may use, what they are): on the CPU the host's
+  memory shared by its local devices; on an accelerator the device's own, if it says."""
+  device = jax.local_devices()[0]
+  if device.platform == "cpu":
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return host // jax.local_device_count(), "this host's memory" + (
+        f" shared by {jax.local_device_count()} devices" if jax.local_device_count() > 1 else "")
+  stats = device.memory_stats() or {}
+  return stats.get("bytes_limit"), f"the memory of one {device.device_kind}"
+
+
+def check_memory(config, sizes: dict, num_runs: int) -> None:
+  """UserError when the memory plan (normstudy.core.memory, a floor of what the step needs) of one
+  device exceeds what it has."""
+  limit, what = memory_limit()
+  one_at_a_time = execution.steps_one_at_a_time(jax.devices(), sizes["runs"], num_runs)
+  needed = memory.plan(config, sizes, num_runs, one_at_a_time)
+  if limit is not None and needed.total > limit:
+    m = config.model
+    raise UserError(
+        f"a run of num_layers={m.num_layers}, d_model={m.d_model}, d_ff={m.d_ff}, "
+        f"max_len={m.max_len}, vocab_size={m.vocab_size}, "
+        f"batch_size={config.train.batch_size} needs at least {needed.describe()} per device, "
+        f"more than the {limit / memory.GIB:.3g} GiB of {what}; make the model, "
+        "config.train.batch_size or config.model.max_len smaller, set config.model.remat, or "
+        "use more devices")
+
+
+def _check_saved_config(run, checkpointed: list) -> None:
+  saved = rundir.RunDir(run.directory).saved_config()
+  if not saved:
+    raise UserError(
+        f"{run.directory} has checkpoints (steps {', '.join(map(str, checkpointed[-2:]))}) but "
+        f"no {schema.CONFIG}, so its config cannot be checked; restore that file, or pass "
+        "--allow_config_change to continue it with this config")
+  differences = per_run.config_differences(saved, rundir.config_json(run.config))
+  if differences:
+    raise UserError(
+        f"{run.directory} holds a run with another config ({'; '.join(differences)}); choose "
+        "another --workdir, or pass --allow_config_change to continue this run with the new "
+        "config")

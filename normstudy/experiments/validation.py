@@ -1,0 +1,83 @@
+"""Every check of a config that must pass before anything is created or written.
+
+Three kinds, one error path each (all raise errors.ConfigError with one line):
+  ranges   each field on its own (normstudy.core.config.check_ranges);
+  names    fields whose values are registered names: placements, norms, activations, optimizers,
+           datasets (each registry's own `get`, so the allowed list is the registry's);
+  rules    combinations across fields (RULES below, then each technique's conflicts:
+           normstudy.core.techniques).
+The mesh's divisibility is checked by normstudy.engine.sharding.check_divisible, which knows the
+mesh.
+"""
+
+from normstudy import errors
+from normstudy.core import config as config_lib
+from normstudy.core import labels
+from normstudy.core import layers
+from normstudy.core import optimizer as optimizer_lib
+from normstudy.core import placements
+from normstudy.core import techniques
+from normstudy.core.fields import get_field
+from normstudy.data import sources as data_lib
+
+REGISTRIES = (placements.REGISTRY, layers.NORMS, layers.ACTIVATIONS, optimizer_lib.OPTIMIZERS,
+              optimizer_lib.SCHEDULES)
+
+
+def _rule(test, message):
+  return test, message
+
+
+# (holds(config) -> bool, message(config) -> str): each must hold.
+RULES = (
+    _rule(lambda c: c.model.d_model % c.model.num_heads == 0,
+          lambda c: f"config.model.num_heads={c.model.num_heads} does not divide "
+                    f"config.model.d_model={c.model.d_model}"),
+    _rule(lambda c: not (c.model.position_embedding == "conv" and c.model.causal),
+          lambda c: "config.model.position_embedding='conv' sees both sides of a position; "
+                    "allowed only with config.model.causal=False"),
+    _rule(lambda c: c.model.position_embedding != "conv"
+          or c.model.d_model % c.model.conv_pos_groups == 0,
+          lambda c: f"config.model.conv_pos_groups={c.model.conv_pos_groups} does not divide "
+                    f"config.model.d_model={c.model.d_model}"),
+    _rule(lambda c: c.data.mask_length <= c.model.max_len,
+          lambda c: f"config.data.mask_length={c.data.mask_length} is longer than "
+                    f"config.model.max_len={c.model.max_len}"),
+    _rule(lambda c: c.data.name != "text_files" or bool(c.data.files),
+          lambda c: "config.data.files is empty; config.data.name='text_files' needs a glob of "
+                    "UTF-8 text files"),
+    _rule(lambda c: c.data.name == "synthetic" or c.data.tokenizer != "bytes"
+          or c.model.vocab_size >= 256,
+          lambda c: f"config.model.vocab_size={c.model.vocab_size} is too small for byte-level "
+                    "tokens (config.data.tokenizer='bytes' or text_files); allowed: >= 256"),
+    *(_rule(lambda c, split=split: c.data.name != "synthetic"
+            or data_lib.synthetic_tokens(c.data[f"{split}_tokens"]) >= c.model.max_len,
+            lambda c, split=split: (
+                f"config.model.max_len={c.model.max_len} is longer than the synthetic {split} "
+                f"split holds (config.data.{split}_tokens={c.data[f'{split}_tokens']}: "
+                f"{data_lib.synthetic_tokens(c.data[f'{split}_tokens'])} tokens); allowed: "
+                f"max_len <= {data_lib.synthetic_tokens(c.data[f'{split}_tokens'])}, or more "
+                f"{split}_tokens"))
+      for split in ("train", "validation")),
+    _rule(lambda c: c.data.name != "text_files" or c.data.tokenizer == "bytes",
+          lambda c: f"config.data.tokenizer={c.data.tokenizer!r} applies to TFDS catalog "
+                    "datasets; text_files are read as byte-level tokens; allowed: 'bytes'"),
+    _rule(lambda c: c.data.name != "synthetic" or c.data.branching <= c.model.vocab_size,
+          lambda c: f"config.data.branching={c.data.branching} exceeds "
+                    f"config.model.vocab_size={c.model.vocab_size}"),
+)
+
+
+def validate(config) -> None:
+  """Raises ConfigError naming the first bad field (or combination), its value and what is
+  allowed."""
+  config_lib.check_ranges(config)
+  for registry in REGISTRIES:
+    registry.get(get_field(config, registry.field))
+  data_lib.check_name(config.data.name)
+  for holds, message in RULES:
+    if not holds(config):
+      raise errors.ConfigError(message(config))
+  for message in techniques.conflicts(config):
+    raise errors.ConfigError(message)
+  labels.check(config)

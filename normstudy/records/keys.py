@@ -1,0 +1,55 @@
+"""The keys of metrics.jsonl's records, defined once: what the loop writes and the analysis reads.
+
+Every logged step: STEP_KEYS (after `step`), and TOKENS_PER_SEC. On some steps: EVAL_LOSS (eval
+steps), UPDATE_SIZE (the first train.update_size_steps steps), NONFINITE_AT (a step that went
+non-finite: where), and an auxiliary loss term's value under its own key (`z_loss`). On
+telemetry steps: per-layer metrics as `<name>/layer_<i>` (`layer_key`), GLOBAL_METRICS, and
+FP16_OVERFLOWS for float16 runs.
+"""
+
+import re
+
+STEP = "step"
+LOSS = "loss"  # cross entropy on the predicted tokens (auxiliary terms apart)
+GRAD_NORM = "grad_norm"  # global L2 norm of the unscaled gradient, before clipping
+CLIPPED = "clipped"  # grad_norm > clip_norm
+LR = "lr"
+LOSS_SCALE = "loss_scale"  # the scale this step's loss was multiplied by (1 without fp16)
+SKIPPED = "skipped"  # the update was skipped for a non-finite gradient
+SKIPPED_TOTAL = "skipped_total"
+# The train step's metrics recorded on every logged step, in the order records hold them.
+STEP_KEYS = (LOSS, GRAD_NORM, CLIPPED, LR, LOSS_SCALE, SKIPPED, SKIPPED_TOTAL)
+
+EVAL_LOSS = "eval_loss"
+UPDATE_SIZE = "update_size"  # DeepNet's ||f(x; theta_t+1) - f(x; theta_t)|| (core.steps)
+TOKENS_PER_SEC = "tokens_per_sec"
+NONFINITE_AT = "nonfinite_at"
+FP16_OVERFLOWS = "fp16_overflows"
+Z_LOSS = "z_loss"
+
+# Per-layer telemetry sown by the model, one value per layer.
+SOWN_LAYER_METRICS = (
+    "attn_logit_max",  # largest pre-softmax attention score as the softmax sees it
+    "attn_entropy",  # mean entropy (nats) of the attention rows
+    "act_rms",  # RMS of the residual stream after the block
+    "resid_absmax",  # max |x| of the residual stream after the block
+    "mlp_preact_absmax",  # max |input of the MLP activation|
+)
+# Per-layer telemetry computed by the step from gradients, updates and parameters.
+STEP_LAYER_METRICS = ("grad_norm", "update_norm", "param_norm")
+LAYER_METRICS = SOWN_LAYER_METRICS + STEP_LAYER_METRICS
+GLOBAL_METRICS = ("output_logit_max", "log_z_mean")
+
+
+def layer_key(name: str, layer: int) -> str:
+  """'attn_logit_max/layer_3'."""
+  return f"{name}/layer_{layer}"
+
+
+_LAYER_KEY = re.compile(r"^(?P<name>[a-z_]+)/layer_(?P<layer>\d+)$")
+
+
+def parse_layer_key(key: str):
+  """(name, layer) for a `<name>/layer_<i>` record key, else None."""
+  match = _LAYER_KEY.match(key)
+  return (match["name"], int(match["layer"])) if match else None

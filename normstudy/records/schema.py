@@ -1,0 +1,313 @@
+"""What a run, a study and a sweep write, defined once: the files' names, a run's statuses and
+what counts as a failed run, where a run first went non-finite, and the typed records of
+run.json (`RunInfo`), study.json (`StudyRecord`) and sweep.json (`SweepRecord`, with a search's
+`SearchRecord`).
+
+The engine writes these records and the analysis reads them through the same definitions; the
+search runner judges its runs by the same failure rule the analysis reports (`judge`). Plain
+Python: nothing here needs the training stack. A file written by an older normstudy lacks some
+keys: they read as None (or empty), and keys this version does not know are kept as they were.
+
+  <run>/config.json            the resolved config
+  <run>/run.json               RunInfo: what the run is, and its life
+  <run>/metrics.jsonl          one record per logged step (normstudy.records.metrics; the keys:
+                               normstudy.records.keys)
+  <run>/checkpoints/<step>/    orbax: the train state (a single run's; a study's or sweep's
+                               programs keep theirs under <dir>/checkpoints/<program>/)
+  <study>/study.json           StudyRecord: a study's variants in legend order
+  <sweep>/sweep.json           SweepRecord: a sweep's axes and its runs with their status
+"""
+
+import dataclasses
+from typing import Any
+
+CONFIG = "config.json"
+RUN = "run.json"
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+DAMAGED_CHECKPOINTS = "checkpoints_damaged"
+STUDY = "study.json"
+SWEEP = "sweep.json"
+LOCK = ".normstudy.lock"
+EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's event files, beside metrics.jsonl
+
+# A run's statuses, as the loop writes them (run.json, sweep.json):
+#   running    training, or stopped before it was done (killed: the same command continues it)
+#   finished   reached its num_steps
+#   halted     stopped by its non-finite policy, its consecutive-skip limit, or the fp16 loss
+#              scale reaching its floor (the newest checkpoint holds the last good state)
+#   preempted  stopped by SIGTERM/SIGINT or a preemption notice after checkpointing its step
+RUNNING = "running"
+FINISHED = "finished"
+HALTED = "halted"
+PREEMPTED = "preempted"
+# The judgement of the failure rule (`judge`): a finished run whose loss diverged. Derived from
+# the records, never written by the loop.
+DIVERGED = "diverged"
+# The statuses that count as a failure: what a search bisects on and the analysis reports.
+FAILED = (HALTED, DIVERGED)
+
+
+def diverged_at(steps, losses, warmup_steps: int):
+  """The first step with a non-finite loss, or the first step after warm-up from which every
+  logged loss is above the first logged loss; None if the run never diverged. `steps` and
+  `losses`: a run's logged steps and losses, in order."""
+  losses = [float(loss) for loss in losses]
+  if not losses:
+    return None
+  for step, loss in zip(steps, losses):
+    if loss != loss or loss in (float("inf"), float("-inf")):
+      return int(step)
+  first, found = losses[0], None
+  for step, loss in reversed(list(zip(steps, losses))):  # above from here to the end
+    if not (step > warmup_steps and loss > first):
+      break
+    found = int(step)
+  return found
+
+
+def judge(status, diverged) -> str:
+  """A run's status as the failure rule reads it: its recorded status (RUNNING when none), with
+  a finished run whose loss diverged (`diverged`: `diverged_at`'s step, or None) DIVERGED."""
+  recorded = status or RUNNING
+  if recorded == FINISHED and diverged is not None:
+    return DIVERGED
+  return recorded
+
+
+def failed(status: str) -> bool:
+  """Whether a judged status (`judge`) counts as a failure."""
+  return status in FAILED
+
+
+# Where a forward pass can first go non-finite, in the order it computes them: the site ids the
+# model's locate probe sows (normstudy.core.telemetry) and run.json's `nonfinite_site` stores,
+# and their words (the halt line, run.json's `nonfinite_at`, the analysis's kinds of death).
+# "backward" is no forward site: every forward value was finite and a gradient was not.
+SITE_WORDS = {
+    "embedding": "embedding",
+    "attn_scores": "attention scores",
+    "attn_out": "attention output",
+    "resid_attn": "residual stream after attention",
+    "mlp_preact": "MLP pre-activation",
+    "mlp_out": "MLP output",
+    "resid_mlp": "residual stream after the MLP",
+    "logits": "output logits",
+    "backward": "backward pass only",
+}
+# The sites inside each layer, in the order a layer computes them.
+LAYER_SITES = ("attn_scores", "attn_out", "resid_attn", "mlp_preact", "mlp_out", "resid_mlp")
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+  """Where a forward pass first went non-finite: `layer` (None outside the layers) and `site`,
+  an id of SITE_WORDS ("backward" when every forward site was finite)."""
+  layer: int | None
+  site: str
+
+  @property
+  def words(self) -> str:
+    return SITE_WORDS[self.site]
+
+  def sentence(self) -> str:
+    """'layer 3 residual stream after attention', 'output logits': the halt line's text."""
+    return self.words if self.layer is None else f"layer {self.layer} {self.words}"
+
+  def as_json(self) -> dict:
+    return {"layer": self.layer, "site": self.site}
+
+
+BACKWARD_ONLY = Site(None, "backward")
+
+
+def _known(cls, obj: dict) -> tuple[dict, dict]:
+  """(the keys of `obj` that are fields of `cls`, the others)."""
+  names = {f.name for f in dataclasses.fields(cls)}
+  return ({k: v for k, v in obj.items() if k in names},
+          {k: v for k, v in obj.items() if k not in names})
+
+
+# run.json's facts: written whole each time a run starts (even where a value is null).
+RUN_FACTS = ("label", "name", "arm", "arm_label", "point", "overrides", "dataset",
+             "entropy_floor", "unigram_entropy", "masked_loss_floor", "masked_loss_floor_stderr",
+             "num_params", "tokens_per_step", "schedule_steps")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+  """run.json: what a run is (RUN_FACTS, written when it starts) and how its life went (its
+  status and, once known, the rest, updated as it goes).
+
+  label, arm, arm_label  its legend label; a study's or sweep's arm (variant) and that arm's
+                         label without the sweep's point
+  point, overrides       a sweep's axis values; every override that turns the arm's config
+                         into this run's (normstudy.main reproduces the run with them)
+  dataset, entropy_floor, unigram_entropy, masked_loss_floor(_stderr)   the data and its
+                         reference losses (nats per token; None where the data do not know them)
+  num_params, tokens_per_step, schedule_steps   the model's size, a step's tokens, the horizon
+                         of its learning-rate schedule (kept when a run is extended)
+  status, last_step      RUNNING, FINISHED, HALTED or PREEMPTED; the last step it took
+  halt_step, halt_reason, nonfinite_at, nonfinite_site   a halted run's step and reason, and
+                         where it first went non-finite (words, and {"layer", "site"}: a Site)
+  wandb_run_id           the Weights & Biases run it continues
+  extra                  keys this version does not know, kept as they were
+  """
+  label: str | None = None
+  name: str | None = None
+  arm: str | None = None
+  arm_label: str | None = None
+  point: dict = dataclasses.field(default_factory=dict)
+  overrides: dict = dataclasses.field(default_factory=dict)
+  dataset: str | None = None
+  entropy_floor: float | None = None
+  unigram_entropy: float | None = None
+  masked_loss_floor: float | None = None
+  masked_loss_floor_stderr: float | None = None
+  num_params: int | None = None
+  tokens_per_step: int | None = None
+  schedule_steps: int | None = None
+  status: str | None = None
+  last_step: int | None = None
+  halt_step: int | None = None
+  halt_reason: str | None = None
+  nonfinite_at: str | None = None
+  nonfinite_site: dict | None = None
+  wandb_run_id: str | None = None
+  extra: dict = dataclasses.field(default_factory=dict)
+
+  @classmethod
+  def from_json(cls, obj: dict) -> "RunInfo":
+    known, extra = _known(cls, obj)
+    known.pop("extra", None)
+    for key in ("point", "overrides"):
+      known[key] = known.get(key) or {}
+    return cls(**known, extra=extra)
+
+  def as_json(self) -> dict:
+    """The JSON object run.json holds: the facts always, the life's keys once set."""
+    obj = dict(self.extra)
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if field.name != "extra" and (field.name in RUN_FACTS or value is not None):
+        obj[field.name] = value
+    return obj
+
+  def needs_training(self, num_steps: int) -> bool:
+    """Whether the run needs (more) training to reach `num_steps`: False for a halted run, and
+    for one finished at exactly `num_steps`."""
+    if self.status == HALTED:
+      return False
+    return not (self.status == FINISHED and self.last_step == num_steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyRecord:
+  """study.json: the config file a study ran, its variants in legend order, and the command
+  line's overrides."""
+  config: str
+  variants: list
+  overrides: dict
+
+  @classmethod
+  def from_json(cls, obj: dict) -> "StudyRecord":
+    return cls(obj.get("config", ""), list(obj.get("variants") or []),
+               dict(obj.get("overrides") or {}))
+
+  def as_json(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class BracketRecord:
+  """One point's bracket after a round of a search (normstudy.core.search.Bracket): `low`
+  survived and `high` failed once `established`."""
+  low: float
+  high: float
+  established: bool
+  widenings: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchPoint:
+  """A point of a search: its name, arm and axis values, and its bracket after each round."""
+  name: str
+  arm: str
+  point: dict
+  brackets: list  # of BracketRecord
+
+  @classmethod
+  def from_json(cls, obj: dict) -> "SearchPoint":
+    return cls(obj["name"], obj["arm"], dict(obj.get("point") or {}),
+               [BracketRecord(**b) for b in obj.get("brackets") or []])
+
+  def as_json(self) -> dict:
+    return {"name": self.name, "arm": self.arm, "point": self.point,
+            "brackets": [dataclasses.asdict(b) for b in self.brackets]}
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchRecord:
+  """sweep.json's `search`: the searched field, its bounds and rounds, the widening rule
+  (normstudy.core.search), and each point's brackets."""
+  field: str
+  low: float
+  high: float
+  rounds: int
+  widen_factor: float
+  max_widenings: int
+  points: list  # of SearchPoint
+
+  @classmethod
+  def from_json(cls, obj: dict) -> "SearchRecord":
+    known, _ = _known(cls, obj)
+    return cls(**{**known, "points": [SearchPoint.from_json(p) for p in obj.get("points", [])]})
+
+  def as_json(self) -> dict:
+    return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+            "points": [p.as_json() for p in self.points]}
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRun:
+  """A run of a sweep: its name (its directory below the sweep's), arm, axis values, the
+  overrides that reproduce it with normstudy.main, that command, and its status as its training
+  left it."""
+  name: str
+  arm: str
+  point: dict
+  overrides: dict
+  command: str
+  status: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRecord:
+  """sweep.json: the sweep's --config (`config`), its axes and which came from the file's SWEEP
+  (`axes_from_file`), the file's SWEEP_SETTINGS (`settings`), the command line's overrides, its
+  runs (SweepRun), and a search's record (SearchRecord) when it bisected a field."""
+  config: str
+  axes: dict
+  axes_from_file: list
+  settings: dict
+  overrides: dict
+  runs: list  # of SweepRun
+  search: SearchRecord | None = None
+
+  @classmethod
+  def from_json(cls, obj: dict) -> "SweepRecord":
+    search = obj.get("search")
+    return cls(obj.get("config", ""), dict(obj.get("axes") or {}),
+               list(obj.get("axes_from_file") or []), dict(obj.get("settings") or {}),
+               dict(obj.get("overrides") or {}),
+               [SweepRun(**_known(SweepRun, r)[0]) for r in obj.get("runs") or []],
+               SearchRecord.from_json(search) if search else None)
+
+  def as_json(self) -> dict:
+    obj: dict[str, Any] = {"config": self.config, "axes": self.axes,
+                           "axes_from_file": self.axes_from_file, "settings": self.settings,
+                           "overrides": self.overrides,
+                           "runs": [dataclasses.asdict(r) for r in self.runs]}
+    if self.search is not None:
+      obj["search"] = self.search.as_json()
+    return obj
