@@ -97,3 +97,22 @@ def test_the_readme_is_a_guide_that_fits_in_a_few_screens():
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
       if not re.match(r"[a-z]+://", target):
         assert os.path.exists(os.path.join(base, target)), f"{doc} links to a missing {target}"
+
+
+FIELDS_MARKER = re.compile(r"<!-- fields: (\w+) -->\n((?:\|.*\n)+)")
+
+
+def test_the_configuration_tables_are_the_declarations():
+  """docs/reference.md's configuration tables equal what normstudy.core.config declares, each
+  field once (regenerate a table with config.reference_table(section))."""
+  from normstudy.core import config as config_lib
+  text = open(os.path.join(runs.REPO, "docs", "reference.md"), encoding="utf-8").read()
+  documented = []
+  for match in FIELDS_MARKER.finditer(text):
+    section = "" if match.group(1) == "label" else match.group(1)
+    expected = config_lib.reference_table(section)
+    assert match.group(2).rstrip("\n") == expected, (
+        f"docs/reference.md's table of {match.group(1)} differs from the declarations; it is:\n"
+        f"{expected}")
+    documented += re.findall(r"^\| `([\w.]+)` \|", match.group(2), re.M)
+  assert sorted(documented) == sorted(f.name for f in config_lib.FIELDS)
