@@ -6,12 +6,15 @@ a sweep of depths and a single run, trained and analysed by normstudy at commit 
 (tests/fixtures/make_runs_12de52b.sh says how), without checkpoints and figures.
 """
 
+import json
 import os
 import shutil
 
 import pytest
 
 from normstudy import analysis
+from normstudy.records import rundir
+from normstudy.records import schema
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "runs_12de52b")
 EXPERIMENTS = ("study", "sweep", "search", "speed", "depth", "run")
@@ -41,3 +44,25 @@ def test_directories_of_12de52b_analyse_to_the_tables_it_wrote(tmp_path, experim
     os.remove(workdir / relative)  # written again by today's analysis
   analysis.analyze(str(workdir))
   assert _outputs(workdir) == expected
+
+
+def test_every_record_of_12de52b_reads_into_its_type_and_writes_back_the_same():
+  """run.json, sweep.json and study.json as an older normstudy wrote them: each reads into its
+  schema type and writes back to the same JSON object (keys this version does not know kept)."""
+  read = {"run.json": schema.RunInfo, "sweep.json": schema.SweepRecord,
+          "study.json": schema.StudyRecord}
+  counts = dict.fromkeys(read, 0)
+  for root, _, files in os.walk(FIXTURE):
+    for name in files:
+      if name in read:
+        obj = json.loads(open(os.path.join(root, name), encoding="utf-8").read())
+        assert read[name].from_json(obj).as_json() == obj, os.path.join(root, name)
+        counts[name] += 1
+  assert counts["run.json"] > 100 and counts["sweep.json"] == 4 and counts["study.json"] == 1
+  unknown = {**schema.RunInfo().as_json(), "from_the_future": [1]}
+  assert schema.RunInfo.from_json(unknown).as_json() == unknown
+
+
+def test_a_run_that_never_started_reads_as_an_empty_run_info(tmp_path):
+  info = rundir.RunDir(str(tmp_path)).info()
+  assert info == schema.RunInfo() and info.status is None and info.needs_training(10)

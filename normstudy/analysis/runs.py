@@ -123,8 +123,12 @@ class Runs:
     columns = {name: self.table[name].to_numpy() for name in ("run", "metric", "step", "value")}
     groups = pd.DataFrame({"run": columns["run"], "metric": columns["metric"]}).groupby(
         ["run", "metric"], sort=False).indices
-    object.__setattr__(self, "_series", {
-        key: (columns["step"][rows], columns["value"][rows]) for key, rows in groups.items()})
+    series = {key: (columns["step"][rows], columns["value"][rows]) for key, rows in groups.items()}
+    by_run = {}
+    for (run, metric), values in series.items():
+      by_run.setdefault(run, {})[metric] = values
+    object.__setattr__(self, "_series", series)
+    object.__setattr__(self, "_by_run", by_run)
 
   @property
   def names(self) -> list:
@@ -143,13 +147,13 @@ class Runs:
     return pd.Series(values, index=steps, name=metric)
 
   def has_metric(self, metric: str) -> bool:
-    return any(m == metric for _, m in self._series)
+    return any(metric in metrics for metrics in self._by_run.values())
 
   def layer_values(self, run: str, metric: str) -> pd.DataFrame:
     """Telemetry `metric/layer_<i>` of a run as a table: rows = layers, columns = steps."""
     layers = {}
-    for (name, key), (steps, values) in self._series.items():
-      parsed = keys.parse_layer_key(key) if name == run else None
+    for key, (steps, values) in self._by_run.get(run, {}).items():
+      parsed = keys.parse_layer_key(key)
       if parsed is not None and parsed[0] == metric:
         layers[parsed[1]] = pd.Series(values, index=steps)
     if not layers:
