@@ -45,17 +45,21 @@ if [ "$grid" = 1 ]; then
   case "$launcher" in local|slurm) ;; *) die "--grid runs on --launcher local or slurm" ;; esac
   # A search (--search among the normstudy options) is shared one round at a time: round r's
   # shares need every earlier round's runs, so round r's array waits for round r-1's.
-  searching=0 rounds=""
+  # With --probe_decades (not 0) a probe round follows the --rounds rounds.
+  searching=0 rounds="" probing=0
   for ((k = 0; k < ${#overrides[@]}; k++)); do
     case "${overrides[k]}" in
       --search|--search=*) searching=1 ;;
       --rounds=*) rounds="${overrides[k]#--rounds=}" ;;
       --rounds) rounds="${overrides[k + 1]:-}" ;;
+      --probe_decades=*) [[ "${overrides[k]#--probe_decades=}" =~ ^0*\.?0*$ ]] || probing=1 ;;
+      --probe_decades) [[ "${overrides[k + 1]:-0}" =~ ^0*\.?0*$ ]] || probing=1 ;;
     esac
   done
   if [ "$searching" = 1 ]; then
     [ -n "$rounds" ] || rounds=$("$python" -c "from normstudy.core import search; print(search.DEFAULT_ROUNDS)")
     [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "--rounds=$rounds is not a positive integer"
+    rounds=$((rounds + probing))
     round_flags=()
     for r in $(seq 1 "$rounds"); do round_flags+=("--round=$r"); done
   else

@@ -58,6 +58,10 @@ def define_flags():
   flags.DEFINE_integer("rounds", search.DEFAULT_ROUNDS,
                        "Rounds of --search: the first checks the bracket, each later one halves "
                        "it; more rounds continue a finished search.")
+  flags.DEFINE_float("probe_decades", 0.0,
+                     "With --search: after the rounds, a probe round trains every point at its "
+                     "midpoint this many decades lower and higher, where the probes inform the "
+                     "transition's width (normstudy.core.search; 0: none).")
   flags.DEFINE_integer("round", None,
                        "With --search and --programs=I/N: the search round whose programs to "
                        "share (1..--rounds); every earlier round must be trained (a job array "
@@ -145,11 +149,11 @@ def _parse_search(axes: dict):
   """The Search of --search and --rounds, or None; the searched field leaves `axes` (the file's
   grid of it: the search replaces it). UserError for what is wrong."""
   if FLAGS.search is None:
-    for name in ("rounds", "round"):
+    for name in ("rounds", "round", "probe_decades"):
       if FLAGS[name].present:
         raise errors.UserError(f"--{name}={FLAGS[name].value} needs --search=FIELD:LOW,HIGH")
     return None
-  search_ = search.Search.parse(FLAGS.search, FLAGS.rounds)
+  search_ = search.Search.parse(FLAGS.search, FLAGS.rounds, FLAGS.probe_decades)
   if any(grid.parse_axis(text)[0] == search_.field for text in FLAGS.axis):
     raise errors.UserError(f"--axis={search_.field}=... and --search={FLAGS.search} both set "
                            f"{search_.field}; drop one")
@@ -164,14 +168,15 @@ def _check_round(search_, share) -> None:
     return
   if share is not None and FLAGS.round is None:
     raise errors.UserError(f"--programs={FLAGS.programs} with --search needs --round=K (the "
-                           f"round to share, 1..{search_.rounds}): a round's runs depend on the "
-                           "outcomes of the rounds before")
+                           f"round to share, 1..{search_.total_rounds}): a round's runs depend on "
+                           "the outcomes of the rounds before")
   if FLAGS.round is not None and share is None:
     raise errors.UserError(f"--round={FLAGS.round} needs --programs=I/N (without it the search "
                            "trains every round itself)")
-  if FLAGS.round is not None and not 1 <= FLAGS.round <= search_.rounds:
-    raise errors.UserError(f"--round={FLAGS.round} is not allowed; allowed: 1..{search_.rounds}"
-                           f" (--rounds={search_.rounds})")
+  if FLAGS.round is not None and not 1 <= FLAGS.round <= search_.total_rounds:
+    probe = " and a probe round" if search_.probe_decades > 0 else ""
+    raise errors.UserError(f"--round={FLAGS.round} is not allowed; allowed: "
+                           f"1..{search_.total_rounds} (--rounds={search_.rounds}{probe})")
 
 
 def _print_share_end(share, statuses: dict, which: str = "") -> None:

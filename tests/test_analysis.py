@@ -9,6 +9,8 @@ import pytest
 
 from normstudy import analysis
 from normstudy.analysis import plots
+from normstudy.records import outcomes
+from normstudy.records import schema
 
 
 def _trajectory(steps=600, seed=0, spikes=(), diverge_at=None):
@@ -43,14 +45,22 @@ def test_spike_detector_sees_a_spike_in_the_first_logged_steps():
   assert analysis.spikes(loss.iloc[:3]) == []  # fewer than 3 earlier points: no trend yet
 
 
+def _diverged_at(loss: pd.Series, warmup_steps: int):
+  """The failure rule's divergence step of a finished run's loss (normstudy.records.outcomes)."""
+  ended = outcomes.judge(loss.index.to_numpy(), loss.to_numpy(), [False] * len(loss), {},
+                         schema.RunInfo(status="finished"), warmup_steps)
+  return ended.failed_at if ended.failed else None
+
+
 def test_divergence_and_scale_collapse():
   loss = _trajectory(diverge_at=400)
-  assert analysis.divergence_step(loss, warmup_steps=10) == 400
-  assert analysis.divergence_step(_trajectory(), warmup_steps=10) is None
-  rising = pd.Series([3.0, 2.0, 2.5, 3.5, 3.2, 4.0], index=range(1, 7))
-  assert analysis.divergence_step(rising, warmup_steps=2) == 4  # above 3.0 from step 4 on
+  assert _diverged_at(loss, warmup_steps=10) == 400
+  assert _diverged_at(_trajectory(), warmup_steps=10) is None
+  rising = pd.Series([3.0, 2.0, 2.5] + [3.5, 3.2, 4.0] * 4, index=range(1, 16))
+  assert _diverged_at(rising, warmup_steps=2) == 4  # above 3.0 from step 4 on, 12 steps
+  assert _diverged_at(rising.iloc[:6], warmup_steps=2) is None  # 3 steps: not yet a divergence
   recovered = pd.Series([3.0, 2.0, 6.5, 2.1, 2.0], index=range(1, 6))
-  assert analysis.divergence_step(recovered, warmup_steps=1) is None  # a spike, not divergence
+  assert _diverged_at(recovered, warmup_steps=1) is None  # a spike, not divergence
   scale = pd.Series([128, 256, 128, 64, 64, 128, 32, 64], index=range(1, 9), dtype=float)
   seen = analysis.scale_collapses(scale)
   assert seen["scale_halvings"] == 3 and seen["lowest_scale"] == 32

@@ -68,18 +68,19 @@ def test_depth_analysis_counts_converged_runs_and_tests_them_exactly(tmp_path):
   assert "Holm-adjusted p" in text and "0/4 converged" in text
 
 
-def test_outcomes_classify_every_run_once():
+def test_outcomes_count_every_run_that_ended_once():
   runs = pd.DataFrame([
-      {"arm": "a", "arm_label": "A", "group": "", "learning_rate": lr, "status": status,
-       "halt_reason": reason, "final_eval_loss": final, "unigram_entropy": 4.0, "floor": 2.0}
-      for lr, status, reason, final in [
-          (1.0, "halted", "loss scale at its minimum (0.0001)", np.nan),
-          (0.9, "halted", "non-finite gradient", np.nan),
-          (0.8, "diverged", None, np.nan), (0.7, "diverged", None, 6.0),
-          (0.5, "finished", None, 3.5), (0.4, "finished", None, 3.0),
-          (0.1, "finished", None, 2.5), (0.2, "running", None, np.nan)]])
+      {"arm": "a", "arm_label": "A", "group": "", "learning_rate": lr, "outcome": kind,
+       "recoveries": recoveries, "unigram_entropy": 4.0, "floor": 2.0}
+      for lr, kind, recoveries in [
+          (1.0, "halted: loss scale", 0), (0.9, "halted: non-finite", 0),
+          (0.8, "diverged: non-finite", 1), (0.7, "diverged: loss up", 0),
+          (0.5, "not learning", 2), (0.4, "not learning", 1), (0.1, "learning", 0),
+          (0.2, "unfinished", 0)]])
   table = outcomes.table(runs).set_index("outcome")
   assert list(table.index) == list(outcomes.CLASSES)
-  assert list(table.runs) == [1, 1, 1, 1, 2, 1]  # 3.0 is at the threshold: not learning
+  assert list(table.runs) == [1, 1, 1, 1, 2, 1, 0]  # the unfinished run is in no class
   assert (table.loc["not learning", "lr_min"], table.loc["not learning", "lr_max"]) == (0.4, 0.5)
-  assert "learning 1 (lr 0.1-0.1)" in outcomes.observations(table.reset_index())
+  assert table.loc["not learning", "recoveries"] == 3 and table.threshold.iloc[0] == 3.0
+  text = outcomes.observations(table.reset_index())
+  assert "learning 1 (lr 0.1-0.1)" in text and "not learning 2 (lr 0.4-0.5, 3 recoveries)" in text

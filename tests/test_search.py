@@ -132,12 +132,17 @@ def test_arms_with_the_same_seeds_are_compared_paired():
                    "critical_lr": lr, "low": lr / 1.01, "high": lr * 1.01, "rounds": 5,
                    "label": arm})
   points = pd.DataFrame(rows)
-  compared = critical_lr.tests(points)
+  no_probes = pd.DataFrame(columns=["run", "arm", "group", "learning_rate", "status", "outcome"])
+  compared = critical_lr.tests(points, no_probes)
   row = compared.iloc[0]
   assert row.test.startswith("paired t")
   la = np.log10(points[points.arm == "a"].critical_lr)
   lb = np.log10(points[points.arm == "b"].critical_lr)
   assert row.p == pytest.approx(scipy_stats.ttest_rel(la, lb).pvalue)
+  # The exact paired permutation test beside it: every sign pattern, as scipy enumerates them.
+  assert row.p_exact == pytest.approx(scipy_stats.permutation_test(
+      (la.to_numpy(), lb.to_numpy()), lambda x, y: np.mean(x - y), permutation_type="samples",
+      n_resamples=np.inf).pvalue)
   assert row.ratio == pytest.approx(10 ** (la.mean() - lb.mean()))
   # Not separated: the margin of two one-sided tests on the paired log differences, by hand,
   # widened by each arm's bracket half-width (log10 1.01 here).

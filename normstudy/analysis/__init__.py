@@ -19,7 +19,6 @@ import dataclasses
 import os
 from typing import Callable
 
-from normstudy.analysis.detectors import divergence_step
 from normstudy.analysis.detectors import observe
 from normstudy.analysis.detectors import scale_collapses
 from normstudy.analysis.detectors import spikes
@@ -36,6 +35,7 @@ from normstudy.analysis.runs import Runs
 from normstudy.analysis.runs import layer_values
 from normstudy.analysis.runs import load_runs
 from normstudy.analysis.runs import localize
+from normstudy.analysis.runs import outcome_at
 from normstudy.analysis.runs import series
 from normstudy.analysis.runs import smooth
 from normstudy.analysis import critical_lr
@@ -72,7 +72,8 @@ def _sweep_report(loaded, summary, workdir, grid_survival: bool = True, runs=Non
   died = sensitivity.deaths(runs)
   outputs = {"run_table": os.path.join(workdir, "runs.csv"),
              "deaths": os.path.join(workdir, "deaths.csv")}
-  summary.merge(runs.drop(columns=["status", "final_eval_loss", "nonfinite_at", "halt_reason",
+  summary.merge(runs.drop(columns=["status", "outcome", "recoveries", "final_eval_loss",
+                                   "nonfinite_at", "halt_reason",
                                    "entropy_floor"]), on="run", how="left").to_csv(
       outputs["run_table"], index=False)
   died.to_csv(outputs["deaths"], index=False)
@@ -91,8 +92,8 @@ def _search_report(loaded, summary, workdir):
   learning-rate sweep's report of the runs it trained without the grid's survival tables: a
   search's learning rates follow each point's outcomes, so the grid's per-learning-rate tests
   and logistic fit answer nothing its design asks."""
-  outputs, text = critical_lr.analyze(loaded, workdir)
   runs = sensitivity.table(loaded, summary)
+  outputs, text = critical_lr.analyze(loaded, runs, workdir)
   ended = outcomes.table(runs)
   outputs["outcomes"] = os.path.join(workdir, "outcomes.csv")
   ended.to_csv(outputs["outcomes"], index=False)

@@ -1,25 +1,38 @@
-"""The critical learning rate found by search (normstudy.core.search): per point its final bracket,
-per arm (and value of the other axes, the `group`) the geometric mean over seeds, and pairwise
-comparisons of arms.
+"""The critical learning rate found by search (normstudy.core.search): per arm (and value of the
+other axes, the `group`) the transition fitted to every probe the search made
+(normstudy.analysis.transition), per point its final bracket, pairwise comparisons of arms, and
+the critical learning rate at shorter horizons read off the same runs.
 
   critical_lr.csv        arm, label, group, seeds (points whose bracket was established),
                          beyond (points whose critical value lies outside every bracket tried),
-                         rounds, critical_lr (geometric mean of the seeds' bracket midpoints),
-                         critical_lr_low, critical_lr_high (95% t interval on log10 midpoints),
-                         spread_decades (the seeds' sample standard deviation of log10
-                         midpoints), bracket_decades (the widest final bracket, in decades)
-  critical_lr_points.csv per point: arm, group, seed, low, high, established, critical_lr
-  critical_lr_tests.csv  every pair of arms in a group: the paired t-test on log10 critical
-                         learning rates when both arms have the same seeds (else Welch's),
-                         the ratio of geometric means, p, Holm-adjusted p over the whole
-                         family, and for each pair not separated the factor within which the
-                         two are equivalent at 95% (two one-sided tests on the midpoints,
-                         stats.equivalence_factor, widened by both arms' mean bracket
-                         half-width: a midpoint is known only to within its bracket)
-  critical_lr.png        each seed's bracket and the arms' geometric means with their intervals
-
-A point's estimate is its bracket's geometric midpoint, a known resolution (bracket_decades)
-rather than a fitted value: the t interval treats the midpoints as the seeds' critical values.
+                         rounds, critical_lr with critical_lr_low and critical_lr_high (the
+                         learning rate where the fitted P(fail) crosses 50%, its 95%
+                         profile-likelihood interval), spread_decades (the seeds' sample
+                         standard deviation of log10 bracket midpoints), bracket_decades (the
+                         widest final bracket), transition_decades with transition_low and
+                         transition_high (the fitted width from 10% to 90% failing, in decades),
+                         probes and failed (the runs the fit saw)
+  critical_lr_points.csv per point: arm, group, seed, low, high, established, critical_lr (its
+                         bracket's geometric midpoint)
+  critical_lr_tests.csv  every pair of arms in a group: the paired t-test on the seeds' log10
+                         midpoints when both arms have the same seeds (else Welch's) with the
+                         exact paired permutation test beside it (p_exact), the ratio of the
+                         seeds' geometric means and of the fitted critical learning rates, the
+                         likelihood-ratio test that the two transitions share one 50% point
+                         (p_lrt), each p Holm-adjusted over the family; for each pair the t-test
+                         does not separate, the factor within which the two are equivalent at
+                         95% (two one-sided tests on the midpoints, widened by both arms' mean
+                         bracket half-width: a midpoint is known only to within its bracket)
+  critical_lr_horizons.csv  arm, horizon, critical_lr, critical_lr_low, critical_lr_high (and
+                         the group, label, transition width, probes and failures): the fit with
+                         each run judged at 120, 240 and 480 steps (those its runs reach) by the
+                         failure rule on its records up to there
+  critical_lr_horizon_tests.csv  every pair of arms at each horizon: the ratio of fitted critical
+                         learning rates, the likelihood-ratio test of one shared 50% point with
+                         Holm over the pairs at that horizon, and whether the order matches the
+                         longest horizon's
+  critical_lr.png        each seed's bracket and the arms' fitted critical learning rates with
+                         their intervals
 """
 
 import itertools
@@ -31,9 +44,13 @@ import pandas as pd
 
 from normstudy.analysis import runs as runs_lib
 from normstudy.analysis import stats
+from normstudy.analysis import transition
 from normstudy.records import schema
 
 SEED_FIELD = "train.seed"
+# Horizons (steps) the critical learning rate is also read at, those the runs reach.
+HORIZONS = (120, 240, 480)
+LRT = "likelihood-ratio test of one 50% point"
 
 
 def is_search(loaded: runs_lib.Runs) -> bool:
@@ -61,21 +78,44 @@ def points_table(loaded: runs_lib.Runs) -> pd.DataFrame:
   return pd.DataFrame(rows)
 
 
-def table(points: pd.DataFrame) -> pd.DataFrame:
+def _probes(runs: pd.DataFrame) -> tuple:
+  """(log10 learning rates, failed) of a set of sensitivity.table's runs that ended."""
+  ended = runs[runs.outcome != "unfinished"]
+  return (np.log10(ended.learning_rate.to_numpy(dtype=float)),
+          ended.status.isin(schema.FAILED).to_numpy().astype(float))
+
+
+def _fitted(fit, prefix="critical_lr") -> dict:
+  """A transition's columns (NaN when it lies beyond the probes)."""
+  if fit is None:
+    return {prefix: math.nan, f"{prefix}_low": math.nan, f"{prefix}_high": math.nan,
+            "transition_decades": math.nan, "transition_low": math.nan,
+            "transition_high": math.nan}
+  return {prefix: 10 ** fit.center, f"{prefix}_low": 10 ** fit.center_low,
+          f"{prefix}_high": 10 ** fit.center_high, "transition_decades": fit.width,
+          "transition_low": fit.width_low, "transition_high": fit.width_high}
+
+
+def table(points: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+  """critical_lr.csv: per arm and group the bisection's points and the transition fitted to
+  every probe of the arm among `runs` (sensitivity.table's)."""
   rows = []
   for (group, arm), at in points.groupby(["group", "arm"], sort=False):
     found = at[at.established]
     logs = np.log10(found.critical_lr.to_numpy())
-    mean, low, high = stats.mean_interval(logs)
+    x, y = _probes(runs[(runs.arm == arm) & (runs.group == group)])
     rows.append({
         "arm": arm, "label": at.label.iloc[0], "group": group, "seeds": len(found),
         "beyond": int((~at.established).sum()), "rounds": int(at.rounds.max()),
-        "critical_lr": 10 ** mean if len(logs) else math.nan,
-        "critical_lr_low": 10 ** low, "critical_lr_high": 10 ** high,
+        **_fitted(transition.fit(x, y)),
         "spread_decades": float(logs.std(ddof=1)) if len(logs) > 1 else math.nan,
         "bracket_decades": float(np.log10(found.high / found.low).max()) if len(found)
-        else math.nan})
-  return pd.DataFrame(rows)
+        else math.nan,
+        "probes": len(y), "failed": int(y.sum())})
+  return pd.DataFrame(rows, columns=[
+      "arm", "label", "group", "seeds", "beyond", "rounds", "critical_lr", "critical_lr_low",
+      "critical_lr_high", "spread_decades", "bracket_decades", "transition_decades",
+      "transition_low", "transition_high", "probes", "failed"])
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame) -> dict:
@@ -90,6 +130,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> dict:
   return {"test": "paired t on log10 critical lr" if paired else "Welch t on log10 critical lr",
           "n_a": len(la), "n_b": len(lb), "ratio": 10 ** diff if np.isfinite(diff) else math.nan,
           "t": tested["t"], "df": tested["df"], "p": tested["p"],
+          "p_exact": stats.paired_permutation(la, lb) if paired else math.nan,
           "equivalence_factor": stats.equivalence_factor(diff, tested["se"], tested["df"])
           * 10 ** (_half_width(a) + _half_width(b))}
 
@@ -101,20 +142,92 @@ def _half_width(points: pd.DataFrame) -> float:
   return float(np.log10(points.high / points.low).mean() / 2) if len(points) else math.nan
 
 
-def tests(points: pd.DataFrame) -> pd.DataFrame:
+def _fitted_ratio(runs, group, arm_a, arm_b) -> dict:
+  """The ratio of two arms' fitted critical learning rates and the likelihood-ratio test that
+  they share one 50% point."""
+  a = _probes(runs[(runs.arm == arm_a) & (runs.group == group)])
+  b = _probes(runs[(runs.arm == arm_b) & (runs.group == group)])
+  fa, fb = transition.fit(*a), transition.fit(*b)
+  ratio = 10 ** (fa.center - fb.center) if fa is not None and fb is not None else math.nan
+  return {"fitted_ratio": ratio, "p_lrt": transition.same_center_lrt(a, b)[1]}
+
+
+def tests(points: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
   rows = []
   for group, at in points.groupby("group", sort=False):
     arms = list(dict.fromkeys(at.arm))
     for arm_a, arm_b in itertools.combinations(arms, 2):
       rows.append({"group": group, "arm_a": arm_a, "arm_b": arm_b,
-                   **compare(at[at.arm == arm_a], at[at.arm == arm_b])})
+                   **compare(at[at.arm == arm_a], at[at.arm == arm_b]),
+                   **_fitted_ratio(runs, group, arm_a, arm_b)})
   out = pd.DataFrame(rows, columns=["group", "arm_a", "arm_b", "test", "n_a", "n_b", "ratio",
-                                    "t", "df", "p", "equivalence_factor"])
+                                    "t", "df", "p", "p_exact", "equivalence_factor",
+                                    "fitted_ratio", "p_lrt"])
   out["p_holm"] = stats.holm(out.p.tolist()) if len(out) else []
+  out["p_exact_holm"] = stats.holm(out.p_exact.tolist()) if len(out) else []
+  out["p_lrt_holm"] = stats.holm(out.p_lrt.tolist()) if len(out) else []
   out["separated"] = out.p_holm < stats.ALPHA
   # A margin is what "not separated" bounds; for a separated pair it means nothing.
   out.loc[out.separated, "equivalence_factor"] = math.nan
   return out
+
+
+def _horizons(loaded: runs_lib.Runs, runs: pd.DataFrame) -> list:
+  """HORIZONS that every run reaches, and the runs' own horizon (their num_steps) if not among
+  them."""
+  steps = [loaded[run].num_steps for run in runs.run if loaded[run].num_steps]
+  if not steps:
+    return []
+  last = min(steps)
+  return [h for h in HORIZONS if h < last] + [last]
+
+
+def horizons(loaded: runs_lib.Runs, runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+  """(critical_lr_horizons.csv, critical_lr_horizon_tests.csv): each arm's transition fitted
+  with every run judged at each horizon (runs_lib.outcome_at), and every pair's ratio and
+  likelihood-ratio test there."""
+  ended = runs[runs.outcome != "unfinished"]
+  chosen = _horizons(loaded, ended)
+  failed = {h: {run: loaded_outcome.failed for run, loaded_outcome in (
+      (run, runs_lib.outcome_at(loaded, run, h)) for run in ended.run)} for h in chosen}
+  rows, fits = [], {}
+  for (group, arm), at in ended.groupby(["group", "arm"], sort=False):
+    x = np.log10(at.learning_rate.to_numpy(dtype=float))
+    for h in chosen:
+      y = np.array([failed[h][run] for run in at.run], dtype=float)
+      fits[(group, arm, h)] = (x, y, transition.fit(x, y))
+      rows.append({"arm": arm, "horizon": h, **_fitted(fits[(group, arm, h)][2]),
+                   "group": group, "label": at.arm_label.iloc[0], "probes": len(y),
+                   "failed": int(y.sum())})
+  by_horizon = pd.DataFrame(rows, columns=[
+      "arm", "horizon", "critical_lr", "critical_lr_low", "critical_lr_high", "group", "label",
+      "transition_decades", "transition_low", "transition_high", "probes", "failed"])
+  return by_horizon, _horizon_tests(fits, chosen)
+
+
+def _horizon_tests(fits: dict, chosen: list) -> pd.DataFrame:
+  rows = []
+  keys = list(dict.fromkeys((group, arm) for group, arm, _ in fits))
+  for h in chosen:
+    family = []
+    for (ga, arm_a), (gb, arm_b) in itertools.combinations(keys, 2):
+      if ga != gb:
+        continue
+      xa, ya, fa = fits[(ga, arm_a, h)]
+      xb, yb, fb = fits[(gb, arm_b, h)]
+      longest_a, longest_b = fits[(ga, arm_a, chosen[-1])][2], fits[(gb, arm_b, chosen[-1])][2]
+      log_ratio = fa.center - fb.center if fa is not None and fb is not None else math.nan
+      longest = (longest_a.center - longest_b.center
+                 if longest_a is not None and longest_b is not None else math.nan)
+      family.append({"group": ga, "arm_a": arm_a, "arm_b": arm_b, "horizon": h,
+                     "ratio": 10 ** log_ratio,
+                     "p_lrt": transition.same_center_lrt((xa, ya), (xb, yb))[1],
+                     "same_order": bool(np.sign(log_ratio) == np.sign(longest))
+                     if np.isfinite(log_ratio) and np.isfinite(longest) else math.nan})
+    holm = stats.holm([row["p_lrt"] for row in family])
+    rows += [{**row, "p_lrt_holm": p} for row, p in zip(family, holm)]
+  return pd.DataFrame(rows, columns=["group", "arm_a", "arm_b", "horizon", "ratio", "p_lrt",
+                                     "p_lrt_holm", "same_order"])
 
 
 def plot(points: pd.DataFrame, by_arm: pd.DataFrame, path: str) -> str:
@@ -144,8 +257,8 @@ def plot(points: pd.DataFrame, by_arm: pd.DataFrame, path: str) -> str:
   ax.xaxis.set_major_formatter(plain)
   ax.xaxis.set_minor_formatter(plain)
   ax.tick_params(axis="x", which="minor", labelsize=7)
-  ax.set_xlabel("critical learning rate: each seed's final bracket (grey) and the arms'\n"
-                "geometric mean with its 95% t interval (blue)")
+  ax.set_xlabel("critical learning rate: each seed's final bracket (grey) and the arms' 50%\n"
+                "point of the transition fitted to every probe, with its 95% interval (blue)")
   ax.grid(alpha=0.3, axis="x", which="both")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -153,43 +266,81 @@ def plot(points: pd.DataFrame, by_arm: pd.DataFrame, path: str) -> str:
   return path
 
 
-def observations(by_arm: pd.DataFrame, compared: pd.DataFrame) -> str:
-  lines = []
+def observations(by_arm: pd.DataFrame, compared: pd.DataFrame, by_horizon: pd.DataFrame,
+                 horizon_tests: pd.DataFrame) -> str:
+  lines = [f"The critical learning rate is where the transition fitted to every probe of an arm "
+           f"crosses 50% failing (a logistic in log10 lr, normstudy.analysis.transition), with "
+           f"its 95% profile-likelihood interval; the transition's width runs from 10% to 90% "
+           f"failing. A run fails by the failure rule (normstudy.records.outcomes). Pairs of "
+           f"arms: the paired t-test on the seeds' log10 bracket midpoints and the exact paired "
+           f"permutation test beside it, the likelihood-ratio test of one 50% point, each with "
+           f"Holm's correction over the pairs; a difference only at p < {stats.ALPHA}."]
   for _, row in by_arm.iterrows():
     where = f" ({row.group})" if row.group else ""
-    if row.seeds == 0:
-      lines.append(f"- {row.label}{where}: no seed's critical learning rate lies in the "
-                   f"brackets tried ({row.beyond} beyond).")
+    if not np.isfinite(row.critical_lr):
+      lines.append(f"- {row.label}{where}: its {row.failed} failures of {row.probes} probes "
+                   "place no transition inside the learning rates tried.")
       continue
-    interval = (f", 95% t interval {row.critical_lr_low:.3g}-{row.critical_lr_high:.3g}"
-                if np.isfinite(row.critical_lr_low) else "")
-    lines.append(f"- {row.label}{where}: critical learning rate {row.critical_lr:.3g} "
-                 f"(geometric mean of {row.seeds} seeds{interval}; seed-to-seed spread "
-                 f"{row.spread_decades:.2f} decades; brackets at most "
-                 f"{row.bracket_decades:.2f} decades wide)"
+    lines.append(f"- {row.label}{where}: critical learning rate {row.critical_lr:.3g} (95% "
+                 f"interval {row.critical_lr_low:.3g}-{row.critical_lr_high:.3g}; {row.failed} "
+                 f"of {row.probes} probes failed), transition {row.transition_decades:.2f} "
+                 f"decades wide ({row.transition_low:.2f}-{row.transition_high:.2f}); "
+                 f"{row.seeds} seeds' brackets, at most {row.bracket_decades:.2f} decades wide, "
+                 f"spread {row.spread_decades:.2f} decades"
                  + (f"; {row.beyond} seed(s) beyond the brackets" if row.beyond else "") + ".")
   for _, row in compared.iterrows():
     n = (f"{row.n_a} seeds, paired" if row.test.startswith("paired")
          else f"{row.n_a} and {row.n_b}")
     text = stats.verdict_holm(row.test, n, row.p, row.p_holm)
+    exact = (f"; exact paired permutation p = {stats.format_p(row.p_exact)}, Holm-adjusted "
+             f"{stats.format_p(row.p_exact_holm)}" if np.isfinite(row.p_exact) else "")
+    lrt = (f"; fitted ratio {row.fitted_ratio:.3g}, {LRT} p = {stats.format_p(row.p_lrt)}, "
+           f"Holm-adjusted {stats.format_p(row.p_lrt_holm)}" if np.isfinite(row.p_lrt) else "")
     margin = (f"; equivalent within a factor {row.equivalence_factor:.3g} at 95% (two one-sided "
               "tests)" if np.isfinite(row.equivalence_factor) else "")
     lines.append(f"- {row.arm_a} against {row.arm_b}"
                  + (f" ({row.group})" if row.group else "")
-                 + f": ratio {row.ratio:.3g}, {text}{margin}.")
+                 + f": ratio {row.ratio:.3g}, {text}{exact}{lrt}{margin}.")
+  lines += _horizon_lines(by_horizon, horizon_tests)
   return "\n".join(lines)
 
 
-def analyze(loaded: runs_lib.Runs, workdir: str):
-  """Writes the files of the module docstring into `workdir`; returns (outputs, text)."""
+def _horizon_lines(by_horizon: pd.DataFrame, horizon_tests: pd.DataFrame) -> list:
+  if by_horizon.empty or by_horizon.horizon.nunique() < 2:
+    return []
+  lines = ["", "The same runs judged at shorter horizons (critical_lr_horizons.csv): the critical "
+           "learning rate at " + ", ".join(f"{h}" for h in sorted(by_horizon.horizon.unique()))
+           + " steps:"]
+  for (group, arm), rows in by_horizon.groupby(["group", "arm"], sort=False):
+    values = ", ".join(f"{r.critical_lr:.3g}" if np.isfinite(r.critical_lr) else "beyond"
+                       for r in rows.sort_values("horizon").itertuples())
+    lines.append(f"- {rows.label.iloc[0]}" + (f" ({group})" if group else "") + f": {values}.")
+  if len(horizon_tests):
+    flips = horizon_tests[horizon_tests.same_order == False]  # noqa: E712 (NaN is no flip)
+    lines.append(f"Pairs whose order differs from the longest horizon's: {len(flips)} of "
+                 f"{len(horizon_tests)} (pair x horizon); separated at a horizon ({LRT}, "
+                 f"Holm over its pairs): "
+                 f"{int((horizon_tests.p_lrt_holm < stats.ALPHA).sum())}.")
+  return lines
+
+
+def analyze(loaded: runs_lib.Runs, runs: pd.DataFrame, workdir: str):
+  """Writes the files of the module docstring into `workdir` from the search's record and its
+  runs (sensitivity.table's); returns (outputs, text)."""
   points = points_table(loaded)
-  by_arm = table(points)
-  compared = tests(points)
+  by_arm = table(points, runs)
+  compared = tests(points, runs)
+  by_horizon, horizon_tests = horizons(loaded, runs)
   outputs = {"critical_lr": os.path.join(workdir, "critical_lr.csv"),
              "critical_lr_points": os.path.join(workdir, "critical_lr_points.csv"),
-             "critical_lr_tests": os.path.join(workdir, "critical_lr_tests.csv")}
+             "critical_lr_tests": os.path.join(workdir, "critical_lr_tests.csv"),
+             "critical_lr_horizons": os.path.join(workdir, "critical_lr_horizons.csv"),
+             "critical_lr_horizon_tests": os.path.join(workdir,
+                                                       "critical_lr_horizon_tests.csv")}
   by_arm.to_csv(outputs["critical_lr"], index=False)
   points.to_csv(outputs["critical_lr_points"], index=False)
   compared.to_csv(outputs["critical_lr_tests"], index=False)
+  by_horizon.to_csv(outputs["critical_lr_horizons"], index=False)
+  horizon_tests.to_csv(outputs["critical_lr_horizon_tests"], index=False)
   outputs["critical_lr_figure"] = plot(points, by_arm, os.path.join(workdir, "critical_lr.png"))
-  return outputs, observations(by_arm, compared)
+  return outputs, observations(by_arm, compared, by_horizon, horizon_tests)

@@ -8,9 +8,9 @@ Definitions (docs/reference.md, "Stability telemetry and observations"):
   does not inflate). It uses what history there is, from SPIKE_MIN_HISTORY earlier points on, so
   a spike in the first logged steps is seen too; consecutive spiking steps form one spike.
   Gradient norms are compared on a log scale with a margin of at least log(5).
-- Divergence: the first non-finite loss, or the first step after warm-up from which the loss
-  stays above the first logged loss to the end (a spike that recovers is a spike, not this);
-  normstudy.records.schema.diverged_at, the failure rule's, which a search judges its runs by.
+- Failure (halted, or diverged: a non-finite loss, or a loss above its start after warm-up, that
+  persists to the end) and recovery: the failure rule, normstudy.records.outcomes, which a search
+  judges its runs by; a spike that recovers is a spike, not a divergence.
 - Loss-scale collapse: halvings of the fp16 scale, their rate per 1K steps, the lowest scale.
 """
 
@@ -56,13 +56,6 @@ def spikes(values: pd.Series, min_margin: float = SPIKE_MIN_MARGIN,
   return events
 
 
-def divergence_step(loss: pd.Series, warmup_steps: int):
-  """The first step with a non-finite loss, or the first step after warm-up from which every
-  logged loss is above the first logged loss; None if the run never diverged
-  (normstudy.records.schema.diverged_at, of a series indexed by step)."""
-  return schema.diverged_at(loss.index.to_numpy(), loss.to_numpy(dtype=float), warmup_steps)
-
-
 def scale_collapses(scale: pd.Series) -> dict:
   """Halvings of the fp16 loss scale: count, rate per 1K steps, and the lowest scale a halving
   reached with its step (None when the scale never fell)."""
@@ -91,8 +84,8 @@ def lowest_scale_after_first_fall(scale: pd.Series) -> float:
 
 
 def observe(loaded: runs_lib.Runs, run: str) -> dict:
-  """The stability observations of one run, as numbers; `status` as the failure rule judges it
-  (normstudy.records.schema.judge)."""
+  """The stability observations of one run, as numbers; its status, outcome and recoveries as
+  the failure rule judges them (normstudy.records.outcomes)."""
   facts = loaded[run]
   loss = loaded.series(run, "loss")
   grad_norm = loaded.series(run, "grad_norm")
@@ -100,14 +93,16 @@ def observe(loaded: runs_lib.Runs, run: str) -> dict:
   positive = grad_norm[grad_norm > 0]
   grad_spikes = spikes(np.log(positive), min_margin=GRAD_SPIKE_LOG_MARGIN)
   clipped = loaded.series(run, "clipped")
-  diverged_at = divergence_step(loss, facts.warmup_steps)
+  ended = facts.outcome
   return {
-      "status": schema.judge(facts.status, diverged_at),
+      "status": facts.status,
+      "outcome": ended.kind,
+      "recoveries": ended.recoveries,
       "loss_spikes": len(loss_spikes),
       "first_spike_step": loss_spikes[0]["step"] if loss_spikes else None,
       "largest_spike": max((e["excursion"] for e in loss_spikes), default=0.0),
       "spike_events": loss_spikes,
-      "diverged_at": diverged_at,
+      "diverged_at": ended.failed_at if facts.status == schema.DIVERGED else None,
       "grad_norm_spikes": len(grad_spikes),
       "first_grad_spike_step": grad_spikes[0]["step"] if grad_spikes else None,
       "clipped_fraction": float(clipped.mean()) if len(clipped) else 0.0,

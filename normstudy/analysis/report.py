@@ -22,8 +22,8 @@ def _last(values: pd.Series):
 
 
 def summarize(loaded: runs_lib.Runs) -> pd.DataFrame:
-  """One row per run: label, status (finished | halted | diverged | preempted | running), steps
-  taken, halt step and reason, final/min loss, max loss after warm-up, final eval loss, skipped
+  """One row per run: label, status (finished | halted | diverged | preempted | running), outcome
+  and recoveries by the failure rule (normstudy.records.outcomes), steps taken, halt step and reason, final/min loss, max loss after warm-up, final eval loss, skipped
   steps, lowest loss scale from its first fall on (detectors.lowest_scale_after_first_fall) and final
   loss scale, and the observation counts (detectors.observe)."""
   rows = []
@@ -38,6 +38,8 @@ def summarize(loaded: runs_lib.Runs) -> pd.DataFrame:
         "run": run,
         "label": facts.label,
         "status": seen["status"],
+        "outcome": seen["outcome"],
+        "recoveries": seen["recoveries"],
         "steps": steps_taken(facts, loss),
         "halt_step": facts.info.halt_step,
         "halt_reason": facts.info.halt_reason,

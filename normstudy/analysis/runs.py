@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from normstudy.records import keys
+from normstudy.records import outcomes
 from normstudy.records import rundir
 from normstudy.records import schema
 
@@ -73,15 +74,17 @@ def _sweep(workdir: str) -> schema.SweepRecord:
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One loaded run: its name (its path below the loaded directory), its legend label (unique
-  among the loaded runs), its arm's label, its status (RUNNING when run.json has none), its
-  run.json (`info`, a schema.RunInfo), and what the analysis reads of its config.json: the
-  warm-up and planned steps, the dtype, whether it is causal, and its eval set (eval_seed -1,
-  also for runs that predate the field, means the masks of the run's own train.seed;
-  normstudy.data.batches.eval_mask_seed) and rows."""
+  among the loaded runs), its arm's label, its status (as recorded, RUNNING when run.json has
+  none; halted or diverged when the failure rule says it failed), its outcome by the failure
+  rule (normstudy.records.outcomes), its run.json (`info`, a schema.RunInfo), and what the
+  analysis reads of its config.json: the warm-up and planned steps, the dtype, whether it is
+  causal, and its eval set (eval_seed -1, also for runs that predate the field, means the masks
+  of the run's own train.seed; normstudy.data.batches.eval_mask_seed) and rows."""
   name: str
   label: str
   arm_label: str
   status: str
+  outcome: outcomes.Outcome
   info: schema.RunInfo
   warmup_steps: int = 0
   num_steps: int | None = None
@@ -91,21 +94,26 @@ class Run:
   eval_rows: int = 0
 
   @classmethod
-  def from_files(cls, name: str, info: schema.RunInfo, config: dict) -> "Run":
+  def from_files(cls, name: str, info: schema.RunInfo, config: dict, records: list) -> "Run":
     label = info.label or config.get("label") or name
     train, model = config.get("train", {}), config.get("model", {})
+    warmup = config.get("optimizer", {}).get("warmup_steps", 0)
+    ended = outcomes.judge(
+        [r[keys.STEP] for r in records], [r.get(keys.LOSS, float("nan")) for r in records],
+        [r.get(keys.SKIPPED, False) for r in records],
+        {r[keys.STEP]: r[keys.EVAL_LOSS] for r in records if keys.EVAL_LOSS in r}, info, warmup)
+    recorded = info.status or schema.RUNNING
     return cls(name=name, label=label, arm_label=info.arm_label or label,
-               status=info.status or schema.RUNNING, info=info,
-               warmup_steps=config.get("optimizer", {}).get("warmup_steps", 0),
+               status=ended.status if ended.failed else recorded, outcome=ended, info=info,
+               warmup_steps=warmup,
                num_steps=train.get("num_steps"), dtype=model.get("dtype"),
                causal=model.get("causal", True), eval_seed=train.get("eval_seed", -1),
                eval_rows=train.get("eval_steps", 0) * train.get("batch_size", 0))
 
   @property
   def floor(self):
-    """The lowest loss the run's objective can reach: the Bayes-optimal masked loss for masked
-    prediction, else the entropy rate; None when the data do not know it."""
-    return self.info.masked_loss_floor or self.info.entropy_floor
+    """The lowest loss the run's objective can reach (schema.RunInfo.loss_floor)."""
+    return self.info.loss_floor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +183,7 @@ def load_runs(workdir: str) -> Runs:
     records = files.records()
     if not records:
       continue
-    facts[run] = Run.from_files(run, files.info(), files.saved_config())
+    facts[run] = Run.from_files(run, files.info(), files.saved_config(), records)
     rows = [(record["step"], key, value) for record in records for key, value in record.items()
             if key != "step" and isinstance(value, (int, float, bool))]
     long = pd.DataFrame(rows, columns=["step", "metric", "value"])
@@ -188,6 +196,18 @@ def load_runs(workdir: str) -> Runs:
       columns=["run", "step", "metric", "value"])
   table.insert(1, "label", table.run.map(labels) if len(table) else [])
   return Runs(table[COLUMNS], facts, _sweep(workdir).search)
+
+
+def outcome_at(loaded: Runs, run: str, horizon: int) -> outcomes.Outcome:
+  """How `run` ended by the failure rule at `horizon` steps: its records after it left out
+  (normstudy.records.outcomes.judge)."""
+  facts = loaded[run]
+  loss = loaded.series(run, keys.LOSS)
+  skipped = loaded.series(run, keys.SKIPPED).reindex(loss.index, fill_value=0.0)
+  evals = loaded.series(run, keys.EVAL_LOSS)
+  return outcomes.judge(loss.index.to_numpy(), loss.to_numpy(dtype=float),
+                        skipped.to_numpy() > 0, dict(zip(evals.index, evals.to_numpy())),
+                        facts.info, facts.warmup_steps, horizon)
 
 
 def series(loaded: Runs, run: str, metric: str) -> pd.Series:

@@ -79,7 +79,8 @@ def table(loaded: runs_lib.Runs, summary: pd.DataFrame) -> pd.DataFrame:
   final_eval_loss, loss_init (its first recorded train loss: the loss at initialisation),
   effective_loss (final eval loss, or loss_init if the run failed), max_attn_logit (over layers
   and telemetry steps; NaN without telemetry), nonfinite_at, halt_reason, entropy_floor,
-  dtype."""
+  dtype, and by the failure rule (normstudy.records.outcomes) its outcome, the step it did not
+  recover from and its recoveries."""
   status = dict(zip(summary.run, summary.status))
   rows = []
   for run, facts in loaded.runs.items():
@@ -105,12 +106,15 @@ def table(loaded: runs_lib.Runs, summary: pd.DataFrame) -> pd.DataFrame:
         "unigram_entropy": info.unigram_entropy,
         "floor": facts.floor,
         "dtype": facts.dtype,
+        "outcome": facts.outcome.kind, "failed_at": facts.outcome.failed_at,
+        "recoveries": facts.outcome.recoveries,
     })
   return pd.DataFrame(rows, columns=[
       "run", "arm", "arm_label", "group", "learning_rate", "seed", "status", "final_eval_loss",
       "loss_init", "effective_loss", "max_attn_logit", "nonfinite_at", "nonfinite_kind",
       "nonfinite_layer", "halt_reason",
-      "entropy_floor", "unigram_entropy", "floor", "dtype"])
+      "entropy_floor", "unigram_entropy", "floor", "dtype", "outcome", "failed_at",
+      "recoveries"])
 
 
 def lr_sensitivity(lrs, losses, loss_init: float) -> dict:

@@ -1,10 +1,12 @@
 """The critical value of a field by bisection, per grid point: the learning rate at which a run
 stops surviving, found by search instead of read off a grid.
 
-  Search.parse(text, rounds)   --search=optimizer.learning_rate:LOW,HIGH and --rounds=N
+  Search.parse(text, rounds, probe_decades)   --search=optimizer.learning_rate:LOW,HIGH,
+                               --rounds=N and --probe_decades=D
   Bracket                      one point's (low, high): low survived, high failed
   round_values(bracket)        the values a point trains at in its next round
   advance(bracket, outcomes)   the bracket after a round's outcomes {value: failed}
+  probe_values(bracket, d)     the probe round's values: D decades either side of the midpoint
   run(search, points, train_round, after_round)   every round, a pure loop over `train_round`
 
 Round 1 checks each point's bracket: it trains LOW and HIGH. A LOW that fails moves the
@@ -15,9 +17,18 @@ Each later round trains every established point at the geometric midpoint of its
 keeps the half that still straddles: after r bisection rounds the bracket spans
 (HIGH / LOW)^(1 / 2^r). A point's estimate is its final bracket's geometric midpoint.
 
+Failure is a noisy function of the value, not a step (normstudy.analysis.transition fits P(fail)
+to every probe of an arm), and bisection's probes crowd the middle of the transition: with
+--probe_decades=D a probe round after the N rounds trains every established point at its final
+midpoint x 10^(-D) and x 10^(+D), just outside its bracket, where they inform the transition's
+width. It changes no bracket. In a simulated world with a known logistic transition (4 rounds
+from [0.1, 1] and D = 1/8 decade, 6 points) the fitted center's and width's 95% intervals cover
+the truth in 93-100% of 300 searches, against 86-99% for 5 rounds without it
+(tests/test_transition.py).
+
 Nothing here trains or reads files: normstudy.experiments.search_runner trains each round's runs
 (one program per structure, the searched value per-run data) and judges each run by the failure
-rule (normstudy.records.schema.judge); the same outcomes always give the same rounds, so a killed
+rule (normstudy.records.outcomes); the same outcomes always give the same rounds, so a killed
 search resumes by replaying its rounds from the runs' records, and more rounds continue it.
 """
 
@@ -33,14 +44,22 @@ DEFAULT_ROUNDS = 5  # --rounds's default (launch/sweep.sh reads it to submit eve
 
 @dataclasses.dataclass(frozen=True)
 class Search:
+  """What to search: `field` from [`low`, `high`] over `rounds` bisection rounds, then, with
+  `probe_decades` > 0, one probe round (`total_rounds` counts it)."""
   field: str
   low: float
   high: float
   rounds: int
+  probe_decades: float = 0.0
+
+  @property
+  def total_rounds(self) -> int:
+    return self.rounds + (1 if self.probe_decades > 0 else 0)
 
   @classmethod
-  def parse(cls, text: str, rounds: int) -> "Search":
-    """From --search=FIELD:LOW,HIGH and --rounds; one line for what is wrong."""
+  def parse(cls, text: str, rounds: int, probe_decades: float = 0.0) -> "Search":
+    """From --search=FIELD:LOW,HIGH, --rounds and --probe_decades; one line for what is
+    wrong."""
     field, sep, bounds = text.partition(":")
     parts = bounds.split(",")
     if not sep or not field or len(parts) != 2:
@@ -55,11 +74,15 @@ class Search:
     if rounds < 1:
       raise UserError(f"--rounds={rounds} is not allowed; allowed: an integer >= 1 (round 1 "
                       "checks the bracket, each later one halves it)")
-    return cls(field, low, high, rounds)
+    if not (0 <= probe_decades <= 1) or not math.isfinite(probe_decades):
+      raise UserError(f"--probe_decades={probe_decades} is not allowed; allowed: 0 (no probe "
+                      "round) or a number of decades in (0, 1], e.g. 0.125")
+    return cls(field, low, high, rounds, float(probe_decades))
 
   def as_json(self) -> dict:
     return {"field": self.field, "low": self.low, "high": self.high, "rounds": self.rounds,
-            "widen_factor": WIDEN_FACTOR, "max_widenings": MAX_WIDENINGS}
+            "widen_factor": WIDEN_FACTOR, "max_widenings": MAX_WIDENINGS,
+            "probe_decades": self.probe_decades}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +126,15 @@ def round_values(bracket: Bracket) -> list:
                              (bracket.high, bracket.high_failed)) if not known]
 
 
+def probe_values(bracket: Bracket, decades: float) -> list:
+  """The probe round's values of an established point: its midpoint x 10^(-decades) and
+  x 10^(+decades); none for a point without a bracket."""
+  if not bracket.established:
+    return []
+  return [_rounded(bracket.midpoint * 10 ** -decades),
+          _rounded(bracket.midpoint * 10 ** decades)]
+
+
 def advance(bracket: Bracket, outcomes: dict) -> Bracket:
   """The bracket after a round: `outcomes` {value: failed} for the values round_values gave."""
   if bracket.established:
@@ -126,14 +158,17 @@ def gave_up(bracket: Bracket) -> bool:
   return not bracket.established and bracket.widenings > MAX_WIDENINGS
 
 
-def run(search: Search, points: list, train_round, after_round=None) -> dict:
-  """Every round of the search: `train_round(k, {point: [values]})` trains round k's runs and
-  returns {point: {value: failed}}; `after_round(history)` is told the history after each
-  round. Returns {point: [bracket after each round]} (the history sweep.json records). Pure:
-  the same outcomes give the same rounds."""
+def run(search: Search, points: list, train_round, after_round=None,
+        last_round: int | None = None) -> dict:
+  """Every round of the search (up to `last_round`, default all: search.total_rounds):
+  `train_round(k, {point: [values]})` trains round k's runs and returns {point: {value:
+  failed}}; `after_round(history)` is told the history after each round. Returns {point:
+  [bracket after each bisection round]} (the history sweep.json records; the probe round adds
+  none). Pure: the same outcomes give the same rounds."""
+  last = search.total_rounds if last_round is None else last_round
   brackets = {p: initial(search) for p in points}
   history = {p: [] for p in points}
-  for k in range(1, search.rounds + 1):
+  for k in range(1, min(last, search.rounds) + 1):
     todo = {p: round_values(b) for p, b in brackets.items() if not gave_up(b)}
     todo = {p: v for p, v in todo.items() if v}
     outcomes = train_round(k, todo) if todo else {}
@@ -141,6 +176,13 @@ def run(search: Search, points: list, train_round, after_round=None) -> dict:
       if p in outcomes:
         brackets[p] = advance(brackets[p], outcomes[p])
       history[p].append(brackets[p])
+    if after_round is not None:
+      after_round(history)
+  if search.probe_decades > 0 and last > search.rounds:
+    todo = {p: probe_values(b, search.probe_decades) for p, b in brackets.items()}
+    todo = {p: v for p, v in todo.items() if v}
+    if todo:
+      train_round(search.rounds + 1, todo)
     if after_round is not None:
       after_round(history)
   return history

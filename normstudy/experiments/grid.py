@@ -257,17 +257,21 @@ def write_sweep(workdir: str, grid: Grid, runs: list, statuses: dict,
   """DIR/sweep.json (a schema.SweepRecord): the sweep's --config, its axes and which came from
   the file's SWEEP, the file's SWEEP_SETTINGS, the command line's overrides, and per run its
   name, arm, axis values, the overrides that reproduce it with normstudy.main, that command,
-  and its status as its training left it; a search's record (normstudy.experiments.
-  search_runner) when it bisected a field."""
+  its status as its training left it and, once it has records, its outcome by the failure rule;
+  a search's record (normstudy.experiments.search_runner) when it bisected a field."""
   path = os.path.join(workdir, schema.SWEEP)
   # A staged workdir's commands name its URL, not this host's stage.
   reproduce = storage.remote(os.path.normpath(workdir)) + "_reproduced"
+  swept = []
+  for r in runs:
+    status = statuses.get(r.name, schema.RUNNING)
+    ended = rundir.RunDir(r.directory).outcome() if status != schema.RUNNING else None
+    swept.append(schema.SweepRun(r.name, r.arm, r.point, r.overrides,
+                                 r.command(os.path.join(reproduce, r.name)), status,
+                                 ended.kind if ended else None,
+                                 ended.failed_at if ended else None))
   record = schema.SweepRecord(
       config=grid.spec, axes=grid.axes, axes_from_file=list(grid.file_axes),
-      settings=grid.settings, overrides=dict(grid.overrides),
-      runs=[schema.SweepRun(r.name, r.arm, r.point, r.overrides,
-                            r.command(os.path.join(reproduce, r.name)),
-                            statuses.get(r.name, schema.RUNNING)) for r in runs],
-      search=search)
+      settings=grid.settings, overrides=dict(grid.overrides), runs=swept, search=search)
   rundir.write_json(path, record.as_json())
   return path

@@ -1,6 +1,6 @@
 """The search runner: a field's critical value per grid point by bisection (normstudy.core.search),
 each round's runs planned and trained as a grid's, each run judged by the failure rule the
-analysis reports (normstudy.records.schema.judge).
+analysis reports (normstudy.records.outcomes).
 
   run_search(spec, search, workdir, ...)      every round, sweep.json after each, the analysis
   search_share(spec, search, workdir, K, I, N)   the I-th of N shares of round K's programs (a
@@ -11,14 +11,13 @@ rounds from the runs' records (finished and halted runs are not trained again), 
 continue it.
 """
 
-import dataclasses
-
 from absl import logging
 
 from normstudy.core import search as search_lib
 from normstudy.errors import UserError
 from normstudy.experiments import grid
 from normstudy.experiments import planning
+from normstudy.records import outcomes
 from normstudy.records import rundir
 from normstudy.records import schema
 
@@ -43,14 +42,14 @@ def search_runs(spec: grid.Grid, field: str, workdir: str, todo: dict, points: d
 
 def round_outcomes(round_runs: list) -> dict:
   """{point: {value: failed}} of a trained round (`search_runs`), each run judged from its
-  records by the failure rule (normstudy.records.schema.judge)."""
-  outcomes = {}
+  records by the failure rule (normstudy.records.outcomes)."""
+  failed = {}
   for name, value, run in round_runs:
-    status = rundir.RunDir(run.directory).judged_status()
-    if not (schema.failed(status) or status == schema.FINISHED):  # a preemption raises first
-      raise RuntimeError(f"{run.name} ended {status!r}, neither finished nor failed")
-    outcomes.setdefault(name, {})[value] = schema.failed(status)
-  return outcomes
+    ended = rundir.RunDir(run.directory).outcome()
+    if ended.kind == outcomes.UNFINISHED:  # a preemption raises before this
+      raise RuntimeError(f"{run.name} is unfinished: neither finished nor failed")
+    failed.setdefault(name, {})[value] = ended.failed
+  return failed
 
 
 def _search_record(search_, points: dict, history: dict) -> schema.SearchRecord:
@@ -76,9 +75,12 @@ def run_search(spec: grid.Grid, search_, workdir: str, analyze, allow_config_cha
       spec, workdir, [run for _, _, run in first_runs], allow_config_change, max_runs,
       workers))}
   if describe is not None:
+    probing = (f", then a probe round {search_.probe_decades:g} decades either side of each "
+               "midpoint" if search_.probe_decades > 0 else "")
+    most = len(points) * (search_.rounds + 1 + (2 if search_.probe_decades > 0 else 0))
     describe([f"search: {search_.field} in [{search_.low:g}, {search_.high:g}] for each of "
               f"{len(points)} point(s), {search_.rounds} round(s) (round 1 checks the bracket, "
-              f"each later one halves it): at most {len(points) * (search_.rounds + 1)} runs"])
+              f"each later one halves it){probing}: at most {most} runs"])
   all_runs, statuses, recorded = [], {}, {"search": None}
 
   def train_round(k, todo):
@@ -88,7 +90,7 @@ def run_search(spec: grid.Grid, search_, workdir: str, analyze, allow_config_cha
       round_runs = search_runs(spec, search_.field, workdir, todo, points)
       plan_ = planning.plan_programs(spec, workdir, [run for _, _, run in round_runs],
                                      allow_config_change, max_runs, workers)
-    logging.info("search round %d/%d: %d run(s), %d to train", k, search_.rounds,
+    logging.info("search round %d/%d: %d run(s), %d to train", k, search_.total_rounds,
                  len(round_runs), sum(len(group) for _, group in plan_.todo))
     all_runs.extend(run for _, _, run in round_runs)
     with planning.recorded_on_stop(lambda: grid.write_sweep(  # this round's runs too, as they
@@ -142,5 +144,5 @@ def search_share(spec: grid.Grid, search_, workdir: str, round_: int, index: int
     trained.update(planning.train_share(mine))
     return {}
 
-  search_lib.run(dataclasses.replace(search_, rounds=round_), list(points), train_round)
+  search_lib.run(search_, list(points), train_round, last_round=round_)
   return trained

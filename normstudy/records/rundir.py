@@ -17,6 +17,7 @@ from normstudy.errors import UserError
 from normstudy.errors import WorkdirBusy
 from normstudy.records import keys
 from normstudy.records import metrics as metrics_lib
+from normstudy.records import outcomes
 from normstudy.records import schema
 
 
@@ -101,15 +102,16 @@ class RunDir:
       return []
     return list(metrics_lib.read_records(self.metrics_path, skip_damaged=True))
 
-  def judged_status(self) -> str:
-    """The run's status as the failure rule judges it (schema.judge): its recorded one, or
-    DIVERGED for a finished run whose loss diverged. What a search judges each run by, and
-    what the analysis reports."""
+  def outcome(self, horizon: int | None = None) -> outcomes.Outcome:
+    """How the run ended by the failure rule (normstudy.records.outcomes.judge), at `horizon`
+    (None: its end): what a search judges each run by, and what the analysis reports."""
     records = self.records()
     warmup = self.saved_config().get("optimizer", {}).get("warmup_steps", 0)
-    diverged = schema.diverged_at([r[keys.STEP] for r in records],
-                                  [r.get(keys.LOSS, float("nan")) for r in records], warmup)
-    return schema.judge(self.status(), diverged)
+    return outcomes.judge(
+        [r[keys.STEP] for r in records], [r.get(keys.LOSS, float("nan")) for r in records],
+        [r.get(keys.SKIPPED, False) for r in records],
+        {r[keys.STEP]: r[keys.EVAL_LOSS] for r in records if keys.EVAL_LOSS in r},
+        self.info(), warmup, horizon)
 
 
 def checkpointed_steps(checkpoint_dir: str) -> list[int]:

@@ -4,7 +4,8 @@ run.json (`RunInfo`), study.json (`StudyRecord`) and sweep.json (`SweepRecord`, 
 `SearchRecord`).
 
 The engine writes these records and the analysis reads them through the same definitions; the
-search runner judges its runs by the same failure rule the analysis reports (`judge`). Plain
+search runner judges its runs by the same failure rule the analysis reports
+(normstudy.records.outcomes). Plain
 Python: nothing here needs the training stack. A file written by an older normstudy lacks some
 keys: they read as None (or empty), and keys this version does not know are kept as they were.
 
@@ -41,43 +42,11 @@ RUNNING = "running"
 FINISHED = "finished"
 HALTED = "halted"
 PREEMPTED = "preempted"
-# The judgement of the failure rule (`judge`): a finished run whose loss diverged. Derived from
-# the records, never written by the loop.
+# The failure rule's judgement of a run the loop recorded as finished whose loss diverged
+# (normstudy.records.outcomes). Derived from the records, never written by the loop.
 DIVERGED = "diverged"
 # The statuses that count as a failure: what a search bisects on and the analysis reports.
 FAILED = (HALTED, DIVERGED)
-
-
-def diverged_at(steps, losses, warmup_steps: int):
-  """The first step with a non-finite loss, or the first step after warm-up from which every
-  logged loss is above the first logged loss; None if the run never diverged. `steps` and
-  `losses`: a run's logged steps and losses, in order."""
-  losses = [float(loss) for loss in losses]
-  if not losses:
-    return None
-  for step, loss in zip(steps, losses):
-    if loss != loss or loss in (float("inf"), float("-inf")):
-      return int(step)
-  first, found = losses[0], None
-  for step, loss in reversed(list(zip(steps, losses))):  # above from here to the end
-    if not (step > warmup_steps and loss > first):
-      break
-    found = int(step)
-  return found
-
-
-def judge(status, diverged) -> str:
-  """A run's status as the failure rule reads it: its recorded status (RUNNING when none), with
-  a finished run whose loss diverged (`diverged`: `diverged_at`'s step, or None) DIVERGED."""
-  recorded = status or RUNNING
-  if recorded == FINISHED and diverged is not None:
-    return DIVERGED
-  return recorded
-
-
-def failed(status: str) -> bool:
-  """Whether a judged status (`judge`) counts as a failure."""
-  return status in FAILED
 
 
 # Where a forward pass can first go non-finite, in the order it computes them: the site ids the
@@ -193,6 +162,21 @@ class RunInfo:
         obj[field.name] = value
     return obj
 
+  @property
+  def loss_floor(self):
+    """The lowest loss the run's objective can reach: the Bayes-optimal masked loss for masked
+    prediction, else the entropy rate; None when the data do not know it."""
+    return self.masked_loss_floor or self.entropy_floor
+
+  @property
+  def learning_threshold(self):
+    """The eval loss a run must get below to count as having learned: halfway from the unigram
+    entropy (a model that uses no context: the early plateau) to the loss floor; None without
+    them."""
+    if self.unigram_entropy is None or self.loss_floor is None:
+      return None
+    return (self.unigram_entropy + self.loss_floor) / 2
+
   def needs_training(self, num_steps: int) -> bool:
     """Whether the run needs (more) training to reach `num_steps`: False for a halted run, and
     for one finished at exactly `num_steps`."""
@@ -249,7 +233,8 @@ class SearchPoint:
 @dataclasses.dataclass(frozen=True)
 class SearchRecord:
   """sweep.json's `search`: the searched field, its bounds and rounds, the widening rule
-  (normstudy.core.search), and each point's brackets."""
+  (normstudy.core.search), each point's brackets, and the probe round's distance from each
+  midpoint in decades (0: none; absent before the probe round existed)."""
   field: str
   low: float
   high: float
@@ -257,6 +242,7 @@ class SearchRecord:
   widen_factor: float
   max_widenings: int
   points: list  # of SearchPoint
+  probe_decades: float = 0.0
 
   @classmethod
   def from_json(cls, obj: dict) -> "SearchRecord":
@@ -264,21 +250,34 @@ class SearchRecord:
     return cls(**{**known, "points": [SearchPoint.from_json(p) for p in obj.get("points", [])]})
 
   def as_json(self) -> dict:
-    return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
-            "points": [p.as_json() for p in self.points]}
+    obj = {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+           "points": [p.as_json() for p in self.points]}
+    if not self.probe_decades:  # written as before the probe round existed
+      del obj["probe_decades"]
+    return obj
 
 
 @dataclasses.dataclass(frozen=True)
 class SweepRun:
   """A run of a sweep: its name (its directory below the sweep's), arm, axis values, the
-  overrides that reproduce it with normstudy.main, that command, and its status as its training
-  left it."""
+  overrides that reproduce it with normstudy.main, that command, its status as its training
+  left it, and once it has records its `outcome` by the failure rule
+  (normstudy.records.outcomes: the search's and the analysis's word) and the step it did not
+  recover from (`failed_at`, None when it did not fail)."""
   name: str
   arm: str
   point: dict
   overrides: dict
   command: str
   status: str
+  outcome: str | None = None
+  failed_at: int | None = None
+
+  def as_json(self) -> dict:
+    obj = dataclasses.asdict(self)
+    if self.outcome is None:  # not judged yet (or written before sweep.json held outcomes)
+      del obj["outcome"], obj["failed_at"]
+    return obj
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +306,7 @@ class SweepRecord:
     obj: dict[str, Any] = {"config": self.config, "axes": self.axes,
                            "axes_from_file": self.axes_from_file, "settings": self.settings,
                            "overrides": self.overrides,
-                           "runs": [dataclasses.asdict(r) for r in self.runs]}
+                           "runs": [r.as_json() for r in self.runs]}
     if self.search is not None:
       obj["search"] = self.search.as_json()
     return obj

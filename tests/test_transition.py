@@ -1,0 +1,117 @@
+"""The failure threshold as a noisy transition (normstudy.analysis.transition) and the search
+that feeds it (normstudy.core.search's probe round): the fit against scipy's optimiser and a
+brute-force profile, and the coverage of its intervals in simulated worlds whose failure
+probability is a known logistic function of the learning rate."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import optimize
+
+from normstudy.analysis import transition
+from normstudy.core import search
+
+
+def _negative_loglik(params, x, y):
+  center, slope = params
+  z = slope * (x - center)
+  return -float(np.sum(y * z - np.logaddexp(0.0, z)))
+
+
+def test_the_fit_is_scipys_maximum_likelihood_and_its_profile_interval():
+  rng = np.random.default_rng(4)
+  x = rng.uniform(-1.0, 0.0, 60)
+  y = (rng.random(60) < 1 / (1 + np.exp(-12.0 * (x + 0.5)))).astype(float)
+  fit = transition.fit(x, y)
+  best = optimize.minimize(_negative_loglik, [-0.5, 5.0], args=(x, y), method="Nelder-Mead",
+                           options={"xatol": 1e-9, "fatol": 1e-12, "maxiter": 20000})
+  assert fit.center == pytest.approx(best.x[0], abs=1e-4)
+  assert fit.width == pytest.approx(transition.WIDTH_PER_SLOPE / best.x[1], rel=1e-3)
+  # The interval's ends: where the profile (the best slope for each center, by scipy) has
+  # fallen 1.92 below the maximum.
+  def drop(center):
+    profiled = optimize.minimize_scalar(lambda b: _negative_loglik([center, b], x, y),
+                                        bounds=(0, transition.MAX_SLOPE), method="bounded")
+    return profiled.fun - best.fun - transition.CUTOFF
+  low = optimize.brentq(drop, best.x[0] - 1, best.x[0])
+  high = optimize.brentq(drop, best.x[0], best.x[0] + 1)
+  assert fit.center_low == pytest.approx(low, abs=2 * transition.GRID_STEP)
+  assert fit.center_high == pytest.approx(high, abs=2 * transition.GRID_STEP)
+  assert 1 / (1 + math.exp(0)) == pytest.approx(fit.probability(fit.center))
+
+
+def test_separated_probes_put_the_center_in_the_gap_at_the_steepest_slope():
+  x = np.array([-1.0, -0.8, -0.6, -0.5, -0.4, -0.2])
+  y = np.array([0, 0, 0, 1, 1, 1], dtype=float)
+  fit = transition.fit(x, y)
+  # Complete separation: the likelihood rises with the slope up to its cap, the center anywhere
+  # in the gap; gentler curves centred a little outside it are within the interval too.
+  assert -0.6 < fit.center < -0.5 and fit.center_low < -0.6 and fit.center_high > -0.5
+  assert fit.width == fit.width_low == pytest.approx(
+      transition.WIDTH_PER_SLOPE / transition.MAX_SLOPE)
+  assert math.isfinite(fit.width_high)
+  assert transition.fit(x, np.zeros(6)) is None and transition.fit(x, np.ones(6)) is None
+
+
+def _simulated_search(center, width, rng, rounds, probe_decades, seeds=6):
+  """Every probe (log10 lr, failed) of a search of `seeds` points whose failures are drawn from
+  P(fail) = sigmoid(slope (log10 lr - center))."""
+  slope = transition.WIDTH_PER_SLOPE / width
+  probes = []
+
+  def train_round(k, todo):
+    del k
+    out = {}
+    for point, values in todo.items():
+      for v in values:
+        failed = bool(rng.random() < 1 / (1 + math.exp(-slope * (math.log10(v) - center))))
+        out.setdefault(point, {})[v] = failed
+        probes.append((math.log10(v), failed))
+    return out
+
+  spec = search.Search.parse("optimizer.learning_rate:0.1,1", rounds, probe_decades)
+  search.run(spec, list(range(seeds)), train_round)
+  return np.array(probes, dtype=float).T
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("critical,width", [(0.25, 0.15), (0.25, 0.4), (0.4, 0.05),
+                                            (0.2, 0.25)])
+def test_the_intervals_cover_the_truth_at_least_90_percent_of_the_time(critical, width):
+  """300 searches as make survival runs them (6 seeds, 4 rounds from [0.1, 1], probes 1/8
+  decade either side): the 95% intervals of the center and of the width each cover the truth
+  in at least 90% of them."""
+  rng = np.random.default_rng(int(critical * 1000 + width * 100))
+  center = math.log10(critical)
+  covered_center = covered_width = fitted = 0
+  for _ in range(300):
+    x, y = _simulated_search(center, width, rng, rounds=4, probe_decades=0.125)
+    fit = transition.fit(x, y)
+    if fit is None:
+      continue
+    fitted += 1
+    covered_center += fit.center_low <= center <= fit.center_high
+    covered_width += fit.width_low <= width <= fit.width_high
+  assert fitted >= 295
+  assert covered_center / fitted >= 0.90
+  assert covered_width / fitted >= 0.90
+
+
+def test_the_probe_round_trains_either_side_of_each_midpoint_and_changes_no_bracket():
+  spec = search.Search.parse("optimizer.learning_rate:0.1,1", 3, 0.125)
+  assert spec.total_rounds == 4
+  trained = {}
+
+  def train_round(k, todo):
+    trained[k] = todo
+    return {p: {v: v >= 0.3 for v in values} for p, values in todo.items()}
+
+  history = search.run(spec, ["a"], train_round)
+  final = history["a"][-1]
+  assert len(history["a"]) == 3 and final.established
+  assert trained[4]["a"] == pytest.approx([final.midpoint * 10 ** -0.125,
+                                           final.midpoint * 10 ** 0.125], rel=1e-5)
+  assert search.run(spec, ["a"], train_round, last_round=2)["a"] == history["a"][:2]
+  with pytest.raises(Exception, match=r"--probe_decades=-0.1 is not allowed"):
+    search.Search.parse("optimizer.learning_rate:0.1,1", 3, -0.1)
