@@ -151,3 +151,28 @@ def test_a_restored_state_takes_the_changeable_fields_of_its_new_config(make_con
   assert float(applied.loss_scale.scale) == float(restored.loss_scale.scale)
   np.testing.assert_array_equal(applied.rng, restored.rng)
   assert int(applied.status) == life.CODE_RUNNING
+
+
+def test_a_stopped_run_is_not_stepped_again_and_reports_nothing(make_config):
+  """Stepped one at a time, a run the loop says has stopped keeps its state object as it was
+  (no compiled step ran for it) and reports itself inactive; the others step as ever."""
+  configs = [_config(make_config, {"train.num_steps": 2}), _config(make_config, {})]
+  mesh = sharding.make_mesh(configs[0].mesh, jax.devices()[:1])
+  steps = execution.ProgramSteps(configs[0], mesh, 2, one_at_a_time=True)
+  batch = sharding.global_batch(mesh, {"tokens": np.zeros((2, 4, 16), np.int32)})
+  state = steps.initial(configs)
+  for _ in range(2):  # run 0 finishes at step 2
+    state, metrics = steps.step(state, batch, stopped=frozenset())
+  assert int(np.asarray(metrics["status"])[0]) == life.CODE_FINISHED
+  frozen = state[0]
+  for _ in range(3):
+    state, metrics = steps.step(state, batch, stopped=frozenset({0}))
+    assert state[0] is frozen
+    assert list(np.asarray(metrics["active"])) == [False, True]
+  alone = execution.ProgramSteps(configs[1], mesh, 1)
+  single = alone.initial([configs[1]])
+  one_batch = sharding.global_batch(mesh, {"tokens": np.zeros((1, 4, 16), np.int32)})
+  for _ in range(5):
+    single, _ = alone.step(single, one_batch)
+  np.testing.assert_array_equal(jax.tree.leaves(alone.stacked(single).params)[0],
+                                jax.tree.leaves(steps.stacked(state).params)[0][1:])

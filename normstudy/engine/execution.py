@@ -3,6 +3,7 @@
   steps = ProgramSteps(config, mesh, num_runs=K)
   state = steps.initial(configs)          # or steps.hold(stacked), e.g. a restored checkpoint
   state, metrics = steps.train(state, batch)   # steps.telemetry: the same with telemetry
+  state, metrics = steps.step(state, batch, telemetry, stopped)   # what the loop calls
   losses = steps.eval(steps.params(state), batch)
   flags = steps.locate(state, batch)      # compiled on first use: where a step went non-finite
   logits = steps.outputs(steps.params(state), batch)   # compiled on first use: f(x; theta)
@@ -65,17 +66,27 @@ def over_runs(fn, num_runs: int):
 
 
 def _run_by_run(one_run, batch_sharding, updates_state: bool):
-  """fn(firsts, batch) for K runs held as K one-run values `firsts` ([1, ...] each) and the
-  stacked batch: K calls of the compiled one-run program `one_run`, outputs joined on the run
-  axis (with `updates_state`, the list of new states and the joined metrics)."""
+  """fn(firsts, batch, stopped=()) for K runs held as K one-run values `firsts` ([1, ...] each)
+  and the stacked batch: K calls of the compiled one-run program `one_run`, outputs joined on
+  the run axis (with `updates_state`, the list of new states and the joined metrics). A run in
+  `stopped` (indices of runs whose state has stopped: frozen, normstudy.core.steps) is not
+  stepped: its state stays as it is, and its metrics are a stepped run's marked inactive
+  (`active` False), which the loop never records."""
   take_batch = jax.jit(_take, out_shardings=batch_sharding)
   join = jax.jit(_join)
 
-  def step(firsts, batch):
-    outs = [one_run(first, take_batch(batch, k)) for k, first in enumerate(firsts)]
-    if updates_state:
-      return [out[0] for out in outs], join([out[1] for out in outs])
-    return join(outs)
+  def step(firsts, batch, stopped=()):
+    if not updates_state:
+      return join([one_run(first, take_batch(batch, k)) for k, first in enumerate(firsts)])
+    skipped = set(stopped) if len(set(stopped)) < len(firsts) else set()
+    outs = {k: one_run(first, take_batch(batch, k)) for k, first in enumerate(firsts)
+            if k not in skipped}
+    if skipped:
+      metrics = next(iter(outs.values()))[1]
+      inactive = {**metrics, "active": jnp.zeros_like(metrics["active"])}
+      outs.update({k: (firsts[k], inactive) for k in skipped})
+    outs = [outs[k] for k in range(len(firsts))]
+    return [out[0] for out in outs], join([out[1] for out in outs])
 
   return step
 
@@ -142,6 +153,14 @@ class ProgramSteps:
                    donate_argnums=0 if updates_state else (),
                    compiler_options=self.choices.compiler_options)
     return _run_by_run(step, self._batch_sharding, updates_state) if self.one_at_a_time else step
+
+  def step(self, held, batch, telemetry: bool = False, stopped=()) -> tuple:
+    """(state, metrics) of the next step of the held state (`telemetry`: with telemetry).
+    `stopped`: indices of runs whose state has stopped (finished or halted: frozen); stepped one
+    at a time, they are not computed again (their state is frozen either way), which spares a
+    search the steps its failed runs would otherwise take to the end."""
+    fn = self.telemetry if telemetry else self.train
+    return fn(held, batch, stopped) if self.one_at_a_time else fn(held, batch)
 
   def initial(self, configs) -> Any:
     """The held initial state of runs whose configs share this program, created in its shards:

@@ -305,8 +305,8 @@ class Program:
           break
       step += 1
       telemetry_due = bool(train_cfg.telemetry_every) and step % train_cfg.telemetry_every == 0
-      step_fn = self.steps.telemetry if telemetry_due else self.steps.train
-      self.state, device_metrics = step_fn(self.state, batch)
+      self.state, device_metrics = self.steps.step(self.state, batch, telemetry_due,
+                                                   frozenset(self.stopped))
       if resolved is not None:
         self.record_step(*resolved, progress=progress)
       self.pending = PendingStep(step, device_metrics, batch)
