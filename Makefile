@@ -9,6 +9,7 @@ SENSITIVITY_DIR ?= runs/sensitivity
 SENSITIVITY_ARGS ?=
 TECHNIQUES_DIR ?= runs/techniques
 SURVIVAL_DIR ?= runs/survival
+SURVIVAL_FP32_DIR ?= runs/survival_fp32
 SURVIVAL_DEPTH_DIR ?= runs/survival_depth
 SURVIVAL_GRID_DIR ?= runs/survival_grid
 # The critical learning rate by bisection (normstudy.core.search), per arm and seed: round 1 checks
@@ -32,7 +33,8 @@ TPU_AOT := .tpu-aot/.installed
 LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0] for r in m.requires('jax') if r.startswith('libtpu')))")
 
 .PHONY: install tpu-aot study sensitivity techniques survival survival-depth survival-grid speed \
-	survival-bf16 survival-context speed-context attention depth test test-fast benchmark clean
+	survival-bf16 survival-fp32 survival-context speed-context attention depth test test-fast \
+	benchmark clean
 
 install: $(STAMP)
 
@@ -74,11 +76,20 @@ speed: install
 	$(PY) -m normstudy.sweep --config=configs/speed.py --workdir=$(SPEED_DIR)
 
 # Each claim in its own regime: the survival search in bfloat16 (no loss scaling: is Post-LN's
-# higher critical learning rate fp16 headroom?); survival and speed on the context language
+# higher critical learning rate fp16 headroom?), then its interaction with the float16 search
+# (run `make survival` first); survival and speed on the context language
 # (configs/context.py, where attention matters); whether that language needs attention (and the
 # chain, the control, does not); DeepNet's depth claim in DeepNet's setting (configs/depth.py).
 survival-bf16: install
 	$(PY) -m normstudy.sweep --config=configs/survival.py --workdir=$(SURVIVAL_BF16_DIR) $(SURVIVAL_SEARCH) --config.model.dtype=bfloat16
+	$(PY) -m normstudy.analyze --workdir=$(SURVIVAL_BF16_DIR) --against=$(SURVIVAL_DIR)
+
+# The same search in float32: float16's range and bfloat16's rounding apart (bfloat16 has
+# float32's range and coarser rounding). Its interaction with `make survival` (interaction.csv)
+# says whether an arm's margin in float16 is range.
+survival-fp32: install
+	$(PY) -m normstudy.sweep --config=configs/survival.py --workdir=$(SURVIVAL_FP32_DIR) $(SURVIVAL_SEARCH) --config.model.dtype=float32
+	$(PY) -m normstudy.analyze --workdir=$(SURVIVAL_FP32_DIR) --against=$(SURVIVAL_DIR)
 
 survival-context: install
 	$(PY) -m normstudy.sweep --config=configs/survival_context.py --workdir=$(SURVIVAL_CONTEXT_DIR) $(SURVIVAL_SEARCH)

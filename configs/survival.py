@@ -1,22 +1,27 @@
 """Survival: at which learning rate does each arm stop surviving? (`make survival`)
 
-One question, asked so that the answer does not depend on how long a run is: the seed figure's
-recipe (configs/seed_figure.py) with
+One question, asked so that its answer says how it depends on how long a run is: the seed
+figure's recipe (configs/seed_figure.py) with
   - a schedule that does not move with the run: a fixed warm-up of WARMUP steps, then a
     constant learning rate, so "lr 0.3" means 0.3 at every step after the warm-up;
   - the fp16 loss scale starting at its equilibrium (2^15, where the seed figure's scaler
     settles), so backward overflow, MERT's loss-scale collapse, can happen from the start;
-  - runs of NUM_STEPS steps, past the window where runs die (steps 55-107 in the sensitivity
-    sweep; 36-72 in this experiment's pilot, one run at 139);
+  - runs of NUM_STEPS = 480 steps, judged by the failure rule (normstudy.records.outcomes: a
+    skip the scaler recovers from is no death) at 120, 240 and 480 steps by truncation
+    (critical_lr_horizons.csv): at 120 steps near-critical runs died at steps 92-119, so a
+    120-step horizon decided a run's fate by whether its overflow came before its end;
   - as a grid (`make survival-grid`): learning rates a quarter decade apart, placed by a pilot so
     that every arm's critical learning rate (50% of runs failing) lies inside it; SEEDS seeds;
-  - as a search (`make survival`, the Makefile's SURVIVAL_SEARCH): each arm and seed's critical
-    learning rate by bisection from [0.1, 1] (the grid shows every arm's seeds straddle it),
-    5 rounds, 6 seeds. Within an arm failure is close to a deterministic function of the
-    learning rate (every (arm, seed) of the grid is monotone), so a quarter-decade grid can
-    only say which cell each arm's seeds fall in; bisection per seed resolves 1/16 decade.
-Arms: Pre-LN with clip 1 and clip 10, Pre-LN with attention relax, DeepNorm, and the two controls
-that separate DeepNorm's parts (Pre-LN + input norm, Post-LN + input norm).
+  - as a search (`make survival`, the Makefile's SURVIVAL_SEARCH): each arm and seed bisected
+    from [0.1, 1], 4 rounds, then a probe round 1/8 decade either side of each midpoint, 6
+    seeds. Failure is a noisy function of the learning rate, not a step (on a 1/32-decade grid
+    each seed of plain Pre-LN has a transition zone 0.13-0.16 decades wide, surviving between
+    failures), so the critical learning rate is the 50% point of a logistic transition fitted
+    to every probe of an arm (normstudy.analysis.transition) and the search's design is the one
+    whose intervals cover the truth in simulated worlds (tests/test_transition.py).
+Arms: Pre-LN with clip 1 and clip 10, Pre-LN with attention relax in CogView's PB-Relax form
+(q divided before the product) and in MERT's released form (after it), DeepNorm, and the two
+controls that separate DeepNorm's parts (Pre-LN + input norm, Post-LN + input norm).
 
 The search writes critical_lr.csv/png (per arm the geometric mean critical learning rate over
 seeds with its 95% t interval, pairwise paired t-tests with Holm's correction and equivalence
@@ -34,12 +39,16 @@ from normstudy.core import config as config_lib
 # curve is many runs.
 VARIANTS = {name: (label.replace(" | Run 1", "").replace(" | Run 2", ""), settings)
             for name, (label, settings) in seed_figure.VARIANTS.items()}
+# MERT's released relax divides after q K^T, so it cannot keep the product from overflowing
+# (docs/reference.md, "Precision and fidelity"): its own arm beside CogView's form.
+VARIANTS["pre_norm_attn_relax_after_product_clip1"] = (
+    "{auto}", {"model.attention_relax": 32.0, "model.attention_relax_form": "after_product"})
 SWEEP_VARIANTS = ("pre_norm_clip1", "pre_norm_clip10", "pre_norm_attn_relax_clip1",
-                  "pre_norm_input_norm_clip1", "post_norm_input_norm_clip1",
-                  "post_norm_deepnorm_clip1")
+                  "pre_norm_attn_relax_after_product_clip1", "pre_norm_input_norm_clip1",
+                  "post_norm_input_norm_clip1", "post_norm_deepnorm_clip1")
 STUDY_VARIANTS = SWEEP_VARIANTS
 
-NUM_STEPS = 120
+NUM_STEPS = 480
 WARMUP = 20
 LOGIT_STEP = 50  # telemetry every LOGIT_STEP steps: the attention logit is read at this step
 SEEDS = [0, 1, 2]

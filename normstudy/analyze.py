@@ -1,6 +1,10 @@
 """Draw the figures and write the summary and observations of every run below a directory.
 
-  python -m normstudy.analyze --workdir=DIR [--smoothing=0.8]
+  python -m normstudy.analyze --workdir=DIR [--smoothing=0.8] [--against=FIRST]
+
+With --against=FIRST (both directories searches of the same arms and seeds, e.g. float16 and
+bfloat16), also the interaction of the two: interaction.csv in DIR (normstudy.analysis.
+interaction: does a ratio of critical learning rates in FIRST hold in DIR, paired by seed).
 
 The library behind it is the package `normstudy.analysis` (import it in a notebook).
 """
@@ -18,6 +22,10 @@ def define_flags():
   flags.DEFINE_string("workdir", None, "Directory holding runs (searched recursively).")
   flags.DEFINE_float("smoothing", DEFAULT_SMOOTHING,
                      "EMA weight of the loss curves in [0, 1); 0 draws raw losses only.")
+  flags.DEFINE_string("against", None,
+                      "A search of the same arms and seeds in another setting (e.g. float16, "
+                      "against --workdir's bfloat16): also write their interaction "
+                      "(interaction.csv in --workdir).")
   flags.mark_flags_as_required(["workdir"])
 
 
@@ -28,15 +36,36 @@ def main(argv):
   if not 0.0 <= FLAGS.smoothing < 1.0:
     raise errors.UserError(f"--smoothing={FLAGS.smoothing} is outside [0, 1)")
   from normstudy.records import storage
+  against = _search_directory(FLAGS.against) if FLAGS.against else None
   try:
     # gs://: the run files are read into a local stage, the outputs uploaded beside them.
     with storage.staged(FLAGS.workdir) as workdir:
       outputs = analysis.analyze(workdir, FLAGS.smoothing)
+      if against is not None:
+        if analysis.load_runs(workdir).search is None:
+          raise errors.UserError(f"--against={FLAGS.against}: --workdir={FLAGS.workdir} holds "
+                                 "no search (sweep.json without `search`) to compare with")
+        outputs.update(analysis.interaction.analyze(against, workdir))
       outputs = {name: storage.remote(path) for name, path in outputs.items()}
   except analysis.NoRunsError as e:
     raise errors.UserError(str(e).replace(workdir, FLAGS.workdir)) from None
   for name, path in outputs.items():
     print(f"{name}: {path}")
+
+
+def _search_directory(path: str) -> str:
+  """A local copy of the search directory `path` (gs:// is copied); UserError unless it holds
+  a search."""
+  import os
+  from normstudy import analysis
+  from normstudy.records import rundir
+  from normstudy.records import schema
+  local = analysis.localize(path)
+  record = rundir.read_json(os.path.join(local, schema.SWEEP)) if os.path.isdir(local) else {}
+  if not record.get("search"):
+    raise errors.UserError(f"--against={path} holds no search (a sweep.json with `search`, "
+                           "written by normstudy.sweep --search)")
+  return local
 
 
 if __name__ == "__main__":

@@ -102,6 +102,14 @@ def test_a_search_goes_to_slurm_as_a_job_array_per_round_each_after_the_one_befo
   expected = [[f"--round={r}", f"--programs={i}/2"] for r in range(1, DEFAULT_ROUNDS + 1)
               for i in (1, 2)]
   assert lines[:-1] == expected and "--programs" not in lines[-1][-1]
+  # A probe round (--probe_decades not 0) is one more round to share; 0 adds none.
+  for probe, rounds in (("--probe_decades=0.125", 3), ("--probe_decades=0", 2),
+                        ("--probe_decades=0.0", 2)):
+    probed = _launch("sweep.sh", "--config", "configs/survival.py", "--workdir", "runs/s",
+                     "--grid", "--shares", "1", "--dry-run", "--", "--", search[0], "--rounds=2",
+                     probe)
+    assert [l.split()[-2] for l in probed.stdout.splitlines() if "--round=" in l] == [
+        f"--round={r}" for r in range(1, rounds + 1)], probe
 
 
 @pytest.mark.parametrize("script,args,message", [

@@ -187,6 +187,17 @@ def test_a_search_trains_its_rounds_records_its_brackets_and_continues(tmp_path)
                           check=False)
   assert alone.returncode == 2
   assert alone.stderr.strip().splitlines()[-1] == "error: --rounds=3 needs --search=FIELD:LOW,HIGH"
+  # sweep.json says how each run ended, by the failure rule the search judged it by.
+  assert all(r["outcome"] for r in again["runs"])
+  assert {r["outcome"].startswith(("halted", "diverged")) for r in again["runs"]} == {True, False}
+  # A search's interaction with another search of the same arms (here: itself).
+  runs.run_module("normstudy.analyze", f"--workdir={workdir}", f"--against={workdir}")
+  assert (workdir / "interaction.csv").read_text().startswith("group,arm_a,arm_b,ratio,")
+  no_search = runs.run_module("normstudy.analyze", f"--workdir={workdir}",
+                              f"--against={tmp_path}", check=False)
+  assert no_search.returncode == 2 and no_search.stderr.strip().splitlines()[-1] == (
+      f"error: --against={tmp_path} holds no search (a sweep.json with `search`, written by "
+      "normstudy.sweep --search)")
 
 
 @pytest.mark.slow
@@ -247,3 +258,34 @@ def test_sharing_a_search_names_what_it_needs(tmp_path, extra, message):
   assert result.returncode == 2 and "Traceback" not in result.stderr
   assert result.stderr.strip().splitlines()[-1] == f"error: {message}"
   assert not workdir.exists()
+
+
+def test_the_interaction_of_two_searches_is_tested_paired_by_seed():
+  """interaction.csv: per pair the seeds' log ratio in one search minus the other's, tested
+  against 0 with the paired t-test and the exact permutation test (scipy's, by hand)."""
+  import pandas as pd
+  from normstudy.analysis import interaction
+  rng = np.random.default_rng(7)
+  logs = {name: {arm: rng.normal(mean, 0.05, 6) for arm, mean in means.items()}
+          for name, means in (("fp16", {"a": -0.4, "b": -0.6, "c": -0.5}),
+                              ("bf16", {"a": -0.5, "b": -0.5, "c": -0.5}))}
+
+  def points(name):
+    return pd.DataFrame([{"group": "", "arm": arm, "seed": seed, "established": True,
+                          "critical_lr": 10 ** value}
+                         for arm, values in logs[name].items()
+                         for seed, value in enumerate(values)])
+
+  table = interaction.table(points("fp16"), points("bf16")).set_index(["arm_a", "arm_b"])
+  assert list(table.index) == [("a", "b"), ("a", "c"), ("b", "c")]
+  d16 = logs["fp16"]["a"] - logs["fp16"]["b"]
+  d_bf = logs["bf16"]["a"] - logs["bf16"]["b"]
+  row = table.loc[("a", "b")]
+  assert row.seeds == 6 and row.ratio == pytest.approx(10 ** d16.mean())
+  assert row.interaction == pytest.approx(10 ** (d16 - d_bf).mean())
+  assert row.p == pytest.approx(scipy_stats.ttest_rel(d16, d_bf).pvalue)
+  assert row.p_exact == pytest.approx(scipy_stats.permutation_test(
+      (d16, d_bf), lambda x, y: np.mean(x - y), permutation_type="samples",
+      n_resamples=np.inf).pvalue)
+  ranked = sorted(table.p)
+  assert table.p_holm.min() == pytest.approx(min(1.0, 3 * ranked[0]))

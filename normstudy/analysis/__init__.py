@@ -40,6 +40,7 @@ from normstudy.analysis.runs import series
 from normstudy.analysis.runs import smooth
 from normstudy.analysis import critical_lr
 from normstudy.analysis import depth
+from normstudy.analysis import interaction
 from normstudy.analysis import outcomes
 from normstudy.analysis import sensitivity
 from normstudy.analysis import sensitivity_plots
