@@ -12,10 +12,16 @@ SURVIVAL_DIR ?= runs/survival
 SURVIVAL_FP32_DIR ?= runs/survival_fp32
 SURVIVAL_DEPTH_DIR ?= runs/survival_depth
 SURVIVAL_GRID_DIR ?= runs/survival_grid
-# The critical learning rate by bisection (normstudy.core.search), per arm and seed: round 1 checks
+# The critical learning rate by search (normstudy.core.search), per arm and seed: round 1 checks
 # that 0.1 survives and 1 fails (the grid in docs/survival/ shows every arm's seeds straddle
-# them), each later round halves the bracket, so 5 rounds leave 1/16 decade (a factor 1.155).
-SURVIVAL_SEARCH ?= --search=optimizer.learning_rate:0.1,1 --rounds=5 --axis=train.seed=0,1,2,3,4,5
+# them), 3 more rounds halve the bracket to 1/8 decade, then a probe round 1/8 decade either side
+# of each midpoint; the analysis fits the transition to every probe of an arm (the design whose
+# intervals cover the truth in simulated worlds: tests/test_transition.py).
+SURVIVAL_SEARCH ?= --search=optimizer.learning_rate:0.1,1 --rounds=4 --probe_decades=0.125 \
+	--axis=train.seed=0,1,2,3,4,5
+# Alive is not learning: beside the search, every arm at the recipe's learning rate over the same
+# horizon (one seed, into DIR/learning), so outcomes.csv says whether the arm learns there.
+SURVIVAL_LEARNING_RATE ?= 0.003
 SPEED_DIR ?= runs/speed
 SURVIVAL_BF16_DIR ?= runs/survival_bf16
 SURVIVAL_CONTEXT_DIR ?= runs/survival_context
@@ -65,6 +71,9 @@ techniques: install
 # comparison; how fast each arm learns at the recipe's learning rate.
 survival: install
 	$(PY) -m normstudy.sweep --config=configs/survival.py --workdir=$(SURVIVAL_DIR) $(SURVIVAL_SEARCH)
+	$(PY) -m normstudy.sweep --config=configs/survival.py --workdir=$(SURVIVAL_DIR)/learning \
+		--axis=optimizer.learning_rate=$(SURVIVAL_LEARNING_RATE) --axis=train.seed=0
+	$(PY) -m normstudy.analyze --workdir=$(SURVIVAL_DIR)
 
 survival-depth: install
 	$(PY) -m normstudy.sweep --config=configs/survival_depth.py --workdir=$(SURVIVAL_DEPTH_DIR) $(SURVIVAL_SEARCH)
