@@ -116,3 +116,39 @@ def test_the_configuration_tables_are_the_declarations():
         f"{expected}")
     documented += re.findall(r"^\| `([\w.]+)` \|", match.group(2), re.M)
   assert sorted(documented) == sorted(f.name for f in config_lib.FIELDS)
+
+
+# A number in prose quoted from a CSV carries a comment right after it naming where it comes
+# from: `0.40<!-- n: docs/survival/critical_lr.csv arm=pre_norm_clip1 critical_lr .2f -->` (the
+# row: key=value pairs joined by `&`; the format: a Python format spec, `lr` as in the tables,
+# `x` for a ratio written with two significant digits and a trailing x).
+QUOTED = re.compile(r"(?P<number>[-+]?[\d.]+(?:e[-+]?\d+)?)x?\**\s?<!-- n: (?P<path>\S+) "
+                    r"(?P<row>\S+) (?P<column>\S+) (?P<format>\S+) -->")
+
+
+def _quoted_numbers(text):
+  for match in QUOTED.finditer(text):
+    yield match.group("number"), match.group("path"), match.group("row"), \
+        match.group("column"), match.group("format")
+
+
+def _cell(path, selector, column):
+  with open(os.path.join(runs.REPO, path), encoding="utf-8") as f:
+    rows = list(csv.DictReader(f))
+  wanted = dict(part.split("=", 1) for part in selector.split("&"))
+  found = [row for row in rows if all(row.get(k) == v for k, v in wanted.items())]
+  assert len(found) == 1, f"{path}: {selector} selects {len(found)} rows"
+  return found[0][column]
+
+
+def test_every_number_quoted_in_prose_is_its_csvs():
+  formatter = _Formatter()
+  for doc in DOCS:
+    text = open(os.path.join(runs.REPO, doc), encoding="utf-8").read()
+    for number, path, selector, column, spec in _quoted_numbers(text):
+      value = _cell(path, selector, column)
+      if spec == "x":
+        expected = f"{float(value):.2g}"
+      else:
+        expected = formatter.format("{value:" + spec + "}", value=value)
+      assert number == expected, (doc, path, selector, column, number, expected)
