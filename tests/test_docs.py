@@ -14,8 +14,10 @@ import csv
 import os
 import re
 import string
+import urllib.parse
 
 import runs
+from normstudy.analysis import stats
 
 DOCS = ["README.md"] + [os.path.join("docs", name) for name in sorted(
     os.listdir(os.path.join(runs.REPO, "docs"))) if name.endswith(".md")]
@@ -120,8 +122,11 @@ def test_the_configuration_tables_are_the_declarations():
 
 # A number in prose quoted from a CSV carries a comment right after it naming where it comes
 # from: `0.40<!-- n: docs/survival/critical_lr.csv arm=pre_norm_clip1 critical_lr .2f -->` (the
-# row: key=value pairs joined by `&`; the format: a Python format spec, `lr` as in the tables,
-# `x` for a ratio written with two significant digits and a trailing x).
+# row: key=value pairs joined by `&`, a value percent-encoded where it holds a space or `&`; the
+# format: a Python format spec, `lr` as in the tables, `x` for a ratio written with two
+# significant digits and a trailing x, `dx` for a difference of log10 values written as that
+# ratio (10^value), `p` for a p-value as the analysis writes it with the exponent short: 0.013,
+# 1.6e-4).
 QUOTED = re.compile(r"(?P<number>[-+]?[\d.]+(?:e[-+]?\d+)?)x?\**\s?<!-- n: (?P<path>\S+) "
                     r"(?P<row>\S+) (?P<column>\S+) (?P<format>\S+) -->")
 
@@ -135,7 +140,8 @@ def _quoted_numbers(text):
 def _cell(path, selector, column):
   with open(os.path.join(runs.REPO, path), encoding="utf-8") as f:
     rows = list(csv.DictReader(f))
-  wanted = dict(part.split("=", 1) for part in selector.split("&"))
+  wanted = {key: urllib.parse.unquote(value)
+            for key, value in (part.split("=", 1) for part in selector.split("&"))}
   found = [row for row in rows if all(row.get(k) == v for k, v in wanted.items())]
   assert len(found) == 1, f"{path}: {selector} selects {len(found)} rows"
   return found[0][column]
@@ -149,6 +155,11 @@ def test_every_number_quoted_in_prose_is_its_csvs():
       value = _cell(path, selector, column)
       if spec == "x":
         expected = f"{float(value):.2g}"
+      elif spec == "dx":
+        expected = f"{10 ** float(value):.2g}"
+      elif spec == "p":
+        expected = re.sub(r"e([-+])0*(\d)", r"e\1\2", stats.format_p(float(value)))
+        expected = expected.replace("e+", "e")
       else:
         expected = formatter.format("{value:" + spec + "}", value=value)
       assert number == expected, (doc, path, selector, column, number, expected)

@@ -1,6 +1,7 @@
 """The analyses of the experiments in their own regimes: depth (analysis.depth) and how the runs
 of a search ended (analysis.outcomes), on run directories written here, against scipy."""
 
+import itertools
 import json
 import os
 
@@ -63,6 +64,24 @@ def test_depth_analysis_counts_converged_runs_and_tests_them_exactly(tmp_path):
   family = tests[tests.test == "Fisher's exact test"]
   ranked = np.sort(family.p.to_numpy())
   assert family.p_holm.min() == pytest.approx(min(1.0, len(ranked) * ranked[0]))
+  # The first update: the size at the first step with lr > 0 (step 2), not the mean.
+  first = 10 ** np.mean(np.log10(sizes["post_norm"][24]))
+  assert table.loc[("post_norm", 24), "first_update_size"] == pytest.approx(first)
+  # Progress: from the unigram entropy (4.0) towards the floor (2.0), over finite runs.
+  assert table.loc[("deepnorm", 6), "progress"] == pytest.approx(
+      np.mean([(4.0 - f) / 2.0 for f in finals["deepnorm"][6]]))
+  # Deepest against shallowest per arm, paired by seed: scipy's paired t and the 2^4 signs.
+  trend = tests[tests.test.str.contains("deepest")].set_index("arm_a").loc["post_norm"]
+  deep, shallow = np.log10(sizes["post_norm"][24]), np.log10(sizes["post_norm"][6])
+  assert trend.p == pytest.approx(scipy_stats.ttest_rel(deep, shallow).pvalue)
+  d = deep - shallow
+  patterns = [abs(sum(s * x for s, x in zip(signs, d))) >= abs(d.sum()) - 1e-12
+              for signs in itertools.product((1, -1), repeat=len(d))]
+  assert trend.p_exact == pytest.approx(np.mean(patterns))
+  # The series: each recorded step's geometric mean over seeds (step 3 moved 3x step 2).
+  series = pd.read_csv(outputs["depth_updates"]).set_index(["arm", "depth", "step"])
+  assert series.loc[("post_norm", 24, 3), "update_size"] == pytest.approx(3 * first)
+  assert ("post_norm", 24, 1) not in series.index  # lr 0: nothing moved
   assert os.path.exists(outputs["depth_figure"])
   text = open(outputs["observations"], encoding="utf-8").read()
   assert "Holm-adjusted p" in text and "0/4 converged" in text

@@ -111,8 +111,8 @@ def _speed_report(loaded, summary, workdir):
 
 
 def _depth_report(loaded, summary, workdir):
-  """Depths and seeds at one learning rate: depth.csv, depth_tests.csv and depth.png
-  (analysis.depth) and a section."""
+  """Depths and seeds at one learning rate: depth.csv, depth_tests.csv, depth_updates.csv and
+  depth.png (analysis.depth) and a section."""
   outputs, text = depth.analyze(loaded, summary, workdir)
   return outputs, [("Depth", text)], summary
 

@@ -6,14 +6,26 @@ and seeds at one learning rate (`make depth`, configs/depth.py):
   depth.csv        per arm and depth: runs, converged (finished with its final eval loss below
                    the threshold: the unigram entropy, the loss of a model that uses no context;
                    a run above it has learned nothing but token frequencies), the share,
-                   the final eval loss (mean over the runs that ended finite), and the early
-                   update size: per run the mean of `update_size` over its recorded steps at a
-                   learning rate above 0 (normstudy.core.steps.update_size), over seeds the
-                   geometric mean with its 95% t interval (on log10)
+                   the final eval loss (mean over the runs that ended finite), progress (how far
+                   the final eval loss got from the unigram entropy towards the floor, 0 to 1,
+                   mean over finite runs: "converged" can mean a few percent of the way), the
+                   early update size: per run the mean of `update_size` over its recorded steps
+                   at a learning rate above 0 (normstudy.core.steps.update_size), and the first
+                   update size: `update_size` at the first step whose learning rate is above 0
+                   (DeepNet's measure at the very beginning of training, where Wang et al.'s
+                   Figure 3 puts Post-LN's growth with depth); over seeds each is the geometric
+                   mean with its 95% t interval (on log10)
   depth_tests.csv  per pair of arms: at each depth Fisher's exact test of the converged counts
-                   and Welch's t-test of log10 early update size; over all depths the stratified
-                   exact test (depth the stratum); Holm's correction over each kind of test
-  depth.png        the converged share and the early update size against depth, per arm
+                   and Welch's t-tests of log10 early and of log10 first update size; over all
+                   depths the stratified exact test (depth the stratum); per arm its deepest
+                   against its shallowest depth, paired by seed, the paired t-test of log10
+                   first update size with the exact paired permutation test beside it
+                   (`p_exact`; with n seeds it cannot go below 2 / 2^n); Holm's correction over
+                   each kind of test
+  depth_updates.csv per arm, depth and recorded step: the update size's geometric mean over
+                   seeds with its 95% interval, the series DeepNet's Figure 3 draws
+  depth.png        the converged share and the first update size against depth, and the
+                   update size against step, per arm
 """
 
 import itertools
@@ -32,6 +44,8 @@ LR = "optimizer.learning_rate"
 FISHER = "Fisher's exact test"
 STRATIFIED = "stratified exact test over depths"
 WELCH = "Welch's t-test of log10 update size"
+WELCH_FIRST = "Welch's t-test of log10 first update size"
+DEPTH_TREND = "paired t-test of log10 first update size, deepest against shallowest"
 
 
 def is_depth_sweep(loaded: runs_lib.Runs) -> bool:
@@ -51,6 +65,15 @@ def early_update_size(loaded: runs_lib.Runs, run: str) -> float:
   return float(values.mean()) if len(values) else math.nan
 
 
+def first_update_size(loaded: runs_lib.Runs, run: str) -> float:
+  """`update_size` at the first recorded step whose learning rate is above 0 and whose size is
+  finite (the first update that moves the model); NaN if none was recorded."""
+  sizes = loaded.series(run, "update_size")
+  lrs = loaded.series(run, "lr").reindex(sizes.index)
+  values = sizes[(lrs > 0).to_numpy() & np.isfinite(sizes.to_numpy())]
+  return float(values.iloc[0]) if len(values) else math.nan
+
+
 def run_table(loaded: runs_lib.Runs, summary: pd.DataFrame) -> pd.DataFrame:
   """One row per run: run, arm, arm_label, depth, seed, status, final eval loss, converged, the
   early update size, and the run's reference losses."""
@@ -64,6 +87,7 @@ def run_table(loaded: runs_lib.Runs, summary: pd.DataFrame) -> pd.DataFrame:
                  "seed": point.get("train.seed"), "status": status.get(run),
                  "final_eval_loss": float(eval_loss.iloc[-1]) if len(eval_loss) else np.nan,
                  "update_size": early_update_size(loaded, run),
+                 "first_update_size": first_update_size(loaded, run),
                  "unigram_entropy": facts.info.unigram_entropy,
                  "floor": facts.floor})
   runs = pd.DataFrame(rows)
@@ -71,7 +95,15 @@ def run_table(loaded: runs_lib.Runs, summary: pd.DataFrame) -> pd.DataFrame:
   runs["threshold"] = threshold = float(unigram.iloc[0]) if len(unigram) else np.nan
   runs["converged"] = ((runs.status == schema.FINISHED)
                        & (runs.final_eval_loss < threshold)).astype(bool)
+  runs["progress"] = (threshold - runs.final_eval_loss) / (threshold - runs.floor)
   return runs
+
+
+def _geometric(values) -> tuple[float, float, float]:
+  """(geometric mean, 95% low, high) of the positive values (a t interval on log10)."""
+  values = np.asarray(values, dtype=float)
+  mean, low, high = stats.mean_interval(np.log10(values[values > 0]))
+  return 10 ** mean, 10 ** low, 10 ** high
 
 
 def table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -80,15 +112,64 @@ def table(runs: pd.DataFrame) -> pd.DataFrame:
   for arm in dict.fromkeys(runs.arm):
     for depth in sorted(runs[runs.arm == arm].depth.unique()):
       rows = runs[(runs.arm == arm) & (runs.depth == depth)]
-      finite = rows.final_eval_loss[np.isfinite(rows.final_eval_loss)]
-      mean, low, high = stats.mean_interval(np.log10(rows.update_size[rows.update_size > 0]))
+      finite = np.isfinite(rows.final_eval_loss)
+      early = _geometric(rows.update_size)
+      first = _geometric(rows.first_update_size)
       out.append({"arm": arm, "label": rows.arm_label.iloc[0], "depth": int(depth),
                   "runs": len(rows), "converged": int(rows.converged.sum()),
                   "share": float(rows.converged.mean()),
-                  "final_eval_loss": float(finite.mean()) if len(finite) else np.nan,
-                  "update_size": 10 ** mean, "update_size_low": 10 ** low,
-                  "update_size_high": 10 ** high, "threshold": rows.threshold.iloc[0]})
+                  "final_eval_loss": (float(rows.final_eval_loss[finite].mean())
+                                      if finite.any() else np.nan),
+                  "update_size": early[0], "update_size_low": early[1],
+                  "update_size_high": early[2], "threshold": rows.threshold.iloc[0],
+                  "progress": float(rows.progress[finite].mean()) if finite.any() else np.nan,
+                  "first_update_size": first[0], "first_update_low": first[1],
+                  "first_update_high": first[2]})
   return pd.DataFrame(out)
+
+
+def update_series(loaded: runs_lib.Runs, runs: pd.DataFrame) -> pd.DataFrame:
+  """depth_updates.csv: per arm, depth and recorded step (learning rate above 0), the update
+  size's geometric mean over the seeds with its 95% interval."""
+  out = []
+  for (arm, depth), rows in runs.groupby(["arm", "depth"], sort=False):
+    sizes = pd.DataFrame({run: loaded.series(run, "update_size") for run in rows.run})
+    lrs = pd.DataFrame({run: loaded.series(run, "lr") for run in rows.run}).reindex(sizes.index)
+    for step in sizes.index:
+      moved = sizes.loc[step][(lrs.loc[step] > 0).to_numpy()]
+      moved = moved[np.isfinite(moved.to_numpy())]
+      if not len(moved):
+        continue
+      mean, low, high = _geometric(moved)
+      out.append({"arm": arm, "label": rows.arm_label.iloc[0], "depth": int(depth),
+                  "step": int(step), "runs": len(moved), "update_size": mean,
+                  "update_size_low": low, "update_size_high": high})
+  return pd.DataFrame(out, columns=["arm", "label", "depth", "step", "runs", "update_size",
+                                    "update_size_low", "update_size_high"])
+
+
+def _log_sizes(rows, column):
+  values = rows[column]
+  return np.log10(values[values > 0])
+
+
+def _depth_trends(runs: pd.DataFrame, depths: list) -> list:
+  """Per arm: its deepest against its shallowest depth, paired by seed (seeds at both)."""
+  out = []
+  if len(depths) < 2:
+    return out
+  for arm in dict.fromkeys(runs.arm):
+    rows = runs[(runs.arm == arm) & (runs.first_update_size > 0)]
+    deep = rows[rows.depth == depths[-1]].set_index("seed").first_update_size
+    shallow = rows[rows.depth == depths[0]].set_index("seed").first_update_size
+    seeds = sorted(set(deep.index) & set(shallow.index))
+    a, b = np.log10(deep[seeds].to_numpy()), np.log10(shallow[seeds].to_numpy())
+    _, _, p = stats.paired_t(a, b)
+    out.append({"arm_a": arm, "arm_b": arm, "depth": f"{depths[-1]} vs {depths[0]}",
+                "test": DEPTH_TREND, "n": str(len(seeds)),
+                "difference": float((a - b).mean()) if seeds else np.nan, "p": p,
+                "p_exact": stats.paired_permutation(a, b)})
+  return out
 
 
 def tests(runs: pd.DataFrame) -> pd.DataFrame:
@@ -109,19 +190,21 @@ def tests(runs: pd.DataFrame) -> pd.DataFrame:
                   "n": f"{len(ra)} and {len(rb)}",
                   "difference": counts[0] / counts[1] - counts[2] / counts[3],
                   "p": stats.fisher_exact(*counts)})
-      la = np.log10(ra.update_size[ra.update_size > 0])
-      lb = np.log10(rb.update_size[rb.update_size > 0])
-      _, _, p = stats.welch(la, lb)
-      out.append({"arm_a": a, "arm_b": b, "depth": str(depth), "test": WELCH,
-                  "n": f"{len(la)} and {len(lb)}",
-                  "difference": float(la.mean() - lb.mean()) if len(la) and len(lb) else np.nan,
-                  "p": p})
+      for test, column in ((WELCH, "update_size"), (WELCH_FIRST, "first_update_size")):
+        la, lb = _log_sizes(ra, column), _log_sizes(rb, column)
+        _, _, p = stats.welch(la, lb)
+        out.append({"arm_a": a, "arm_b": b, "depth": str(depth), "test": test,
+                    "n": f"{len(la)} and {len(lb)}",
+                    "difference": (float(la.mean() - lb.mean()) if len(la) and len(lb)
+                                   else np.nan), "p": p})
     out.append({"arm_a": a, "arm_b": b, "depth": "all", "test": STRATIFIED,
                 "n": f"{sum(s[1] for s in strata)} and {sum(s[3] for s in strata)}",
                 "difference": (sum(s[0] for s in strata) / max(sum(s[1] for s in strata), 1)
                                - sum(s[2] for s in strata) / max(sum(s[3] for s in strata), 1)),
                 "p": stats.stratified_exact(strata)})
-  tested = pd.DataFrame(out, columns=["arm_a", "arm_b", "depth", "test", "n", "difference", "p"])
+  out += _depth_trends(runs, depths)
+  tested = pd.DataFrame(out, columns=["arm_a", "arm_b", "depth", "test", "n", "difference", "p",
+                                      "p_exact"])
   tested["p_holm"] = np.nan
   for test in tested.test.unique():
     family = tested.test == test
@@ -134,64 +217,90 @@ def tests(runs: pd.DataFrame) -> pd.DataFrame:
 def observations(by_depth: pd.DataFrame, tested: pd.DataFrame) -> str:
   threshold = by_depth.threshold.iloc[0]
   parts = [f"Depth: a run converged if it finished with its final eval loss below "
-           f"{threshold:.3f} nats (the unigram entropy: a model that uses no context). The "
-           "early update size is each run's mean ||f(x; theta_t+1) - f(x; theta_t)|| over its "
-           "recorded steps (the output logits on the first eval batch), the geometric mean over "
-           "seeds with its 95% interval. Tests are two-sided with Holm's correction over each "
-           f"kind of test (a difference only at Holm-adjusted p < {stats.ALPHA})."]
+           f"{threshold:.3f} nats (the unigram entropy: a model that uses no context); progress "
+           "is how far its final eval loss got from there towards the floor (0 to 1). The "
+           "first update size is ||f(x; theta_t+1) - f(x; theta_t)|| (the output logits on the "
+           "first eval batch) at the first step whose learning rate is above 0, the early one "
+           "its mean over the recorded steps; each the geometric mean over seeds with its 95% "
+           "interval. Tests are two-sided with Holm's correction over each kind of test (a "
+           f"difference only at Holm-adjusted p < {stats.ALPHA})."]
   for arm, rows in by_depth.groupby("arm", sort=False):
     cells = "; ".join(
-        f"{r.depth} layers {r.converged}/{r.runs} converged, update {r.update_size:.3g} "
+        f"{r.depth} layers {r.converged}/{r.runs} converged (progress {r.progress:.2f}), "
+        f"first update {r.first_update_size:.3g} ({r.first_update_low:.3g} to "
+        f"{r.first_update_high:.3g}), early update {r.update_size:.3g} "
         f"({r.update_size_low:.3g} to {r.update_size_high:.3g})" for r in rows.itertuples())
     parts.append(f"{rows.label.iloc[0]}: {cells}.")
-  lines = [f"- {r.arm_a} against {r.arm_b}, {r.depth} layers" if r.depth != "all" else
-           f"- {r.arm_a} against {r.arm_b}, all depths" for r in tested.itertuples()]
-  parts.append("\n".join(
-      f"{line}, {r.test}: {r.difference:+.3g}, {r.verdict}." for line, r in
-      zip(lines, tested.itertuples())))
+  lines = []
+  for r in tested.itertuples():
+    if r.test == DEPTH_TREND:
+      lines.append(f"- {r.arm_a}, {r.depth} layers, {r.test}: {r.difference:+.3g} decades "
+                   f"({10 ** r.difference:.3g}x), {r.verdict}; exact paired permutation p = "
+                   f"{stats.format_p(r.p_exact)}.")
+      continue
+    where = f"{r.depth} layers" if r.depth != "all" else "all depths"
+    lines.append(f"- {r.arm_a} against {r.arm_b}, {where}, {r.test}: {r.difference:+.3g}, "
+                 f"{r.verdict}.")
+  parts.append("\n".join(lines))
   return "\n\n".join(parts)
 
 
-def figure(by_depth: pd.DataFrame, runs: pd.DataFrame):
+def figure(by_depth: pd.DataFrame, runs: pd.DataFrame, series: pd.DataFrame):
   from matplotlib.figure import Figure
   from normstudy.analysis.plots import style
-  fig = Figure(figsize=(10, 4.2), layout="constrained")
-  share_ax, update_ax = fig.subplots(1, 2)
+  fig = Figure(figsize=(15, 4.2), layout="constrained")
+  share_ax, update_ax, series_ax = fig.subplots(1, 3)
+  depths = sorted(by_depth.depth.unique())
+  widths = {depth: 0.8 + 1.6 * i / max(len(depths) - 1, 1) for i, depth in enumerate(depths)}
   for i, (arm, rows) in enumerate(by_depth.groupby("arm", sort=False)):
     look = style(i)
     share_ax.plot(rows.depth, rows.share, marker="o", color=look["color"],
                   linestyle=look["linestyle"], label=rows.label.iloc[0])
-    update_ax.plot(rows.depth, rows.update_size, marker="o", color=look["color"],
+    update_ax.plot(rows.depth, rows.first_update_size, marker="o", color=look["color"],
                    linestyle=look["linestyle"], label=rows.label.iloc[0])
-    update_ax.fill_between(rows.depth, rows.update_size_low, rows.update_size_high,
+    update_ax.fill_between(rows.depth, rows.first_update_low, rows.first_update_high,
                            color=look["color"], alpha=0.15)
     mine = runs[runs.arm == arm]
-    update_ax.scatter(mine.depth, mine.update_size, color=look["color"], s=8)
+    update_ax.scatter(mine.depth, mine.first_update_size, color=look["color"], s=8)
+    for depth, steps in series[series.arm == arm].groupby("depth"):
+      series_ax.plot(steps.step, steps.update_size, color=look["color"],
+                     linestyle=look["linestyle"], lw=widths[depth],
+                     label=f"{rows.label.iloc[0]}, {depth} layers")
   share_ax.set_ylim(-0.05, 1.05)
   share_ax.set_xlabel("layers")
   share_ax.set_ylabel("share of runs that converged")
   share_ax.set_title(f"Converged (final eval loss < {by_depth.threshold.iloc[0]:.3f})")
   update_ax.set_yscale("log")
   update_ax.set_xlabel("layers")
-  update_ax.set_ylabel("early update size ||f(x; theta_t+1) - f(x; theta_t)||")
-  update_ax.set_title("Early update size (geometric mean, 95% interval; dots: runs)")
+  update_ax.set_ylabel("first update size ||f(x; theta_t+1) - f(x; theta_t)||, lr > 0")
+  update_ax.set_title("First update (geometric mean, 95% interval; dots: runs)")
+  series_ax.set_yscale("log")
+  series_ax.set_xlabel("step")
+  series_ax.set_ylabel("update size (geometric mean over seeds)")
+  series_ax.set_title("Update size by step (thicker: deeper)")
+  series_ax.legend(fontsize=6, ncol=2)
   for ax in (share_ax, update_ax):
-    ax.set_xticks(sorted(by_depth.depth.unique()))
+    ax.set_xticks(depths)
+  for ax in (share_ax, update_ax, series_ax):
     ax.grid(alpha=0.3)
   share_ax.legend(fontsize=7)
   return fig
 
 
 def analyze(loaded: runs_lib.Runs, summary: pd.DataFrame, workdir: str) -> tuple[dict, str]:
-  """Writes depth.csv, depth_tests.csv and depth.png (+ .svg); returns (paths, observations)."""
+  """Writes depth.csv, depth_tests.csv, depth_updates.csv and depth.png (+ .svg); returns
+  (paths, observations)."""
   from normstudy.analysis.plots import save
   runs = run_table(loaded, summary)
   by_depth = table(runs)
   tested = tests(runs)
+  series = update_series(loaded, runs)
   outputs = {"depth_table": os.path.join(workdir, "depth.csv"),
              "depth_tests": os.path.join(workdir, "depth_tests.csv"),
+             "depth_updates": os.path.join(workdir, "depth_updates.csv"),
              "depth_figure": os.path.join(workdir, "depth.png")}
   by_depth.to_csv(outputs["depth_table"], index=False)
   tested.to_csv(outputs["depth_tests"], index=False)
-  save(figure(by_depth, runs), outputs["depth_figure"])
+  series.to_csv(outputs["depth_updates"], index=False)
+  save(figure(by_depth, runs, series), outputs["depth_figure"])
   return outputs, observations(by_depth, tested)
