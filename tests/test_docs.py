@@ -124,7 +124,8 @@ def test_the_configuration_tables_are_the_declarations():
 # from: `0.40<!-- n: docs/survival/critical_lr.csv arm=pre_norm_clip1 critical_lr .2f -->` (the
 # row: key=value pairs joined by `&`, a value percent-encoded where it holds a space or `&`; the
 # format: a Python format spec, `lr` as in the tables, `x` for a ratio written with two
-# significant digits and a trailing x, `dx` for a difference of log10 values written as that
+# significant digits and a trailing x, `ix` for its inverse (1/value: a ratio quoted the other
+# way round), `dx` for a difference of log10 values written as that
 # ratio (10^value), `p` for a p-value as the analysis writes it with the exponent short: 0.013,
 # 1.6e-4).
 QUOTED = re.compile(r"(?P<number>[-+]?[\d.]+(?:e[-+]?\d+)?)x?\**\s?<!-- n: (?P<path>\S+) "
@@ -155,6 +156,8 @@ def test_every_number_quoted_in_prose_is_its_csvs():
       value = _cell(path, selector, column)
       if spec == "x":
         expected = f"{float(value):.2g}"
+      elif spec == "ix":
+        expected = f"{1 / float(value):.2g}"
       elif spec == "dx":
         expected = f"{10 ** float(value):.2g}"
       elif spec == "p":
