@@ -56,21 +56,25 @@ def is_depth_sweep(loaded: runs_lib.Runs) -> bool:
           and len({p.get(LR) for p in points} - {None}) <= 1)
 
 
-def early_update_size(loaded: runs_lib.Runs, run: str) -> float:
-  """The mean recorded update size over the steps that trained at a learning rate above 0 (the
-  warm-up's first step moves nothing), finite values only; NaN if none was recorded."""
+def _moving_sizes(loaded: runs_lib.Runs, run: str) -> pd.Series:
+  """The run's finite recorded `update_size` values at steps whose learning rate is above 0
+  (the warm-up's first step moves nothing), by step."""
   sizes = loaded.series(run, "update_size")
   lrs = loaded.series(run, "lr").reindex(sizes.index)
-  values = sizes[(lrs > 0).to_numpy() & np.isfinite(sizes.to_numpy())]
+  return sizes[(lrs > 0).to_numpy() & np.isfinite(sizes.to_numpy())]
+
+
+def early_update_size(loaded: runs_lib.Runs, run: str) -> float:
+  """The mean recorded update size over the steps that trained at a learning rate above 0, finite
+  values only; NaN if none was recorded."""
+  values = _moving_sizes(loaded, run)
   return float(values.mean()) if len(values) else math.nan
 
 
 def first_update_size(loaded: runs_lib.Runs, run: str) -> float:
   """`update_size` at the first recorded step whose learning rate is above 0 and whose size is
   finite (the first update that moves the model); NaN if none was recorded."""
-  sizes = loaded.series(run, "update_size")
-  lrs = loaded.series(run, "lr").reindex(sizes.index)
-  values = sizes[(lrs > 0).to_numpy() & np.isfinite(sizes.to_numpy())]
+  values = _moving_sizes(loaded, run)
   return float(values.iloc[0]) if len(values) else math.nan
 
 
