@@ -360,3 +360,31 @@ def test_notebook_api_accepts_plain_dict():
   again = model_lib.init_params(cfg, seed=7)
   for a, b in zip(leaves, jax.tree.leaves(again)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("shape,dims", [((4, 8, 16), (2,)), ((4, 2, 8, 3), (1, 3))])
+def test_a_bias_gradient_is_the_sum_accumulated_in_float32_then_rounded(dtype, shape, dims):
+  # PyTorch sums a half tensor in float32 and rounds the result (fairseq's --fp16 bias
+  # gradients); a sum beyond float16's range is inf, so loss-scale overflow is what it was.
+  rng = np.random.default_rng(0)
+  y = jnp.asarray(rng.standard_normal(shape), dtype)
+  bias = jnp.asarray(rng.standard_normal([shape[d] for d in dims]), jnp.float32)
+  # Integers: every sum is exact in float32, so the float32 accumulation has one rounding, to
+  # the dtype; float16's partial sums past 2048 would round on the way.
+  cotangent = rng.integers(-300, 300, shape).astype(dtype)
+  first = tuple(0 if d in dims else slice(None) for d in range(len(shape)))
+  cotangent[first] = 30000  # the first bias entry's sum passes float16's largest, 65504
+
+  def objective(y, bias):
+    return jnp.sum(layers.add_bias(y, bias, dims).astype(jnp.float32)
+                   * jnp.asarray(cotangent, jnp.float32))
+
+  grad_y, grad_bias = jax.grad(objective, (0, 1))(y, bias)
+  others = tuple(d for d in range(len(shape)) if d not in dims)
+  want = cotangent.astype(np.float64).sum(axis=others).astype(dtype).astype(np.float32)
+  np.testing.assert_array_equal(np.asarray(grad_bias), want)
+  np.testing.assert_array_equal(np.asarray(grad_y), cotangent)
+  assert np.isinf(want.flat[0]) == (dtype == "float16")
+  want_forward = (np.asarray(y) + np.expand_dims(np.asarray(bias).astype(dtype), others))
+  np.testing.assert_array_equal(np.asarray(layers.add_bias(y, bias, dims)), want_forward)

@@ -8,6 +8,7 @@ compute dtype; norm statistics, GELU, the softmax, the relaxed score shift and t
 float32, as fairseq runs them under --fp16. `cfg` is a normstudy.core.model.ModelConfig.
 """
 
+import functools
 import math
 from typing import Any
 
@@ -41,8 +42,41 @@ def _plus_bias(module, name, y, axes, dims=None):
   dims = tuple(range(y.ndim - len(axes), y.ndim)) if dims is None else dims
   bias = param(module, name, nn.initializers.zeros, tuple(y.shape[d] for d in dims), axes,
                decay=False)
-  others = [d for d in range(y.ndim) if d not in dims]
-  return y + jnp.expand_dims(bias.astype(y.dtype), others)
+  return add_bias(y, bias, dims)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def add_bias(y, bias, dims):
+  """y + bias (cast to y's dtype) broadcast over y's dimensions other than `dims`.
+
+  Its gradient for the bias is the sum of y's gradient accumulated in float32 and then rounded
+  to y's dtype, as PyTorch sums a half tensor's gradient (fairseq's --fp16 bias gradients): a sum
+  beyond float16's range is still inf, so loss-scale overflow is what it was. Differentiated
+  plainly, JAX sums the float16 gradient in float16, which XLA:CPU computes as a slow tree of
+  reduce-windows (benchmarks/profile.py: 12% of the seed recipe's step) and rounds at every
+  level."""
+  return y + jnp.expand_dims(bias.astype(y.dtype), _other_dims(y.ndim, dims))
+
+
+def _other_dims(ndim, dims):
+  return tuple(d for d in range(ndim) if d not in dims)
+
+
+def _add_bias_fwd(y, bias, dims):
+  return add_bias(y, bias, dims), jnp.zeros((), bias.dtype)
+
+
+def _add_bias_bwd(dims, bias_zero, g):
+  # The sum as a product with ones (exact in any dtype), accumulated in float32: XLA:CPU runs a
+  # dot 1.5x faster than the reduction it would otherwise emit.
+  others = _other_dims(g.ndim, dims)
+  ones = jnp.ones(tuple(g.shape[d] for d in others), g.dtype)
+  summed = jax.lax.dot_general(ones, g, ((tuple(range(len(others))), others), ((), ())),
+                               preferred_element_type=jnp.float32)
+  return g, summed.astype(g.dtype).astype(bias_zero.dtype)
+
+
+add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
 def xavier_normal(gain: float = 1.0, in_axis=-2, out_axis=-1):
