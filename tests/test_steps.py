@@ -10,6 +10,10 @@ from normstudy.core import life
 from normstudy.core import model as model_lib
 from normstudy.core import precision
 from normstudy.core import steps as steps_lib
+from normstudy.engine import execution
+from normstudy.engine import platform
+from normstudy.engine import sharding
+from conftest import USER_COMPILER_OPTIONS
 import inprocess
 
 
@@ -196,3 +200,62 @@ def test_num_steps_counts_train_steps_or_applied_updates(make_config, count_skip
     assert int(state.step) == 3 and int(state.opt_step) < 3
   else:  # fairseq's max_update: applied updates
     assert int(state.opt_step) == 3 and int(state.step) == 3 + int(state.skipped_total)
+
+
+def _program(config):
+  """The compiled one-run steps as the train loop holds them (normstudy.engine.execution)."""
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  steps = execution.ProgramSteps(config, mesh, 1)
+  return steps, steps.initial([config])
+
+
+def _stepped_batches(n):
+  return [{"tokens": np.asarray(_batch(seed)["tokens"])[None]} for seed in range(n)]
+
+
+@pytest.mark.parametrize("scenario", ["overflows then learns", "halts inside the block"])
+def test_a_block_of_steps_is_the_same_steps_one_at_a_time(make_config, monkeypatch, scenario):
+  """make_train_block against train_step's own compiled program stepped one at a time: every
+  metric of every step and the state after them bit for bit, the entries past the block's
+  count zero, and a failed step's sites the locate step's flags on the state after it. Both
+  compiled as a user's process compiles them (the suite's faster emitters round a loop's body
+  differently from the program alone)."""
+  monkeypatch.setattr(platform, "CPU_COMPILER_OPTIONS",
+                      {**platform.CPU_COMPILER_OPTIONS, **USER_COMPILER_OPTIONS})
+  config = make_config(dtype="float16")
+  config.optimizer.update(learning_rate=3e-2, warmup_steps=2)
+  if scenario == "overflows then learns":
+    config.optimizer.loss_scale.initial_scale = 2.0**20  # overflows for a few steps first
+  else:
+    config.optimizer.loss_scale.update(initial_scale=4.0, min_scale=1.0)
+  steps, state = _program(config)
+  if scenario == "halts inside the block":
+    state = state.replace(params={**state.params, "embedding":
+                                  state.params["embedding"].at[0, 0, 0].set(jnp.nan)})
+  batches = _stepped_batches(7)
+  length = 9  # compiled for 9, given 7: the count is traced
+  single = jax.tree.map(jnp.copy, state)
+  seen, located = [], {}
+  for j, batch in enumerate(batches):
+    single, metrics = steps.step(single, jax.device_put(batch))
+    seen.append(jax.device_get(metrics))
+    if bool(metrics["skipped"][0]) and bool(metrics["active"][0]):
+      located[j] = jax.device_get(steps.locate(single, jax.device_put(batch)))
+  assert located, "no step failed: the scenario tests no located failure"
+  blocked, block_metrics = steps.step_block(state, steps.block_work(batches, length))
+  block_metrics = jax.device_get(block_metrics)
+  sites = block_metrics.pop("sites")
+  for key, values in block_metrics.items():
+    assert values.shape[:2] == (1, length), key
+    np.testing.assert_array_equal(values[0, :7], np.stack([m[key][0] for m in seen]),
+                                  err_msg=key)
+    np.testing.assert_array_equal(values[0, 7:], np.zeros_like(values[0, 7:]), err_msg=key)
+  for j, flags in located.items():
+    for want, got in zip(jax.tree.leaves(flags), jax.tree.leaves(sites)):
+      np.testing.assert_array_equal(got[0, j], want[0])
+  for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(blocked)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  if scenario == "halts inside the block":
+    active = block_metrics["active"][0, :7]
+    assert active[0] and not active.all()  # it halted inside the block, then stood still
+    assert int(blocked.status[0]) == life.CODE_HALTED_SCALE

@@ -11,6 +11,8 @@ import pytest
 
 from normstudy import errors
 from normstudy.core import labels
+from normstudy.engine import execution
+from normstudy.engine import train
 from normstudy.experiments import grid
 from normstudy.experiments import planning
 from normstudy.records import names
@@ -142,6 +144,74 @@ def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path):
   # Different seeds and learning rates really gave different trajectories.
   finals = {runs.trajectory(r.directory)[-1]["loss"] for r in sweep_runs}
   assert len(finals) == 4
+
+
+def _counted(method, calls: list):
+  def counted(*args, **kwargs):
+    calls.append(1)
+    return method(*args, **kwargs)
+  return counted
+
+
+def test_a_block_of_steps_ends_where_the_loop_must_act(make_config):
+  # The rule, transcribed: update-size and telemetry steps alone; a block of at most 4 ends at
+  # an evaluation, a checkpoint or a run's last step, and before a telemetry step.
+  config = make_config()
+  config.train.update(num_steps=30, steps_per_dispatch=4, telemetry_every=7, eval_every=10,
+                      checkpoint_every=15, update_size_steps=2)
+  program = train.Program.__new__(train.Program)  # the rule reads only the configs' steps
+  program.config, program.last_steps = config, frozenset({24, 30})
+  dispatches, step = [], 1
+  while step <= 30:
+    dispatches.append((step, program.dispatch_end(step)))
+    step = dispatches[-1][1] + 1
+  assert dispatches == [(1, 1), (2, 2), (3, 6), (7, 7), (8, 10), (11, 13), (14, 14), (15, 15),
+                        (16, 19), (20, 20), (21, 21), (22, 24), (25, 27), (28, 28), (29, 30)]
+  config.train.steps_per_dispatch = 1
+  assert all(program.dispatch_end(s) == s for s in range(1, 31))
+
+
+@pytest.mark.slow
+def test_steps_in_blocks_record_what_steps_one_at_a_time_record(tmp_path, monkeypatch):
+  # float16 runs of one program: one learns, one skips overflowing steps until its loss scale
+  # passes its floor and halts (each skip located); blocks of up to 4 steps (train.steps_per_
+  # dispatch) between update-size steps, telemetry steps, evaluations and checkpoints, against
+  # one step per dispatch. Compiled as a user's process compiles (tests/test_steps.py says why).
+  from normstudy.engine import platform
+  from conftest import USER_COMPILER_OPTIONS
+  monkeypatch.setattr(platform, "CPU_COMPILER_OPTIONS",
+                      {**platform.CPU_COMPILER_OPTIONS, **USER_COMPILER_OPTIONS})
+  path = os.path.join(runs.REPO, "configs", "seed_figure.py")
+  trained = {}
+  for per_dispatch in (1, 4):
+    root = tmp_path / f"per_dispatch_{per_dispatch}"
+    sweep_runs = []
+    for p in grid.points(path, "pre_norm_clip1", {"optimizer.learning_rate": [1e-3, 1e3]}, {}):
+      with p.config.unlocked():
+        _tiny(p.config, tmp_path, steps=24)
+        p.config.model.dtype = "float16"
+        p.config.optimizer.clip_norm = 0.0
+        p.config.optimizer.loss_scale.update(initial_scale=2.0**12, min_scale=2.0**9)
+        p.config.train.update(telemetry_every=7, log_every=3, update_size_steps=2,
+                              steps_per_dispatch=per_dispatch)
+      sweep_runs.append(grid.Run(p.name, p.config, str(root / p.name), p.arm, point=p.point))
+    blocks = []
+    monkeypatch.setattr(execution.ProgramSteps, "step_block", _counted(
+        execution.ProgramSteps.step_block, blocks))
+    statuses = inprocess.train_programs(sweep_runs, str(root))
+    assert statuses == {"lr0.001": "finished", "lr1000": "halted"}
+    assert bool(blocks) == (per_dispatch > 1)
+    trained[per_dispatch] = {
+        run.name: (runs.trajectory(run.directory),
+                   {k: v for k, v in rundir.RunDir(run.directory).info().as_json().items()
+                    if k in ("status", "last_step", "halt_step", "halt_reason",
+                             "nonfinite_at", "nonfinite_site")})
+        for run in sweep_runs}
+  halted = trained[4]["lr1000"][0]
+  assert sum(1 for r in halted if r.get("skipped") and "nonfinite_at" in r) >= 2
+  halt_step = trained[4]["lr1000"][1]["halt_step"]
+  assert 2 < halt_step < 24 and halt_step % 7, "the halt is not inside a block: it tests less"
+  assert trained[4] == trained[1]
 
 
 @pytest.mark.slow

@@ -181,6 +181,10 @@ _TRAIN = (
     _f("train.update_size_steps", 0, "the first this many steps record update_size: DeepNet's "
        "||f(x; theta_t+1) - f(x; theta_t)|| on the first eval batch",
        ("0 (off) or an integer >= 1", lambda v: v >= 0)),
+    _f("train.steps_per_dispatch", 16, "plain train steps taken in one compiled loop between "
+       "host round trips (records, evaluations, checkpoints and telemetry steps end a block; the "
+       "trajectory is bit for bit the one of 1, one step per dispatch); a stop signal is acted "
+       "on after the current block", _INT_1),
     _f("train.on_nonfinite", "halt", "float32/bfloat16 steps with a non-finite gradient: halt, "
        "or skip the update (float16 always skips through its loss scaler)", ("halt", "skip")),
     _f("train.max_consecutive_skips", 10, "on_nonfinite=skip: skipped updates in a row before "

@@ -90,7 +90,7 @@ CHANGEABLE_FIELDS = (
     "train.num_steps", "train.log_every", "train.eval_every",
     "train.checkpoint_every", "train.max_to_keep", "train.on_nonfinite",
     "train.max_consecutive_skips", "train.telemetry_every", "train.tensorboard",
-    "train.wandb_project",
+    "train.wandb_project", "train.steps_per_dispatch",
 )
 
 

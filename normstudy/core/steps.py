@@ -246,3 +246,45 @@ def make_locate_step(config, fusion_boundaries: bool = False):
     return telemetry.site_flags(cfg, variables[telemetry.LOCATE])
 
   return locate
+
+
+def make_train_block(config, fusion_boundaries: bool = False):
+  """Returns train_block(state, work) -> (state, metrics): the first `work["count"]` steps of
+  train_step (make_train_step's, without telemetry) on `work["batches"]` ([L, ...], one batch
+  per step) in one compiled loop, so a small model pays one host round trip per block of steps
+  rather than per step. Each step is the same computation as train_step's own program, so a
+  trajectory stepped in blocks is bit for bit the one stepped one at a time (tested on XLA:CPU:
+  tests/test_steps.py).
+
+  metrics: train_step's, each with a leading axis [L] whose entries past `count` are zeros,
+  plus "sites": for a step whose update was skipped while the run was running, the
+  finiteness flags of every forward site of that step (make_locate_step's, on the state after
+  it, which a skipped step leaves with the parameters that failed), otherwise all True.
+  `count` is a traced scalar: one compiled block serves every length up to L."""
+  train_step = make_train_step(config, False, fusion_boundaries)
+  locate = make_locate_step(config, fusion_boundaries)
+
+  def train_block(state: TrainState, work):
+    batches, count = work["batches"], work["count"]
+    length = jax.tree.leaves(batches)[0].shape[0]
+    first = jax.tree.map(lambda x: x[0], batches)
+    shapes = jax.eval_shape(train_step, state, first)[1]
+    site_shapes = jax.eval_shape(locate, state, first)
+    buffers = {**jax.tree.map(lambda s: jnp.zeros((length, *s.shape), s.dtype), shapes),
+               "sites": jax.tree.map(lambda s: jnp.zeros((length, *s.shape), s.dtype),
+                                     site_shapes)}
+
+    def one_step(i, carry):
+      state, buffers = carry
+      batch = jax.tree.map(lambda x: x[i], batches)
+      state, metrics = train_step(state, batch)
+      failed = jnp.logical_and(metrics["skipped"], metrics["active"])
+      metrics["sites"] = jax.lax.cond(
+          failed, lambda: locate(state, batch),
+          lambda: jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), site_shapes))
+      buffers = jax.tree.map(lambda buf, value: buf.at[i].set(value), buffers, metrics)
+      return state, buffers
+
+    return jax.lax.fori_loop(0, count, one_step, (state, buffers))
+
+  return train_block

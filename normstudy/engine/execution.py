@@ -4,6 +4,7 @@
   state = steps.initial(configs)          # or steps.hold(stacked), e.g. a restored checkpoint
   state, metrics = steps.train(state, batch)   # steps.telemetry: the same with telemetry
   state, metrics = steps.step(state, batch, telemetry, stopped)   # what the loop calls
+  state, metrics = steps.step_block(state, work, stopped)   # steps.block_work(...) steps at once
   losses = steps.eval(steps.params(state), batch)
   flags = steps.locate(state, batch)      # compiled on first use: where a step went non-finite
   logits = steps.outputs(steps.params(state), batch)   # compiled on first use: f(x; theta)
@@ -138,21 +139,27 @@ class ProgramSteps:
                                    self.shardings, updates_state=True)
     self.eval = self._compile(steps_lib.make_eval_step(config, boundaries),
                               self.shardings.params, updates_state=False)
+    self._work_sharding = {"batches": sharding.block_sharding(mesh),
+                           "count": sharding.runs_sharding(mesh)}
+    self.block = self._compile(steps_lib.make_train_block(config, boundaries), self.shardings,
+                               updates_state=True, work_sharding=self._work_sharding)
     self._compiled_on_use = {}
     if self.one_at_a_time:
       self._take = jax.jit(_take, out_shardings=self.shardings)
       self._join = jax.jit(_join, out_shardings=self.shardings)
 
-  def _compile(self, fn, first_sharding, updates_state: bool):
+  def _compile(self, fn, first_sharding, updates_state: bool, work_sharding=None):
     """fn(first, batch) of one run as a step of the program's K runs. `updates_state`: fn
-    returns (new state, metrics) and the state is donated."""
+    returns (new state, metrics) and the state is donated. `work_sharding`: of fn's second
+    argument when it is not one batch (a block's work)."""
     outputs = sharding.runs_sharding(self.mesh)
+    work_sharding = work_sharding or self._batch_sharding
     step = jax.jit(over_runs(_with_rules(fn), 1 if self.one_at_a_time else self.num_runs),
-                   in_shardings=(first_sharding, self._batch_sharding),
+                   in_shardings=(first_sharding, work_sharding),
                    out_shardings=(first_sharding, outputs) if updates_state else outputs,
                    donate_argnums=0 if updates_state else (),
                    compiler_options=self.choices.compiler_options)
-    return _run_by_run(step, self._batch_sharding, updates_state) if self.one_at_a_time else step
+    return _run_by_run(step, work_sharding, updates_state) if self.one_at_a_time else step
 
   def step(self, held, batch, telemetry: bool = False, stopped=()) -> tuple:
     """(state, metrics) of the next step of the held state (`telemetry`: with telemetry).
@@ -161,6 +168,25 @@ class ProgramSteps:
     search the steps its failed runs would otherwise take to the end."""
     fn = self.telemetry if telemetry else self.train
     return fn(held, batch, stopped) if self.one_at_a_time else fn(held, batch)
+
+  def block_work(self, batches: list, length: int) -> dict:
+    """The work of a block: `batches` (this process's rows of each step's stacked batch
+    [K, ...], at most `length` of them) staged on the devices at once, padded to `length`
+    (the block's compiled size) with the last, and how many of them to take."""
+    count = len(batches)
+    if not 0 < count <= length:
+      raise ValueError(f"a block of {count} steps does not fit a block of at most {length}")
+    padded = batches + [batches[-1]] * (length - count)
+    local = {key: np.stack([b[key] for b in padded], axis=1) for key in padded[0]}
+    return {"batches": sharding.global_batch(self.mesh, local, self._work_sharding["batches"]),
+            "count": sharding.global_runs_values(self.mesh, np.full(self.num_runs, count,
+                                                                    np.int32))}
+
+  def step_block(self, held, work, stopped=()) -> tuple:
+    """(state, metrics) after the block of steps `work` (block_work's) of the held state;
+    metrics as normstudy.core.steps.make_train_block's, [K, length, ...]. `stopped` as
+    for `step`."""
+    return self.block(held, work, stopped) if self.one_at_a_time else self.block(held, work)
 
   def initial(self, configs) -> Any:
     """The held initial state of runs whose configs share this program, created in its shards:

@@ -96,7 +96,9 @@ class Progress:
     return 1.0 / recent[len(recent) // 2] if recent else None
 
   def report(self, step, losses: dict, stopped: dict):
-    if step % self.every and step != self.num_steps:
+    """A line when `step` reaches a multiple of `every` not yet reported (a block of steps is
+    reported once, at its last step) or the last step."""
+    if step != self.num_steps and step // self.every == self.last[0] // self.every:
       return
     now = time.perf_counter()
     self.reports += 1

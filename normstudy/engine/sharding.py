@@ -94,6 +94,12 @@ def batch_sharding(mesh) -> NamedSharding:
   return NamedSharding(mesh, P("runs", BATCH_AXES))
 
 
+def block_sharding(mesh) -> NamedSharding:
+  """[runs, steps, batch, ...] arrays (a block of steps' batches): as batch_sharding, each
+  run's steps together."""
+  return NamedSharding(mesh, P("runs", None, BATCH_AXES))
+
+
 def runs_sharding(mesh) -> NamedSharding:
   """[runs, ...] per-run values (metrics, seeds, hyperparameters)."""
   return NamedSharding(mesh, P("runs"))
@@ -135,10 +141,18 @@ def initialize_distributed(coordinator_address=None, num_processes=None, process
   return False
 
 
-def global_batch(mesh, local_batch: dict) -> dict:
-  """Device arrays of the global batch [runs, batch, ...], from this process's rows of it."""
-  sharding = batch_sharding(mesh)
+def global_batch(mesh, local_batch: dict, sharding: NamedSharding | None = None) -> dict:
+  """Device arrays of the global batch [runs, batch, ...] (or, with block_sharding, a block's
+  batches [runs, steps, batch, ...]), from this process's rows of it."""
+  sharding = sharding or batch_sharding(mesh)
   if jax.process_count() == 1:
     return jax.device_put(local_batch, sharding)
   return jax.tree.map(
       lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), local_batch)
+
+
+def global_runs_values(mesh, values) -> jax.Array:
+  """A device array [runs] of per-run values every process holds in full (e.g. how many steps
+  a block takes), placed as runs_sharding places per-run values."""
+  values = np.asarray(values)
+  return jax.make_array_from_callback(values.shape, runs_sharding(mesh), lambda index: values[index])

@@ -18,12 +18,14 @@ normstudy.experiments.grid.Run (.name, .config, .directory, .arm, .arm_label, .p
 
 Starting again resumes from the newest checkpoint that restores: each run's records after it are
 dropped first, so a resumed run's records equal an uninterrupted run's. SIGTERM/SIGINT finish the
-current step, checkpoint it and stop (errors.Preempted).
+current dispatch, checkpoint it and stop (errors.Preempted).
 
-The loop processes step N-1's metrics after step N is dispatched, as nanodo does; before
-dispatching N it only checks whether N-1 was non-finite, since the state after a skipped step
-still has the parameters that failed, which the locate step re-runs to say where the failure
-started.
+A dispatch is one step or a block of plain steps in one compiled loop (train.steps_per_dispatch;
+`dispatch_end` says where a block ends: before anything the host must do between two steps).
+The loop processes dispatch N-1's metrics after dispatch N is issued, as nanodo does; before
+issuing N it only checks whether N-1 was non-finite and which runs stopped, since the state after
+a skipped single step still has the parameters that failed, which the locate step re-runs to say
+where the failure started (a block locates its failures itself).
 """
 
 import contextlib
@@ -59,19 +61,37 @@ from normstudy.records import rundir
 from normstudy.records import schema
 
 # Step metrics that steer the loop and are not recorded as such.
-CONTROL_KEYS = ("active", "status", "telemetry")
+CONTROL_KEYS = ("active", "status", "telemetry", "sites")
 
 
 @dataclasses.dataclass
 class PendingStep:
-  """The newest dispatched step, whose metrics are processed after its successor is dispatched:
-  its number, its metrics (device arrays [K]), its batch (for the locate step) and, on an eval
-  step, each run's eval loss."""
+  """The newest dispatch, whose metrics are processed after its successor is dispatched: one
+  step, or a block of steps `first`..`step` (normstudy.core.steps.make_train_block). Its last
+  step's number, its metrics (device arrays [K], a block's [K, steps]), a single step's batch
+  (for the locate step; a block locates its own failures) and, on an eval step, each run's
+  eval loss."""
   step: int
   metrics: Any
   batch: Any
   eval_losses: Any = None
   update_sizes: Any = None  # [K] on the first train.update_size_steps steps
+  first: int | None = None  # a block's first step; None for a single step
+
+  @property
+  def is_block(self) -> bool:
+    return self.first is not None
+
+
+@dataclasses.dataclass
+class Resolved:
+  """One step's metrics on the host ([K] each), where each run that failed at it first went
+  non-finite ({run index: schema.Site}), and its eval losses and update sizes if it has them."""
+  step: int
+  values: dict
+  sites: dict
+  eval_losses: Any = None
+  update_sizes: Any = None
 
 
 def worth_recording(record: dict, code: int, *, log_due: bool, checkpointed: bool,
@@ -287,32 +307,66 @@ class Program:
                         "of %d steps it started with, so the steps after it run at its final "
                         "rate %g", run.name, run.config.train.num_steps, int(horizons[k]), final)
 
+  def telemetry_due(self, step: int) -> bool:
+    every = self.config.train.telemetry_every
+    return bool(every) and step % every == 0
+
+  def dispatch_end(self, step: int) -> int:
+    """The last step of the dispatch that begins at `step`: `step` alone when it takes
+    telemetry, measures an update size or the config steps one at a time
+    (train.steps_per_dispatch 1); otherwise a block of up to steps_per_dispatch steps, ending at
+    the first step that evaluates, checkpoints or ends a run, or before a telemetry step."""
+    cfg = self.config.train
+    if (cfg.steps_per_dispatch <= 1 or self.telemetry_due(step)
+        or step <= cfg.update_size_steps or step >= self.num_steps):
+      return step
+    last = min(step + cfg.steps_per_dispatch - 1, self.num_steps)
+    for s in range(step, last):
+      if (self.due(cfg.eval_every, s) or self.due(cfg.checkpoint_every, s)
+          or self.telemetry_due(s + 1)):
+        return s
+    return last
+
+  def stage(self, step: int) -> tuple:
+    """(first, last, work) of the dispatch that begins at `step`: the batch of a single step,
+    or a block's batches staged on the devices (ProgramSteps.block_work)."""
+    last = self.dispatch_end(step)
+    if last == step:
+      return step, step, self.batch(step)
+    batches = [_stack([ds[s - 1] for ds in self.train_data]) for s in range(step, last + 1)]
+    return step, last, self.steps.block_work(batches, self.config.train.steps_per_dispatch)
+
   def loop(self, stop: dict):
     """Steps until every run has stopped, the single run halted, or a stop signal arrived;
-    returns (the last step dispatched, the signal's name or None)."""
+    returns (the last step dispatched, the signal's name or None). Steps go one at a time or
+    in blocks (dispatch_end); a stop signal is acted on after the current dispatch."""
     train_cfg = self.config.train
     progress = recorder_lib.Progress(self.runs, self.start_step, self.num_steps, tag=self.tag)
     step = self.start_step
-    batch = self.batch(step + 1)
+    work = self.stage(step + 1)
     if step < train_cfg.update_size_steps:
       self.outputs = self.steps.outputs(self.steps.params(self.state), self.eval_batches[0])
     while len(self.stopped) < len(self.runs) and self.halted_line is None:
       resolved = None
-      if self.pending is not None:  # the step before: was it finite, did its runs stop?
+      if self.pending is not None:  # the dispatch before: was it finite, did its runs stop?
         resolved = self.resolve()
-        if self.all_stop_with(resolved[0]):
-          self.record_step(*resolved, progress=progress)
+        if self.all_stop_with(resolved):
+          self.record(resolved, progress=progress)
           break
-      step += 1
-      telemetry_due = bool(train_cfg.telemetry_every) and step % train_cfg.telemetry_every == 0
-      self.state, device_metrics = self.steps.step(self.state, batch, telemetry_due,
-                                                   frozenset(self.stopped))
+      first, step, batch = work
+      stopped = frozenset(self.stopped) | self.stopping(resolved)
+      if step > first:
+        self.state, device_metrics = self.steps.step_block(self.state, batch, stopped)
+      else:
+        self.state, device_metrics = self.steps.step(self.state, batch, self.telemetry_due(step),
+                                                     stopped)
       if resolved is not None:
-        self.record_step(*resolved, progress=progress)
-      self.pending = PendingStep(step, device_metrics, batch)
+        self.record(resolved, progress=progress)
+      self.pending = PendingStep(step, device_metrics, None if step > first else batch,
+                                 first=first if step > first else None)
       if step <= train_cfg.update_size_steps:
         self.pending.update_sizes = self.measure_update()
-      batch = self.batch(step + 1)  # prepared while the device runs this step
+      work = self.stage(step + 1)  # prepared while the device runs this dispatch
       if self.due(train_cfg.eval_every, step):
         self.pending.eval_losses = self.evaluate()
       preempted_by = stop["signal"] or (
@@ -341,64 +395,93 @@ class Program:
     count = sum(t["count"] for t in totals)
     return loss_sum / np.maximum(count, 1.0)
 
-  def resolve(self):
-    """Fetches the pending step's metrics (and update sizes, in the same transfer); locates the
-    failure of runs whose step was non-finite (the state still holds their parameters before
-    that step). Returns (values, {run index: schema.Site})."""
+  def resolve(self) -> list:
+    """Fetches the pending dispatch's metrics (and update sizes, in the same transfer) and
+    says where each failed run's step went non-finite: a single step's failures are located
+    now (the state still holds their parameters before that step), a block's were located in
+    the block. Returns a Resolved per step."""
     pending = self.pending
     values, pending.update_sizes = jax.device_get((pending.metrics, pending.update_sizes))
-    failed = np.asarray(values["skipped"]) & np.asarray(values["active"])
-    sites = {}
-    if failed.any():
-      flags = jax.device_get(self.steps.locate(self.state, pending.batch))
-      for k in np.flatnonzero(failed):
-        sites[k] = telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k], flags))
-    return values, sites
+    if not pending.is_block:
+      failed = np.asarray(values["skipped"]) & np.asarray(values["active"])
+      sites = {}
+      if failed.any():
+        flags = jax.device_get(self.steps.locate(self.state, pending.batch))
+        for k in np.flatnonzero(failed):
+          sites[k] = telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k], flags))
+      return [Resolved(pending.step, values, sites, pending.eval_losses, pending.update_sizes)]
+    flags = values.pop("sites")
+    resolved = []
+    for j, step in enumerate(range(pending.first, pending.step + 1)):
+      at = {key: np.asarray(value)[:, j] for key, value in values.items()}
+      failed = at["skipped"] & at["active"]
+      sites = {k: telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k, j], flags))
+               for k in np.flatnonzero(failed)}
+      resolved.append(Resolved(step, at, sites,
+                               pending.eval_losses if step == pending.step else None))
+    return resolved
 
-  def all_stop_with(self, values) -> bool:
-    """Whether no run is left running after the pending step."""
-    stopping = values["active"] & (values["status"] != life.CODE_RUNNING)
-    return len(self.stopped) + int(np.sum(stopping)) == len(self.runs)
+  @staticmethod
+  def stopping(resolved) -> frozenset:
+    """The runs that stop (finish or halt) at a step of `resolved` (None: none)."""
+    stopping = set()
+    for one in resolved or ():
+      values = one.values
+      stopping.update(np.flatnonzero(values["active"] & (values["status"] != life.CODE_RUNNING)))
+    return frozenset(int(k) for k in stopping)
 
-  def record_of(self, values, sites, k) -> dict:
-    """Run k's record of the pending step."""
-    pending = self.pending
-    record = {keys.STEP: pending.step, **{key: values[key][k] for key in keys.STEP_KEYS}}
+  def all_stop_with(self, resolved) -> bool:
+    """Whether no run is left running after the resolved steps."""
+    return len(set(self.stopped) | self.stopping(resolved)) == len(self.runs)
+
+  def record_of(self, one: Resolved, k) -> dict:
+    """Run k's record of the resolved step `one`."""
+    values = one.values
+    record = {keys.STEP: one.step, **{key: values[key][k] for key in keys.STEP_KEYS}}
     record.update({key: values[key][k] for key in values
                    if key not in keys.STEP_KEYS + CONTROL_KEYS})
-    if pending.eval_losses is not None:
-      record[keys.EVAL_LOSS] = pending.eval_losses[k]
-    if pending.update_sizes is not None:
-      record[keys.UPDATE_SIZE] = float(pending.update_sizes[k])
+    if one.eval_losses is not None:
+      record[keys.EVAL_LOSS] = one.eval_losses[k]
+    if one.update_sizes is not None:
+      record[keys.UPDATE_SIZE] = float(one.update_sizes[k])
     if values.get("telemetry") is not None:
       record.update(telemetry.flatten(jax.tree.map(lambda x: x[k], values["telemetry"])))
       if self.loss_scaled:
         record[keys.FP16_OVERFLOWS] = values[keys.SKIPPED_TOTAL][k]
-    if k in sites:
-      record[keys.NONFINITE_AT] = sites[k].sentence()
+    if k in one.sites:
+      record[keys.NONFINITE_AT] = one.sites[k].sentence()
     return record
 
-  def record_step(self, values, sites, checkpointed: bool = False, progress=None):
-    """Writes the pending step's records and advances the lives of the runs that stopped with
-    it. `checkpointed`: the step is being checkpointed, so it is recorded whatever else."""
-    step = self.pending.step
+  def record(self, resolved: list, checkpointed: bool = False, progress=None):
+    """Writes the resolved steps' records (the pending dispatch's) and advances the lives of
+    the runs that stopped with them. `checkpointed`: the last step is being checkpointed, so
+    it is recorded whatever else."""
+    losses = {}
+    for one in resolved:
+      losses.update(self.record_step(one, checkpointed and one is resolved[-1]))
+    self.pending = None
+    if progress is not None:
+      progress.report(resolved[-1].step, losses, self.stopped)
+
+  def record_step(self, one: Resolved, checkpointed: bool) -> dict:
+    """Writes the records of one resolved step; returns {run name: loss} of the runs it
+    stepped."""
+    step, values = one.step, one.values
     log_due = self.due(self.config.train.log_every, step)
     losses = {}
     for k, recorder in enumerate(self.recorders):
       if not values["active"][k]:
         continue
       code = int(values["status"][k])
-      record = self.record_of(values, sites, k)
+      record = self.record_of(one, k)
       if worth_recording(record, code, log_due=log_due, checkpointed=checkpointed,
                          has_telemetry=values.get("telemetry") is not None):
         record[keys.TOKENS_PER_SEC] = recorder.tokens_per_sec(step, self.tokens_per_step)
         recorder.write(record)
       losses[recorder.run.name] = float(record[keys.LOSS])
       if code != life.CODE_RUNNING:
-        self.run_stopped(k, code, record, sites.get(k, schema.BACKWARD_ONLY))
-    self.pending = None
-    if progress is not None:
-      progress.report(step, losses, self.stopped)
+        self.run_stopped(k, code, record, one.sites.get(k, schema.BACKWARD_ONLY))
+    return losses
 
   def run_stopped(self, k: int, code: int, record: dict, site: schema.Site):
     """Run k finished or halted with the step of `record`."""
@@ -423,7 +506,7 @@ class Program:
     """Records the pending step (always), then checkpoints the stacked state at `step`, unless
     the single run halted: its newest checkpoint stays the last good state."""
     if self.pending is not None:
-      self.record_step(*self.resolve(), checkpointed=True, progress=progress)
+      self.record(self.resolve(), checkpointed=True, progress=progress)
     if self.halted_line is not None:
       return
     for recorder in self.recorders:
