@@ -154,8 +154,8 @@ def _counted(method, calls: list):
 
 
 def test_a_block_of_steps_ends_where_the_loop_must_act(make_config):
-  # The rule, transcribed: update-size and telemetry steps alone; a block of at most 4 ends at
-  # an evaluation, a checkpoint or a run's last step, and before a telemetry step.
+  # The rule, transcribed: update-size and telemetry steps alone; a block of at most 4 (or 1)
+  # ends at an evaluation, a checkpoint or a run's last step, and before a step that goes alone.
   config = make_config()
   config.train.update(num_steps=30, steps_per_dispatch=4, telemetry_every=7, eval_every=10,
                       checkpoint_every=15, update_size_steps=2)
@@ -163,12 +163,15 @@ def test_a_block_of_steps_ends_where_the_loop_must_act(make_config):
   program.config, program.last_steps = config, frozenset({24, 30})
   dispatches, step = [], 1
   while step <= 30:
-    dispatches.append((step, program.dispatch_end(step)))
+    dispatches.append((step, program.dispatch_end(step), program.steps_alone(step)))
     step = dispatches[-1][1] + 1
-  assert dispatches == [(1, 1), (2, 2), (3, 6), (7, 7), (8, 10), (11, 13), (14, 14), (15, 15),
-                        (16, 19), (20, 20), (21, 21), (22, 24), (25, 27), (28, 28), (29, 30)]
+  alone, block = True, False
+  assert dispatches == [
+      (1, 1, alone), (2, 2, alone), (3, 6, block), (7, 7, alone), (8, 10, block),
+      (11, 13, block), (14, 14, alone), (15, 15, block), (16, 19, block), (20, 20, block),
+      (21, 21, alone), (22, 24, block), (25, 27, block), (28, 28, alone), (29, 30, block)]
   config.train.steps_per_dispatch = 1
-  assert all(program.dispatch_end(s) == s for s in range(1, 31))
+  assert all(program.dispatch_end(s) == s and program.steps_alone(s) for s in range(1, 31))
 
 
 @pytest.mark.slow

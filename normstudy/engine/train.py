@@ -311,28 +311,35 @@ class Program:
     every = self.config.train.telemetry_every
     return bool(every) and step % every == 0
 
-  def dispatch_end(self, step: int) -> int:
-    """The last step of the dispatch that begins at `step`: `step` alone when it takes
-    telemetry, measures an update size or the config steps one at a time
-    (train.steps_per_dispatch 1); otherwise a block of up to steps_per_dispatch steps, ending at
-    the first step that evaluates, checkpoints or ends a run, or before a telemetry step."""
+  def steps_alone(self, step: int) -> bool:
+    """Whether `step` is dispatched alone through the one-step programs: it takes telemetry,
+    measures an update size, or the config steps one at a time (train.steps_per_dispatch 1).
+    Every other step goes through the block program, a block of one included, so a plain step
+    is always the same compiled computation however the steps are split into blocks."""
     cfg = self.config.train
-    if (cfg.steps_per_dispatch <= 1 or self.telemetry_due(step)
-        or step <= cfg.update_size_steps or step >= self.num_steps):
+    return (cfg.steps_per_dispatch <= 1 or self.telemetry_due(step)
+            or step <= cfg.update_size_steps or step > self.num_steps)
+
+  def dispatch_end(self, step: int) -> int:
+    """The last step of the dispatch that begins at `step`: `step` itself when it goes alone;
+    otherwise the block's: at most steps_per_dispatch steps, ending at the first step that
+    evaluates, checkpoints or ends a run, or before a step that goes alone."""
+    cfg = self.config.train
+    if self.steps_alone(step):
       return step
     last = min(step + cfg.steps_per_dispatch - 1, self.num_steps)
     for s in range(step, last):
       if (self.due(cfg.eval_every, s) or self.due(cfg.checkpoint_every, s)
-          or self.telemetry_due(s + 1)):
+          or self.steps_alone(s + 1)):
         return s
     return last
 
   def stage(self, step: int) -> tuple:
-    """(first, last, work) of the dispatch that begins at `step`: the batch of a single step,
-    or a block's batches staged on the devices (ProgramSteps.block_work)."""
+    """(first, last, work) of the dispatch that begins at `step`: the batch of a step alone
+    (first is None), or a block's batches staged on the devices (ProgramSteps.block_work)."""
+    if self.steps_alone(step):
+      return None, step, self.batch(step)
     last = self.dispatch_end(step)
-    if last == step:
-      return step, step, self.batch(step)
     batches = [_stack([ds[s - 1] for ds in self.train_data]) for s in range(step, last + 1)]
     return step, last, self.steps.block_work(batches, self.config.train.steps_per_dispatch)
 
@@ -355,15 +362,15 @@ class Program:
           break
       first, step, batch = work
       stopped = frozenset(self.stopped) | self.stopping(resolved)
-      if step > first:
+      if first is not None:
         self.state, device_metrics = self.steps.step_block(self.state, batch, stopped)
       else:
         self.state, device_metrics = self.steps.step(self.state, batch, self.telemetry_due(step),
                                                      stopped)
       if resolved is not None:
         self.record(resolved, progress=progress)
-      self.pending = PendingStep(step, device_metrics, None if step > first else batch,
-                                 first=first if step > first else None)
+      self.pending = PendingStep(step, device_metrics, None if first is not None else batch,
+                                 first=first)
       if step <= train_cfg.update_size_steps:
         self.pending.update_sizes = self.measure_update()
       work = self.stage(step + 1)  # prepared while the device runs this dispatch
