@@ -88,7 +88,8 @@ speed: install
 # higher critical learning rate fp16 headroom?), then its interaction with the float16 search
 # (run `make survival` first); survival and speed on the context language
 # (configs/context.py, where attention matters); whether that language needs attention (and the
-# chain, the control, does not); DeepNet's depth claim in DeepNet's setting (configs/depth.py).
+# chain, the control, does not), and what each trained model takes from context beyond +-2 tokens
+# (normstudy.context_gap); DeepNet's depth claim in DeepNet's setting (configs/depth.py).
 survival-bf16: install
 	$(PY) -m normstudy.sweep --config=configs/survival.py --workdir=$(SURVIVAL_BF16_DIR) $(SURVIVAL_SEARCH) --config.model.dtype=bfloat16
 	$(PY) -m normstudy.analyze --workdir=$(SURVIVAL_BF16_DIR) --against=$(SURVIVAL_DIR)
@@ -109,6 +110,8 @@ speed-context: install
 attention: install
 	$(PY) -m normstudy.sweep --config=configs/attention.py --workdir=$(ATTENTION_DIR)/context
 	$(PY) -m normstudy.sweep --config=configs/attention.py --workdir=$(ATTENTION_DIR)/chain --config.data.dialects=1
+	$(PY) -m normstudy.context_gap --workdir=$(ATTENTION_DIR)/context
+	$(PY) -m normstudy.context_gap --workdir=$(ATTENTION_DIR)/chain
 
 depth: install
 	$(PY) -m normstudy.sweep --config=configs/depth.py --workdir=$(DEPTH_DIR)

@@ -391,3 +391,40 @@ def test_true_token_posteriors_are_forward_backwards_at_every_masked_position():
   mixed = synthetic.mixture_posteriors(matrices, tokens, mask)
   truth = np.take_along_axis(mixed, tokens[..., None].astype(np.int64), axis=2)[..., 0]
   assert floor == pytest.approx(-np.log(truth[mask]).mean(), rel=1e-10)
+
+
+def test_segments_are_the_maximal_runs_of_a_mask():
+  from normstudy.data import splice
+  mask = np.array([1, 1, 0, 0, 1, 1, 1, 0, 1], bool)
+  assert splice.segments(mask) == [(0, 1), (4, 6), (8, 8)]
+  assert splice.segments(np.zeros(5, bool)) == []
+
+
+def test_a_spliced_row_keeps_the_window_around_its_segment_and_the_donor_elsewhere():
+  from normstudy.data import splice
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 50, (3, 20))
+  donors = rng.integers(50, 100, (3, 20))  # a donor's token is never the row's
+  mask = rng.random((3, 20)) < 0.3
+  mask[2] = False
+  mask[2, [0, 1, 19]] = True  # segments at both ends: the window is cut by the row's edges
+  out = splice.splice_segments(tokens, mask, donors, window=2)
+  expected = []  # written out: position by position
+  for r in range(3):
+    run_start = None
+    for t in range(21):
+      masked = t < 20 and mask[r, t]
+      if masked and run_start is None:
+        run_start = t
+      if not masked and run_start is not None:
+        expected.append((r, run_start, t - 1))
+        run_start = None
+  assert [(int(r),) for r in out["row"]] == [(r,) for r, _, _ in expected]
+  for i, (r, first, last) in enumerate(expected):
+    for t in range(20):
+      inside = first - 2 <= t <= last + 2
+      assert out["tokens"][i, t] == (tokens[r, t] if inside else donors[r, t])
+      assert out["target"][i, t] == (first <= t <= last)
+    np.testing.assert_array_equal(out["mask"][i], mask[r])
+  with pytest.raises(ValueError, match="window must be >= 0"):
+    splice.splice_segments(tokens, mask, donors, window=-1)

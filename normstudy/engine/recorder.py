@@ -35,7 +35,7 @@ class Recorder:
     self.writer = writers_lib.MultiWriter([])
     if is_writer:
       self.dir.write_config(rundir.config_json(run.config))
-      facts = {name: getattr(info, name) for name in schema.RUN_FACTS}
+      facts = {name: getattr(info, name) for name in schema.RUN_FACTS + schema.RUN_PLACE}
       self.dir.write_info(dataclasses.replace(self.dir.info(), **facts, status=self.status))
       self.writer = writers_lib.for_run(run, self.dir, resume_step, info.label or run.name,
                                         writer_pool)

@@ -30,6 +30,7 @@ where the failure started (a block locates its failures itself).
 
 import contextlib
 import dataclasses
+import os
 import signal
 import threading
 from concurrent import futures
@@ -296,7 +297,8 @@ class Program:
           dataset=splits.source, entropy_floor=splits.entropy_floor,
           unigram_entropy=splits.unigram_entropy, masked_loss_floor=splits.masked_loss_floor,
           masked_loss_floor_stderr=splits.masked_loss_floor_stderr, num_params=num_params,
-          tokens_per_step=self.tokens_per_step, schedule_steps=int(horizons[k]))
+          tokens_per_step=self.tokens_per_step, schedule_steps=int(horizons[k]),
+          checkpoints=os.path.relpath(self.checkpoint_dir, run.directory), program_index=k)
       self.recorders.append(recorder_lib.Recorder(
           run, resume_step, info, self.pool, is_writer, stopped=k in self.stopped))
       if horizons[k] < run.config.train.num_steps:

@@ -31,6 +31,11 @@ STUDY = "study.json"
 SWEEP = "sweep.json"
 LOCK = ".normstudy.lock"
 EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's event files, beside metrics.jsonl
+# normstudy.context_gap's measurement, one row per evaluation row of each run (normstudy.
+# experiments.context_gap writes it, normstudy.analysis.context_gap reads it).
+CONTEXT_GAP_ROWS = "context_gap_rows.csv"
+CONTEXT_GAP_ROWS_COLUMNS = ("run", "arm", "seed", "window", "row", "tokens", "loss_intact_sum",
+                            "loss_spliced_sum")
 
 # A run's statuses, as the loop writes them (run.json, sweep.json):
 #   running    training, or stopped before it was done (killed: the same command continues it)
@@ -101,6 +106,9 @@ def _known(cls, obj: dict) -> tuple[dict, dict]:
 RUN_FACTS = ("label", "name", "arm", "arm_label", "point", "overrides", "dataset",
              "entropy_floor", "unigram_entropy", "masked_loss_floor", "masked_loss_floor_stderr",
              "num_params", "tokens_per_step", "schedule_steps")
+# Where a run's state is saved: written with the facts, kept out of run.json while unknown (runs
+# written before it was recorded read back as they were).
+RUN_PLACE = ("checkpoints", "program_index")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +124,9 @@ class RunInfo:
                          reference losses (nats per token; None where the data do not know them)
   num_params, tokens_per_step, schedule_steps   the model's size, a step's tokens, the horizon
                          of its learning-rate schedule (kept when a run is extended)
+  checkpoints, program_index   where its state is saved: the checkpoint directory of the program
+                         it trains in (relative to the run's directory), and its index on the
+                         stacked checkpoints' run axis (None: written before this was recorded)
   status, last_step      RUNNING, FINISHED, HALTED or PREEMPTED; the last step it took
   halt_step, halt_reason, nonfinite_at, nonfinite_site   a halted run's step and reason, and
                          where it first went non-finite (words, and {"layer", "site"}: a Site)
@@ -136,6 +147,8 @@ class RunInfo:
   num_params: int | None = None
   tokens_per_step: int | None = None
   schedule_steps: int | None = None
+  checkpoints: str | None = None
+  program_index: int | None = None
   status: str | None = None
   last_step: int | None = None
   halt_step: int | None = None
