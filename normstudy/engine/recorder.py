@@ -44,10 +44,11 @@ class Recorder:
     self.last_record = {k: metrics_lib.plain(v) for k, v in record.items()}
     self.writer.write(record["step"], self.last_record)
 
-  def tokens_per_sec(self, step: int, tokens_per_step: int) -> float:
-    """Tokens per second since the last record; restarts the timer at `step`."""
+  def tokens_per_sec(self, step: int, tokens_per_step: int, now: float | None = None) -> float:
+    """Tokens per second since the last record; restarts the timer at `step`, taken at `now`
+    (default: the clock now)."""
     last_step, last_time = self.timer
-    now = time.perf_counter()
+    now = time.perf_counter() if now is None else now
     self.timer = (step, now)
     return (step - last_step) * tokens_per_step / max(now - last_time, 1e-9)
 

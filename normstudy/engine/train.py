@@ -33,6 +33,7 @@ import dataclasses
 import os
 import signal
 import threading
+import time
 from concurrent import futures
 from typing import Any
 
@@ -201,6 +202,7 @@ class Program:
         for i in range(self.config.train.eval_steps)]
     self.last_steps = frozenset(c.train.num_steps for c in configs)  # runs may differ
     self.start_step, self.last_saved = 0, None
+    self.resolved_at = (0, time.perf_counter())  # the last step whose records were written, when
     self.stopped = {}  # run index -> life status
     self.recorders, self.pool = [], None
     self.pending: PendingStep | None = None
@@ -352,6 +354,7 @@ class Program:
     train_cfg = self.config.train
     progress = recorder_lib.Progress(self.runs, self.start_step, self.num_steps, tag=self.tag)
     step = self.start_step
+    self.resolved_at = (step, time.perf_counter())
     work = self.stage(step + 1)
     if step < train_cfg.update_size_steps:
       self.outputs = self.steps.outputs(self.steps.params(self.state), self.eval_batches[0])
@@ -466,13 +469,20 @@ class Program:
     the runs that stopped with them. `checkpointed`: the last step is being checkpointed, so
     it is recorded whatever else."""
     losses = {}
+    # A block's steps come back together: each is timed as if the block's wall time since the
+    # dispatch before was spread evenly over its steps, so a record's tokens/s is the rate
+    # since that run's previous record, as it is when steps go one at a time.
+    now = time.perf_counter()
+    since, previous = self.resolved_at
     for one in resolved:
-      losses.update(self.record_step(one, checkpointed and one is resolved[-1]))
+      at = previous + (now - previous) * (one.step - since) / max(resolved[-1].step - since, 1)
+      losses.update(self.record_step(one, checkpointed and one is resolved[-1], at))
+    self.resolved_at = (resolved[-1].step, now)
     self.pending = None
     if progress is not None:
       progress.report(resolved[-1].step, losses, self.stopped)
 
-  def record_step(self, one: Resolved, checkpointed: bool) -> dict:
+  def record_step(self, one: Resolved, checkpointed: bool, at: float) -> dict:
     """Writes the records of one resolved step; returns {run name: loss} of the runs it
     stepped."""
     step, values = one.step, one.values
@@ -485,7 +495,7 @@ class Program:
       record = self.record_of(one, k)
       if worth_recording(record, code, log_due=log_due, checkpointed=checkpointed,
                          has_telemetry=values.get("telemetry") is not None):
-        record[keys.TOKENS_PER_SEC] = recorder.tokens_per_sec(step, self.tokens_per_step)
+        record[keys.TOKENS_PER_SEC] = recorder.tokens_per_sec(step, self.tokens_per_step, at)
         recorder.write(record)
       losses[recorder.run.name] = float(record[keys.LOSS])
       if code != life.CODE_RUNNING:
