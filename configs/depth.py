@@ -10,10 +10,14 @@ float32 here so that fp16's headroom plays no part (that question is `make survi
 
 Arms: Post-LN, DeepNorm and Pre-LN (the reference), each over DEPTHS at the miniature's width
 (64) and SEEDS seeds, on the context language (configs/context.py), NUM_STEPS steps at
-LEARNING_RATE (placed by a pilot: docs/results.md, "Depth"). Every run records `update_size`
-for its first UPDATE_SIZE_STEPS steps. The analysis (normstudy.analysis.depth) writes depth.csv,
-depth_tests.csv and depth.png: the share of runs that converge against depth per arm, with
-exact tests, and the early update size against depth per arm.
+LEARNING_RATE (placed by a pilot: docs/results.md, "Depth"). Every run records DeepNet's
+measures for its first UPDATE_SIZE_STEPS steps: `update_size`, ||F(x; theta_t+1) -
+F(x; theta_t)||, and `accumulated_update`, ||F(x; theta_t) - F(x; theta_0)||; and every
+TELEMETRY_EVERY steps the RMS of what each layer's norms are given (`attn_norm_input_rms`,
+`mlp_norm_input_rms`: Post-LN's alpha x + F(x)). The analysis (normstudy.analysis.depth) writes
+depth.csv, depth_tests.csv, depth_updates.csv, depth_norm_inputs.csv and depth.png: the share
+of runs that converge against depth per arm, with exact tests, and the update sizes and norm
+inputs as series.
 """
 
 from configs import context
@@ -37,6 +41,7 @@ NUM_STEPS = 200
 WARMUP = 100
 LEARNING_RATE = 1e-3
 UPDATE_SIZE_STEPS = 100
+TELEMETRY_EVERY = 5
 EVAL_ROWS = 256
 
 SWEEP = {"model.num_layers": DEPTHS, "train.seed": SEEDS}
@@ -47,7 +52,7 @@ SWEEP_SETTINGS = {
     "train.log_every": 10,
     "train.eval_every": NUM_STEPS // 2,
     "train.eval_steps": EVAL_ROWS // context.base_config().train.batch_size,
-    "train.telemetry_every": 0,
+    "train.telemetry_every": TELEMETRY_EVERY,
     "train.checkpoint_every": NUM_STEPS,
     "train.tensorboard": False,
 }

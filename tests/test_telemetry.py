@@ -54,6 +54,8 @@ def test_telemetry_matches_independent_computations(make_config, scan):
   causal = np.tril(np.ones((16, 16), bool))
   for i in range(2):
     p = _layer(params, scan, i)
+    # Pre-LN's norms are given the residual stream itself.
+    assert tel["attn_norm_input_rms"][i] == pytest.approx(np.sqrt(np.mean(x**2)), rel=1e-4)
     h = ref.layernorm(x, p["attention_norm"]["scale"], p["attention_norm"]["bias"], eps)
     q = np.einsum("bld,dhk->blhk", h, p["attention"]["query"])
     k = np.einsum("bld,dhk->blhk", h, p["attention"]["key"])
@@ -65,6 +67,7 @@ def test_telemetry_matches_independent_computations(make_config, scan):
     entropy = -np.where(probs > 0, probs * np.log(np.where(probs > 0, probs, 1)), 0).sum(-1)
     assert tel["attn_entropy"][i] == pytest.approx(entropy.mean(), rel=1e-4)
     x = x + ref.attention(h, p["attention"], causal=True)
+    assert tel["mlp_norm_input_rms"][i] == pytest.approx(np.sqrt(np.mean(x**2)), rel=1e-4)
     h = ref.layernorm(x, p["mlp_norm"]["scale"], p["mlp_norm"]["bias"], eps)
     assert tel["mlp_preact_absmax"][i] == pytest.approx(np.abs(h @ p["mlp"]["fc1"]).max(),
                                                        rel=1e-4)
@@ -92,6 +95,34 @@ def test_telemetry_matches_independent_computations(make_config, scan):
   assert flat["resid_absmax/layer_1"] == tel["resid_absmax"][1]
   assert keys.parse_layer_key("attn_entropy/layer_12") == ("attn_entropy", 12)
   assert keys.parse_layer_key("loss") is None
+
+
+@pytest.mark.parametrize("placement", ["post_ln", "deepnorm", "rezero"])
+def test_norm_input_telemetry_is_what_each_norm_is_given(make_config, placement):
+  """Post-LN's norms are given alpha x + F(x) (DeepNet's growing LN input); ReZero has none."""
+  config = make_config(causal=True, placement=placement, activation="gelu_tanh", num_layers=2)
+  state = inprocess.create_train_state(config)
+  tokens = np.random.default_rng(1).integers(0, 32, (4, 16)).astype(np.int32)
+  params = jax.tree.map(lambda a: np.asarray(a, np.float64), state.params)
+  _, metrics = jax.jit(steps_lib.make_train_step(config, telemetry_on=True))(
+      state, {"tokens": jnp.asarray(tokens)})
+  tel = jax.tree.map(np.asarray, metrics["telemetry"])
+  if placement == "rezero":
+    assert np.isnan(tel["attn_norm_input_rms"]).all()
+    assert np.isnan(tel["mlp_norm_input_rms"]).all()
+    return
+  eps = config.model.norm_eps
+  alpha = (2 * 2) ** 0.25 if placement == "deepnorm" else 1.0  # DeepNet: (2N)^(1/4), N = 2
+  x = params["embedding"][tokens] + _positions(16, 32)
+  for i in range(2):
+    p = _layer(params, "layers" in params, i)
+    before = alpha * x + ref.attention(x, p["attention"], causal=True)
+    assert tel["attn_norm_input_rms"][i] == pytest.approx(np.sqrt(np.mean(before**2)), rel=1e-4)
+    x = ref.layernorm(before, p["attention_norm"]["scale"], p["attention_norm"]["bias"], eps)
+    before = alpha * x + ref.mlp(x, p["mlp"])
+    assert tel["mlp_norm_input_rms"][i] == pytest.approx(np.sqrt(np.mean(before**2)), rel=1e-4)
+    x = ref.layernorm(before, p["mlp_norm"]["scale"], p["mlp_norm"]["bias"], eps)
+    assert tel["act_rms"][i] == pytest.approx(np.sqrt(np.mean(x**2)), rel=1e-4)
 
 
 @pytest.mark.slow  # two programs at XLA's full optimization: a fifth of the fast suite's time
@@ -153,8 +184,9 @@ def test_locator_names_the_first_non_finite_site(make_config, scan):
 @pytest.mark.filterwarnings("ignore:Sharding info not provided")
 def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
   """metrics.jsonl's update_size at step t is ||f(x; theta_t) - f(x; theta_t-1)|| on the first
-  eval batch: recomputed here from the checkpointed parameters of consecutive steps, two
-  forward passes and the norm in numpy."""
+  eval batch, and accumulated_update ||f(x; theta_t) - f(x; theta_0)||: recomputed here from
+  the checkpointed parameters of consecutive steps and the initial ones, two forward passes
+  and the norm in numpy; a run resumed after step 2 records the same values."""
   import orbax.checkpoint as ocp
   from configs import seed_figure
   from normstudy.core import config as config_lib
@@ -169,13 +201,26 @@ def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
               "data.data_dir": str(tmp_path / "tfds"), "train.num_steps": 4,
               "train.eval_every": 4, "train.checkpoint_every": 1, "train.max_to_keep": 5,
               "optimizer.warmup_steps": 1, "optimizer.learning_rate": 0.01,
-              "train.update_size_steps": 3}
+              "optimizer.schedule": "constant", "train.update_size_steps": 3}
   runs.run_module("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
                   f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in settings.items()))
   records = {r["step"]: r for r in runs.records(workdir)}
   recorded = {step: r.get("update_size") for step, r in records.items()}
+  accumulated = {step: r.get("accumulated_update") for step, r in records.items()}
   # Step 1 trains at the warm-up's learning rate 0: nothing moves; none after step 3.
   assert records[1]["lr"] == 0 and recorded[1] == 0.0 and recorded[4] is None
+  assert accumulated[1] == 0.0 and accumulated[4] is None
+
+  # Stopped after step 2, then continued: the accumulated update still starts from theta_0.
+  resumed = tmp_path / "resumed"
+  for num_steps in (2, 4):
+    runs.run_module("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
+                    f"--workdir={resumed}", *(f"--config.{k}={v}" for k, v in
+                                              {**settings, "train.num_steps": num_steps}.items()))
+  again = {r["step"]: r for r in runs.records(resumed)}
+  assert [again[s].get("accumulated_update") for s in (1, 2, 3)] == [
+      accumulated[s] for s in (1, 2, 3)]
+  assert again[3]["update_size"] == recorded[3]
 
   config = seed_figure.get_config("pre_norm_clip1")
   config_lib.apply_overrides(config, settings)
@@ -192,3 +237,11 @@ def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
     change = outputs(step) - outputs(step - 1)
     expected = np.sqrt(np.mean(np.sum(change ** 2, axis=-1)))
     assert recorded[step] == pytest.approx(expected, rel=1e-4)
+  initial = jax.tree.map(np.asarray, inprocess.create_train_state(config).params)
+  start = np.asarray(model.apply({"params": initial}, batch["tokens"], batch.get("mask")),
+                     np.float64)
+  for step in (2, 3):
+    change = outputs(step) - start
+    expected = np.sqrt(np.mean(np.sum(change ** 2, axis=-1)))
+    assert accumulated[step] == pytest.approx(expected, rel=1e-4)
+  assert accumulated[3] != pytest.approx(recorded[3], rel=1e-2)  # two measures, not one

@@ -179,7 +179,8 @@ _TRAIN = (
     _f("train.telemetry_every", 0, "per-layer telemetry every this many steps",
        ("0 (off) or an integer >= 1", lambda v: v >= 0)),
     _f("train.update_size_steps", 0, "the first this many steps record update_size: DeepNet's "
-       "||f(x; theta_t+1) - f(x; theta_t)|| on the first eval batch",
+       "||f(x; theta_t+1) - f(x; theta_t)|| on the first eval batch, and accumulated_update, "
+       "||f(x; theta_t) - f(x; theta_0)||",
        ("0 (off) or an integer >= 1", lambda v: v >= 0)),
     _f("train.steps_per_dispatch", 16, "plain train steps taken in one compiled loop between "
        "host round trips (records, evaluations, checkpoints and telemetry steps end a block; the "

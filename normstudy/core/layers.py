@@ -407,8 +407,19 @@ class Block(nn.Module):
           layer_param=layer_param)
 
     def norms_of(prefix):
-      return lambda slot: make_norm(cfg, f"{prefix}_norm" if slot == "in" else
-                                    f"{prefix}_{slot}_norm")
+      def norm(slot):
+        module = make_norm(cfg, f"{prefix}_norm" if slot == "in" else f"{prefix}_{slot}_norm")
+        if slot != "in":
+          return module
+
+        def sown(h):
+          # What the sublayer's norm is given (Post-LN: alpha x + F(x), whose growth with depth
+          # DeepNet follows; Pre-LN: the residual stream itself).
+          telemetry.sow_stat(self, self.probe, f"{'attn' if prefix == 'attention' else prefix}"
+                             "_norm_input_rms", lambda: telemetry.rms(h))
+          return module(h)
+        return sown
+      return norm
 
     def branch(f, prefix):
       def dropped(h):

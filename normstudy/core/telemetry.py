@@ -75,13 +75,20 @@ def _layer_values(cfg, tree, path) -> jax.Array:
 
 # Which module of a block sows each statistic.
 _SOWN_BY = {"attn_logit_max": ("attention",), "attn_entropy": ("attention",),
-            "mlp_preact_absmax": ("mlp",), "act_rms": (), "resid_absmax": ()}
+            "mlp_preact_absmax": ("mlp",), "act_rms": (), "resid_absmax": (),
+            "attn_norm_input_rms": (), "mlp_norm_input_rms": ()}
 
 
-def _sown(cfg, module: tuple) -> bool:
-  """Whether the blocks have the module that sows under `module` (no attention sublayer with
-  model.attention=none)."""
-  return module != ("attention",) or cfg.attention != "none"
+def _sown(cfg, tree, path: tuple) -> bool:
+  """Whether the blocks sowed the value at `path` (module names, then the value's name): not
+  attention's without an attention sublayer (model.attention=none), no norm's input in a
+  placement without norms (ReZero)."""
+  node = tree["layers"] if cfg.scanned else tree.get("layer_0", {})
+  for key in path:
+    if key not in node:
+      return False
+    node = node[key]
+  return True
 
 
 def per_layer_norms(cfg, tree) -> jax.Array:
@@ -96,7 +103,8 @@ def per_layer_norms(cfg, tree) -> jax.Array:
 def collect(cfg, intermediates, logits, grads, updates, params) -> dict:
   """The telemetry of one step: per-layer arrays [num_layers] and global scalars."""
   out = {name: _layer_values(cfg, intermediates, _SOWN_BY[name] + (name,))
-         if _sown(cfg, _SOWN_BY[name]) else jnp.full(cfg.num_layers, jnp.nan)
+         if _sown(cfg, intermediates, _SOWN_BY[name] + (name,))
+         else jnp.full(cfg.num_layers, jnp.nan)
          for name in keys.SOWN_LAYER_METRICS}
   out["grad_norm"] = per_layer_norms(cfg, grads)
   out["update_norm"] = per_layer_norms(cfg, updates)
@@ -126,8 +134,9 @@ def site_flags(cfg, sown) -> dict:
         "mlp") else ()
     # A block without attention (model.attention=none) has no attention sites: nothing there
     # can go non-finite.
-    layers[site] = (_layer_values(cfg, sown, module + (site,)) if _sown(cfg, module) else
-                    jnp.ones(cfg.num_layers, bool))
+    layers[site] = (_layer_values(cfg, sown, module + (site,))
+                    if module != ("attention",) or cfg.attention != "none"
+                    else jnp.ones(cfg.num_layers, bool))
   return {"embedding": sown["embedding"][0], "layers": layers, "logits": sown["logits"][0]}
 
 

@@ -77,7 +77,7 @@ class PendingStep:
   metrics: Any
   batch: Any
   eval_losses: Any = None
-  update_sizes: Any = None  # [K] on the first train.update_size_steps steps
+  update_sizes: Any = None  # {record key: [K]} on the first train.update_size_steps steps
   first: int | None = None  # a block's first step; None for a single step
 
   @property
@@ -200,6 +200,12 @@ class Program:
     self.eval_batches = [
         sharding.global_batch(self.mesh, jax.tree.map(lambda x, i=i: x[:, i], eval_data))
         for i in range(self.config.train.eval_steps)]
+    # f(x; theta_0) on the first eval batch while update sizes are measured: the base of the
+    # accumulated update. The initial state is a pure function of the configs, so a program
+    # that resumes has it too.
+    self.initial_outputs = (
+        self.steps.outputs(self.steps.params(self.state), self.eval_batches[0])
+        if self.config.train.update_size_steps else None)
     self.last_steps = frozenset(c.train.num_steps for c in configs)  # runs may differ
     self.start_step, self.last_saved = 0, None
     self.resolved_at = (0, time.perf_counter())  # the last step whose records were written, when
@@ -358,6 +364,8 @@ class Program:
     work = self.stage(step + 1)
     if step < train_cfg.update_size_steps:
       self.outputs = self.steps.outputs(self.steps.params(self.state), self.eval_batches[0])
+    else:  # resumed past the measured steps
+      self.initial_outputs = None
     while len(self.stopped) < len(self.runs) and self.halted_line is None:
       resolved = None
       if self.pending is not None:  # the dispatch before: was it finite, did its runs stop?
@@ -392,11 +400,15 @@ class Program:
 
   def measure_update(self):
     """Each run's update size of the step just dispatched (normstudy.core.steps.update_size) on
-    the first eval batch, the same rows and masks for every run; device arrays [K]."""
+    the first eval batch, the same rows and masks for every run, and its accumulated update
+    (the same size measured from the initial parameters): {record key: device array [K]}."""
     after = self.steps.outputs(self.steps.params(self.state), self.eval_batches[0])
-    sizes = _update_size(self.outputs, after)
-    last = self.pending.step >= self.config.train.update_size_steps
-    self.outputs = None if last else after  # the last measured step lets the logits go
+    sizes = {keys.UPDATE_SIZE: _update_size(self.outputs, after),
+             keys.ACCUMULATED_UPDATE: _update_size(self.initial_outputs, after)}
+    if self.pending.step >= self.config.train.update_size_steps:  # the logits can go
+      self.outputs = self.initial_outputs = None
+    else:
+      self.outputs = after
     return sizes
 
   def evaluate(self):
@@ -454,8 +466,8 @@ class Program:
                    if key not in keys.STEP_KEYS + CONTROL_KEYS})
     if one.eval_losses is not None:
       record[keys.EVAL_LOSS] = one.eval_losses[k]
-    if one.update_sizes is not None:
-      record[keys.UPDATE_SIZE] = float(one.update_sizes[k])
+    for key, sizes in (one.update_sizes or {}).items():
+      record[key] = float(sizes[k])
     if values.get("telemetry") is not None:
       record.update(telemetry.flatten(jax.tree.map(lambda x: x[k], values["telemetry"])))
       if self.loss_scaled:

@@ -1,7 +1,7 @@
 """The keys of metrics.jsonl's records, defined once: what the loop writes and the analysis reads.
 
 Every logged step: STEP_KEYS (after `step`), and TOKENS_PER_SEC. On some steps: EVAL_LOSS (eval
-steps), UPDATE_SIZE (the first train.update_size_steps steps), NONFINITE_AT (a step that went
+steps), UPDATE_SIZE and ACCUMULATED_UPDATE (the first train.update_size_steps steps), NONFINITE_AT (a step that went
 non-finite: where), and an auxiliary loss term's value under its own key (`z_loss`). On
 telemetry steps: per-layer metrics as `<name>/layer_<i>` (`layer_key`), GLOBAL_METRICS, and
 FP16_OVERFLOWS for float16 runs.
@@ -22,6 +22,8 @@ STEP_KEYS = (LOSS, GRAD_NORM, CLIPPED, LR, LOSS_SCALE, SKIPPED, SKIPPED_TOTAL)
 
 EVAL_LOSS = "eval_loss"
 UPDATE_SIZE = "update_size"  # DeepNet's ||f(x; theta_t+1) - f(x; theta_t)|| (core.steps)
+# DeepNet's accumulated update ||f(x; theta_t) - f(x; theta_0)||, beside UPDATE_SIZE
+ACCUMULATED_UPDATE = "accumulated_update"
 TOKENS_PER_SEC = "tokens_per_sec"
 NONFINITE_AT = "nonfinite_at"
 FP16_OVERFLOWS = "fp16_overflows"
@@ -34,6 +36,11 @@ SOWN_LAYER_METRICS = (
     "act_rms",  # RMS of the residual stream after the block
     "resid_absmax",  # max |x| of the residual stream after the block
     "mlp_preact_absmax",  # max |input of the MLP activation|
+    # RMS of the input of each sublayer's norm (the placement's "in" norm: Post-LN's
+    # alpha x + F(x), Pre-LN's residual stream), at its first use in the layer (a scanned Mix-LN
+    # stack computes both uses: its Pre-LN one); NaN for a placement without norms (ReZero)
+    "attn_norm_input_rms",
+    "mlp_norm_input_rms",
 )
 # Per-layer telemetry computed by the step from gradients, updates and parameters.
 STEP_LAYER_METRICS = ("grad_norm", "update_norm", "param_norm")
