@@ -28,9 +28,16 @@ def _write_depth_runs(tmp_path, cells):
         (directory / "run.json").write_text(json.dumps(info))
         (directory / "config.json").write_text(json.dumps(
             {"model": {"causal": False, "dtype": "float32"}, "optimizer": {"warmup_steps": 1}}))
-        records = [{"step": 1, "loss": 5.0, "lr": 0.0, "update_size": 0.0},
-                   {"step": 2, "loss": 4.9, "lr": 1e-3, "update_size": size},
-                   {"step": 3, "loss": 4.8, "lr": 1e-3, "update_size": 3 * size},
+        # The accumulated update grows by the step's size; telemetry at step 2: what each
+        # layer's norms were given (layer i: (i + 1) * size, the MLP's twice the attention's).
+        norms = {f"{name}/layer_{i}": (i + 1) * size * factor for i in range(2)
+                 for name, factor in (("attn_norm_input_rms", 1), ("mlp_norm_input_rms", 2))}
+        records = [{"step": 1, "loss": 5.0, "lr": 0.0, "update_size": 0.0,
+                    "accumulated_update": 0.0},
+                   {"step": 2, "loss": 4.9, "lr": 1e-3, "update_size": size,
+                    "accumulated_update": size, **norms},
+                   {"step": 3, "loss": 4.8, "lr": 1e-3, "update_size": 3 * size,
+                    "accumulated_update": 2.5 * size},
                    {"step": 4, "loss": 4.7, "lr": 1e-3,
                     **({"eval_loss": final} if final is not None else {})}]
         (directory / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
@@ -71,7 +78,8 @@ def test_depth_analysis_counts_converged_runs_and_tests_them_exactly(tmp_path):
   assert table.loc[("deepnorm", 6), "progress"] == pytest.approx(
       np.mean([(4.0 - f) / 2.0 for f in finals["deepnorm"][6]]))
   # Deepest against shallowest per arm, paired by seed: scipy's paired t and the 2^4 signs.
-  trend = tests[tests.test.str.contains("deepest")].set_index("arm_a").loc["post_norm"]
+  trend = tests[tests.test.str.contains("deepest") & tests.test.str.contains("first")].set_index(
+      "arm_a").loc["post_norm"]
   deep, shallow = np.log10(sizes["post_norm"][24]), np.log10(sizes["post_norm"][6])
   assert trend.p == pytest.approx(scipy_stats.ttest_rel(deep, shallow).pvalue)
   d = deep - shallow
@@ -82,6 +90,24 @@ def test_depth_analysis_counts_converged_runs_and_tests_them_exactly(tmp_path):
   series = pd.read_csv(outputs["depth_updates"]).set_index(["arm", "depth", "step"])
   assert series.loc[("post_norm", 24, 3), "update_size"] == pytest.approx(3 * first)
   assert ("post_norm", 24, 1) not in series.index  # lr 0: nothing moved
+  assert series.loc[("post_norm", 24, 3), "accumulated_update"] == pytest.approx(2.5 * first)
+  # The accumulated update at the last recorded step per run, and its trend over depth.
+  assert table.loc[("post_norm", 24), "accumulated_update"] == pytest.approx(2.5 * first)
+  accumulated = tests[tests.test.str.contains("accumulated")].set_index("arm_a").loc["post_norm"]
+  assert accumulated.p == pytest.approx(scipy_stats.ttest_rel(
+      np.log10(2.5 * np.array(sizes["post_norm"][24])),
+      np.log10(2.5 * np.array(sizes["post_norm"][6]))).pvalue)
+  assert accumulated.difference == pytest.approx(np.mean(deep - shallow))
+  # The norm inputs per layer: geometric means over the seeds' values.
+  norms = pd.read_csv(outputs["depth_norm_inputs"]).set_index(["arm", "depth", "step", "layer"])
+  cell = norms.loc[("deepnorm", 6, 2, 1)]
+  assert cell.mlp_norm_input_rms == pytest.approx(
+      10 ** np.mean(np.log10(2 * 2 * np.array(sizes["deepnorm"][6]))))
+  assert cell.attn_norm_input_rms_runs == 4
+  low, high = cell.attn_norm_input_rms_low, cell.attn_norm_input_rms_high
+  logs = np.log10(2 * np.array(sizes["deepnorm"][6]))
+  half = scipy_stats.t.ppf(0.975, 3) * logs.std(ddof=1) / 2
+  assert (low, high) == pytest.approx((10 ** (logs.mean() - half), 10 ** (logs.mean() + half)))
   assert os.path.exists(outputs["depth_figure"])
   text = open(outputs["observations"], encoding="utf-8").read()
   assert "Holm-adjusted p" in text and "0/4 converged" in text
