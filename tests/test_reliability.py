@@ -164,7 +164,7 @@ BAD_VALUES = [
     ("model.dtype", "float64", "allowed: float32, bfloat16, float16"),
     ("model.init", "he", "allowed: xavier, bert"),
     ("model.attention_relax_form", "late", "allowed: pb_relax, after_product"),
-    ("data.name", "no_such_dataset", "allowed: synthetic, text_files or a TFDS catalog"),
+    ("data.name", "no_such_dataset", "allowed: synthetic, text_files, shakespeare, kjv or a TFDS catalog"),
     ("optimizer.schedule", "step", "allowed: constant, cosine, linear, polynomial"),
     ("model.num_heads", 5, "does not divide config.model.d_model=128"),
     ("optimizer.clip_norm", -1.0, "None or 0 (off), or a number > 0"),

@@ -81,6 +81,14 @@ def reference_lines(facts: runs_lib.Run) -> set:
   return lines
 
 
+def has_floor(facts: runs_lib.Run) -> bool:
+  """Whether the run's data know its loss floor (the synthetic languages do; real text does
+  not)."""
+  info = facts.info
+  return info.entropy_floor is not None or (not facts.causal
+                                            and info.masked_loss_floor is not None)
+
+
 def comparison_figure(loaded: runs_lib.Runs, smoothing: float = DEFAULT_SMOOTHING):
   """The study's figure: training loss (with eval loss and the entropy floor), and, when any run
   trained in float16, the dynamic loss scale (log2). A run that halted or diverged ends with an
@@ -98,7 +106,7 @@ def comparison_figure(loaded: runs_lib.Runs, smoothing: float = DEFAULT_SMOOTHIN
   else:
     loss_ax, scale_ax = fig.subplots(1, 1), None
   floors = set()
-  any_stopped = False
+  any_stopped = floorless = False
   for i, (run, facts) in enumerate(loaded.runs.items()):
     look = style(i)
     label = facts.label
@@ -120,6 +128,7 @@ def comparison_figure(loaded: runs_lib.Runs, smoothing: float = DEFAULT_SMOOTHIN
       scale_ax.plot(scale.index, scale.values, linewidth=1.0, **look)
       _mark_end(scale_ax, scale, look["color"], stopped)
     floors.update(reference_lines(facts))
+    floorless |= not has_floor(facts)
   for value, label, linestyle in sorted(floors):
     loss_ax.axhline(value, color="black", linestyle=linestyle, linewidth=1.0, label=label)
   handles, _ = loss_ax.get_legend_handles_labels()
@@ -128,6 +137,9 @@ def comparison_figure(loaded: runs_lib.Runs, smoothing: float = DEFAULT_SMOOTHIN
   if any_stopped:
     handles.append(Line2D([], [], color="gray", linestyle="none", marker="X",
                           markeredgecolor="black", label="halted / diverged here"))
+  if floorless:
+    handles.append(Line2D([], [], linestyle="none",
+                          label="no exact loss floor (real text): none drawn"))
   loss_ax.legend(handles=handles, fontsize=8)
   loss_ax.set_ylabel("Loss (nats/token)" + (f", EMA {smoothing:g}" if smoothing > 0 else ""))
   loss_ax.set_title("Training Loss Comparison")

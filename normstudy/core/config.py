@@ -114,13 +114,15 @@ _OPTIMIZER = (
 )
 
 _DATA = (
-    _f("data.name", "synthetic", "the dataset", "synthetic, text_files or a TFDS catalog "
-       "dataset with a text feature (lm1b, c4/en, ...)"),
+    _f("data.name", "synthetic", "the dataset: shakespeare and kjv are real English text "
+       "(normstudy.data.corpora)", "synthetic, text_files, shakespeare, kjv or a TFDS "
+       "catalog dataset with a text feature (lm1b, c4/en, ...)"),
     _f("data.data_dir", None, "where datasets are generated or prepared; None: the TFDS "
        "default (~/tensorflow_datasets)", "None or a directory", kind=str),
     _f("data.files", "", "text_files: a glob of UTF-8 text files (byte-level tokens)",
        "a glob"),
-    _f("data.validation_fraction", 0.05, "text_files: the tail of the corpus held out",
+    _f("data.validation_fraction", 0.05, "text_files: the tail of the corpus held out; "
+       "shakespeare, kjv: every 1/fraction-th document (play, book) held out",
        ("a number in (0, 1)", lambda v: 0 < v < 1)),
     _f("data.seed", 0, "synthetic: the generator's seed", _SEED),
     _f("data.branching", 8, "synthetic: successors per token", _INT_1),
@@ -133,8 +135,9 @@ _DATA = (
     _f("data.text_feature", "text", "TFDS datasets: the text feature", "a feature's name"),
     _f("data.validation_split", "", "TFDS datasets: the held-out split (\"\": validation, else "
        "test)", "a split's name"),
-    _f("data.tokenizer", "bytes", "TFDS datasets: bytes, train (a SentencePiece model trained "
-       "from the train split on first use) or a SentencePiece .model's path",
+    _f("data.tokenizer", "bytes", "TFDS datasets, shakespeare, kjv: bytes, train (a "
+       "SentencePiece model trained from the train split on first use) or a SentencePiece "
+       ".model's path",
        "bytes, train or a path"),
     _f("data.tokenizer_train_bytes", 2**24, "tokenizer=train: bytes of text it trains on",
        "an integer"),

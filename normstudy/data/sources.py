@@ -2,14 +2,17 @@
 and a validation split (`load_splits`), with the reference losses the source knows.
 
 Sources: `synthetic` (normstudy.data.synthetic, generated locally; its floors:
-normstudy.data.floors), `text_files` (UTF-8 files, byte-level tokens) and TFDS catalog datasets
-(tokenized by normstudy.data.tokenizers). Rows become batches in normstudy.data.batches.
+normstudy.data.floors), `text_files` (UTF-8 files, byte-level tokens), the real-text corpora
+`shakespeare` and `kjv` (normstudy.data.corpora, installed from pinned packages) and TFDS
+catalog datasets (the last two tokenized by normstudy.data.tokenizers). Rows become batches in normstudy.data.batches.
 """
 
 import contextlib
 import dataclasses
 import glob
+import hashlib
 import io
+import json
 import os
 from typing import Optional
 
@@ -20,7 +23,9 @@ from normstudy import errors
 from normstudy.data import floors
 from normstudy.data import tokenizers
 
-DATASETS = ("synthetic", "text_files")  # besides any TFDS catalog dataset with a text feature
+# Besides any TFDS catalog dataset with a text feature; the real-text corpora are
+# normstudy.data.corpora's (kept in step by tests/test_data.py).
+DATASETS = ("synthetic", "text_files", "shakespeare", "kjv")
 
 
 @dataclasses.dataclass
@@ -148,6 +153,78 @@ def _text_files(data_cfg, max_len: int) -> TokenSplits:
                      f"text_files:{data_cfg.files}")
 
 
+def _corpus_cache(config, corpus) -> str:
+  """Where a corpus's encoded splits (and its trained SentencePiece model) are kept: beside the
+  dataset, named by what decides them (the archive, the split, the tokenizer)."""
+  data_cfg = config.data
+  if data_cfg.tokenizer in ("bytes", "train"):
+    tokenizer = "bytes" if data_cfg.tokenizer == "bytes" else f"sp{config.model.vocab_size}"
+  elif not os.path.exists(data_cfg.tokenizer):
+    raise ValueError(f"config.data.tokenizer={data_cfg.tokenizer!r}: no such SentencePiece model")
+  else:
+    with open(data_cfg.tokenizer, "rb") as f:
+      tokenizer = "sp-" + hashlib.sha256(f.read()).hexdigest()[:12]
+  root = os.path.expanduser(data_cfg.data_dir or default_dir())
+  return os.path.join(root, "corpora", f"{corpus.name}-{corpus.sha256[:12]}-"
+                      f"val{data_cfg.validation_fraction:g}-{tokenizer}")
+
+
+def _corpus(config) -> TokenSplits:
+  """A real-text corpus (normstudy.data.corpora), split by document, tokenized, cached."""
+  from normstudy.data import corpora
+  data_cfg, max_len = config.data, config.model.max_len
+  corpus = corpora.CORPORA[data_cfg.name]
+  stem = _corpus_cache(config, corpus)
+  cached = f"{stem}.npz"
+  if not os.path.exists(cached):
+    train, validation = corpora.split_documents(corpora.documents(corpus),
+                                                data_cfg.validation_fraction)
+    # SentencePiece trains on lines (it skips a "sentence" longer than 4192 bytes).
+    encode, separator = tokenizers.tokenizer(
+        data_cfg, config.model.vocab_size,
+        lambda: [line for _, text in train for line in text.splitlines() if line],
+        model_path=f"{stem}.model")
+    streams = {name: np.concatenate([np.asarray(encode(text) + separator, np.int32)
+                                     for _, text in docs])
+               for name, docs in (("train", train), ("validation", validation))}
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    partial = f"{stem}.{os.getpid()}.partial.npz"
+    np.savez(partial, **streams,
+             documents=np.array(json.dumps({"train": [n for n, _ in train],
+                                            "validation": [n for n, _ in validation]})))
+    os.replace(partial, cached)
+  with np.load(cached) as saved:
+    streams = {name: saved[name] for name in ("train", "validation")}
+  if streams["train"].max() >= config.model.vocab_size:
+    raise ValueError(f"data.name={corpus.name} with data.tokenizer={data_cfg.tokenizer!r} has "
+                     f"token ids up to {int(streams['train'].max())}: config.model.vocab_size="
+                     f"{config.model.vocab_size} must be above that")
+  return TokenSplits(pack([streams["train"]], max_len), pack([streams["validation"]], max_len),
+                     None, f"{corpus.name}:{corpus.requirement}:{data_cfg.tokenizer}",
+                     unigram_entropy=corpora.unigram_entropy(streams["train"]))
+
+
+def corpus_documents(config) -> dict:
+  """{"train": [...], "validation": [...]}: the names of the documents in each split of a
+  corpus's cached splits (after load_splits built them)."""
+  from normstudy.data import corpora
+  with np.load(f"{_corpus_cache(config, corpora.CORPORA[config.data.name])}.npz") as saved:
+    return json.loads(str(saved["documents"]))
+
+
+def check_corpus(config) -> None:
+  """ConfigError unless a corpus config's archive is installed and intact (asked before a run's
+  directory is created)."""
+  from normstudy.data import corpora
+  corpus = corpora.CORPORA.get(config.data.name)
+  if corpus is None:
+    return
+  try:
+    corpora.read_archive(corpus)
+  except ValueError as e:
+    raise errors.ConfigError(str(e)) from None
+
+
 def is_catalog_dataset(name: str) -> bool:
   """Whether `name` is in the TFDS catalog, in tfds's own syntax ("lm1b", "c4/en",
   "lm1b:1.1.0", a community "namespace:name"). Community datasets are listed only for a
@@ -228,6 +305,8 @@ def load_splits(config) -> TokenSplits:
   if name == "text_files":
     return _text_files(config.data, config.model.max_len)
   try:
+    if name in ("shakespeare", "kjv"):
+      return _corpus(config)
     return _synthetic(config) if name == "synthetic" else _catalog(config)
   except Exception as exc:
     if errors.disk_full(exc):

