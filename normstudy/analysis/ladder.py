@@ -1,0 +1,162 @@
+"""The size ladder's statistics: how an arm's critical learning rate moves with model size, and
+whether the ladder's small end predicts its largest rung (issue 42; Wortsman et al. 2023, "Small-
+scale proxies for large-scale Transformer training instabilities": the learning rate where
+instabilities begin falls with size along a regular trend, so a ladder of small models can
+locate a large model's cliff).
+
+The model, per arm, dtype and size axis (d_model on a width ladder, num_layers on a depth
+ladder, parameters over every rung): log10 critical_lr = a + b log10 size + e, e independent
+with one variance, fitted by least squares (`fit`). Its checks:
+  held out  `heldout`: the fit without the largest rung predicts that rung, with the 95% t
+            prediction interval of a new observation (Montgomery & Peck, Introduction to
+            Linear Regression Analysis, section 2.5), and says whether the measured value falls
+            inside; with 3 rungs left the interval has 1 degree of freedom and is wide, as it
+            should be (tests/test_ladder.py: coverage of the true value in a simulated ladder
+            with a known power law)
+  interaction `interaction`: two arms measured at the same rungs, whether their ratio changes
+            with size: the least-squares slope of log10(critical_lr_a / critical_lr_b) against
+            log10 size, its t-test against 0 (n - 2 degrees of freedom)
+  extrapolation `predict`: the fit over every rung at a size outside the ladder (the paper's
+            24 x 1024) with its prediction interval; beyond the rungs it is a trend check, not a
+            prediction (a trend measured over one decade need not hold over three: the optimal
+            rate's trend bends at scale), and `within` says which it is
+
+Everything works on log10 values; intervals come back as learning rates.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+LEVEL = 0.95
+
+LADDER_COLUMNS = ["arm", "dtype", "num_layers", "d_model", "params", "critical_lr",
+                  "critical_lr_low", "critical_lr_high"]
+FIT_COLUMNS = ["arm", "dtype", "axis", "slope", "slope_low", "slope_high", "heldout_predicted",
+               "heldout_low", "heldout_high", "heldout_measured", "heldout_inside", "rungs",
+               "intercept", "residual_sd"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+  """log10 y = intercept + slope log10 x, by least squares over n rungs."""
+  intercept: float
+  slope: float
+  slope_low: float
+  slope_high: float
+  residual_sd: float  # NaN with 2 rungs (no degree of freedom left)
+  n: int
+  x_mean: float  # of log10 x
+  sxx: float  # sum of squared deviations of log10 x
+  residuals: tuple  # log10 y minus the fit, per rung in the order given
+
+  def prediction(self, x: float) -> tuple[float, float, float]:
+    """(predicted y, low, high) at size x: the 95% t interval of a new observation."""
+    lx = math.log10(x)
+    centre = self.intercept + self.slope * lx
+    if self.n < 3 or not np.isfinite(self.residual_sd):
+      return 10 ** centre, math.nan, math.nan
+    half = (scipy_stats.t.ppf(0.5 + LEVEL / 2, self.n - 2) * self.residual_sd
+            * math.sqrt(1 + 1 / self.n + (lx - self.x_mean) ** 2 / self.sxx))
+    return 10 ** centre, 10 ** (centre - half), 10 ** (centre + half)
+
+
+def fit(sizes, critical_lrs) -> Fit:
+  """The least-squares line of log10 critical_lrs on log10 sizes, with the slope's 95% t
+  interval (n - 2 degrees of freedom). ValueError for fewer than two distinct sizes."""
+  x = np.log10(np.asarray(sizes, dtype=float))
+  y = np.log10(np.asarray(critical_lrs, dtype=float))
+  if len(np.unique(x)) < 2:
+    raise ValueError(f"a fit over sizes needs two distinct sizes, got {list(sizes)}")
+  n, x_mean = len(x), float(x.mean())
+  sxx = float(np.sum((x - x_mean) ** 2))
+  slope = float(np.sum((x - x_mean) * (y - y.mean())) / sxx)
+  intercept = float(y.mean() - slope * x_mean)
+  residuals = y - (intercept + slope * x)
+  if n > 2:
+    sd = float(math.sqrt(np.sum(residuals ** 2) / (n - 2)))
+    half = scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 2) * sd / math.sqrt(sxx)
+  else:
+    sd = half = math.nan
+  return Fit(intercept, slope, slope - half, slope + half, sd, n, x_mean, sxx,
+             tuple(float(r) for r in residuals))
+
+
+def heldout(sizes, critical_lrs) -> dict:
+  """The largest rung predicted by the fit over the others: {"predicted", "low", "high",
+  "measured", "inside"} (inside: the measured value within the 95% prediction interval; None
+  when the interval cannot be formed, fewer than 3 rungs left)."""
+  sizes, lrs = np.asarray(sizes, dtype=float), np.asarray(critical_lrs, dtype=float)
+  largest = int(np.argmax(sizes))
+  rest = np.arange(len(sizes)) != largest
+  predicted, low, high = fit(sizes[rest], lrs[rest]).prediction(sizes[largest])
+  measured = float(lrs[largest])
+  inside = bool(low <= measured <= high) if np.isfinite(low) else None
+  return {"predicted": predicted, "low": low, "high": high, "measured": measured,
+          "inside": inside}
+
+
+def interaction(sizes, critical_lrs_a, critical_lrs_b) -> dict:
+  """Whether arm a's critical learning rate over arm b's changes with size (the same rungs,
+  paired by position): {"slope" (decades of the ratio per decade of size), "slope_low",
+  "slope_high", "t", "df", "p"}: the least-squares slope of log10(a / b) on log10 size and its
+  two-sided t-test against 0."""
+  ratio = np.asarray(critical_lrs_a, dtype=float) / np.asarray(critical_lrs_b, dtype=float)
+  line = fit(sizes, ratio)
+  df = line.n - 2
+  if df < 1 or not np.isfinite(line.residual_sd):
+    return {"slope": line.slope, "slope_low": math.nan, "slope_high": math.nan, "t": math.nan,
+            "df": float(df), "p": math.nan}
+  se = line.residual_sd / math.sqrt(line.sxx)
+  if se == 0:
+    t = 0.0 if line.slope == 0 else math.copysign(math.inf, line.slope)
+  else:
+    t = line.slope / se
+  p = float(2 * scipy_stats.t.sf(abs(t), df)) if np.isfinite(t) else (0.0 if t else 1.0)
+  return {"slope": line.slope, "slope_low": line.slope_low, "slope_high": line.slope_high,
+          "t": t, "df": float(df), "p": p}
+
+
+def predict(sizes, critical_lrs, size: float) -> dict:
+  """The fit over every rung at `size`: {"predicted", "low", "high", "within"} (within: the
+  size lies inside the ladder's range, where the fit interpolates)."""
+  predicted, low, high = fit(sizes, critical_lrs).prediction(size)
+  return {"predicted": predicted, "low": low, "high": high,
+          "within": bool(min(sizes) <= size <= max(sizes))}
+
+
+def _ladders(table: pd.DataFrame):
+  """(axis, rows) per size axis of one arm and dtype's rungs: d_model over the rungs that share
+  the most common depth, num_layers over those that share the most common width, params over
+  every rung; an axis with fewer than two sizes is left out."""
+  if table.num_layers.nunique() and len(table):
+    depth = table.num_layers.mode().iloc[0]
+    width = table.d_model.mode().iloc[0]
+    for axis, rows in (("d_model", table[table.num_layers == depth]),
+                       ("num_layers", table[table.d_model == width]), ("params", table)):
+      if rows[axis].nunique() >= 2:
+        yield axis, rows
+
+
+def fit_table(ladder: pd.DataFrame) -> pd.DataFrame:
+  """ladder_fit.csv from ladder.csv's rows (LADDER_COLUMNS): per arm, dtype and axis the slope
+  with its interval and the held-out test of the largest rung; rungs without a finite critical
+  learning rate are left out."""
+  out = []
+  usable = ladder[np.isfinite(ladder.critical_lr) & (ladder.critical_lr > 0)]
+  for (arm, dtype), table in usable.groupby(["arm", "dtype"], sort=False):
+    for axis, rows in _ladders(table):
+      line = fit(rows[axis], rows.critical_lr)
+      held = (heldout(rows[axis].to_numpy(), rows.critical_lr.to_numpy()) if len(rows) >= 3
+              else {"predicted": math.nan, "low": math.nan, "high": math.nan,
+                    "measured": math.nan, "inside": None})
+      out.append({"arm": arm, "dtype": dtype, "axis": axis, "slope": line.slope,
+                  "slope_low": line.slope_low, "slope_high": line.slope_high,
+                  "heldout_predicted": held["predicted"], "heldout_low": held["low"],
+                  "heldout_high": held["high"], "heldout_measured": held["measured"],
+                  "heldout_inside": held["inside"], "rungs": len(rows),
+                  "intercept": line.intercept, "residual_sd": line.residual_sd})
+  return pd.DataFrame(out, columns=FIT_COLUMNS)
