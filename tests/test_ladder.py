@@ -2,6 +2,7 @@
 squares, and simulated ladders whose power law is known."""
 
 import math
+import os
 
 import numpy as np
 import pandas as pd
@@ -107,3 +108,65 @@ def test_the_fit_table_fits_each_ladder_on_its_own_axis():
   assert got.loc[("post_norm_deepnorm_clip1", "num_layers"), "rungs"] == 4  # 4, 8, 16, 24 at 64
   assert got.loc[("pre_norm_clip1", "params"), "heldout_measured"] == pytest.approx(
       10 ** (0.3 - 0.7 * math.log10(12 * 4 * 256 ** 2)))  # the largest: 4 x 256
+
+
+def _write_rung(directory, model, found):
+  """A rung as `make ladder` leaves it: a search's sweep.json, one run's config.json and the
+  analysis's critical_lr.csv ({arm: critical lr})."""
+  import json
+  run = directory / "pre_norm_clip1" / "lr0.1_seed0"
+  run.mkdir(parents=True)
+  (run / "config.json").write_text(json.dumps({"model": model}))
+  (directory / "sweep.json").write_text(json.dumps(
+      {"runs": [{"name": "pre_norm_clip1/lr0.1_seed0"}], "search": {}}))
+  pd.DataFrame([{"arm": arm, "label": arm, "group": "", "critical_lr": lr,
+                 "critical_lr_low": lr / 1.2, "critical_lr_high": lr * 1.2}
+                for arm, lr in found.items()]).to_csv(directory / "critical_lr.csv", index=False)
+
+
+def test_the_ladder_command_collects_rungs_fits_and_extrapolates(tmp_path):
+  import json
+  import runs
+  from configs import shakespeare
+  from normstudy.core import memory
+  model = json.loads(shakespeare.base_config().model.to_json())
+  truth = {"pre_norm_clip1": (0.3, -0.7), "post_norm_deepnorm_clip1": (0.5, -0.4)}
+  noise = iter(np.random.default_rng(3).normal(0, 0.03, size=64))
+  expected = {}
+  for dtype in ("float16", "float32"):
+    for width in WIDTHS.astype(int):
+      rung = dict(model, d_model=int(width), d_ff=4 * int(width), dtype=dtype)
+      found = {arm: 10 ** (a + b * math.log10(width) + next(noise))
+               for arm, (a, b) in truth.items()}
+      expected[(dtype, width)] = found
+      _write_rung(tmp_path / dtype / f"width{width}", rung, found)
+  result = runs.run_module("normstudy.ladder", f"--workdir={tmp_path}")
+  assert "ladder_fit:" in result.stdout
+  table = pd.read_csv(tmp_path / "ladder.csv")
+  assert list(table.columns) == ladder.LADDER_COLUMNS and len(table) == 16
+  row = table[(table.arm == "pre_norm_clip1") & (table.dtype == "float32")
+              & (table.d_model == 128)].iloc[0]
+  assert row.critical_lr == pytest.approx(expected[("float32", 128)]["pre_norm_clip1"])
+  assert row.params == memory.parameter_count(
+      shakespeare.base_config().model.__class__(dict(model, d_model=128, d_ff=512)))
+  fits = pd.read_csv(tmp_path / "ladder_fit.csv").set_index(["arm", "dtype", "axis"])
+  got = fits.loc[("post_norm_deepnorm_clip1", "float16", "d_model")]
+  lrs = [expected[("float16", w)]["post_norm_deepnorm_clip1"] for w in WIDTHS.astype(int)]
+  assert got.slope == pytest.approx(np.polyfit(np.log10(WIDTHS), np.log10(lrs), 1)[0])
+  assert got.heldout_measured == pytest.approx(lrs[-1])
+  assert got.target == 1024 and got.extrapolation == "beyond the ladder: a trend check"
+  assert got.extrapolated == pytest.approx(10 ** (got.intercept + got.slope * math.log10(1024)))
+  tests = pd.read_csv(tmp_path / "ladder_tests.csv")
+  pair = tests[(tests.dtype == "float16") & (tests.axis == "d_model")].iloc[0]
+  pre = [expected[("float16", w)]["pre_norm_clip1"] for w in WIDTHS.astype(int)]
+  ratio = np.array(pre) / np.array(lrs)
+  if pair.arm_a != "pre_norm_clip1":
+    ratio = 1 / ratio
+  ref = scipy_stats.linregress(np.log10(WIDTHS), np.log10(ratio))
+  assert pair.p == pytest.approx(ref.pvalue) and pair.slope == pytest.approx(ref.slope)
+  assert os.path.exists(tmp_path / "ladder.png")
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  refused = runs.run_module("normstudy.ladder", f"--workdir={empty}", check=False)
+  assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
+  assert "holds no analysed search" in refused.stderr

@@ -31,10 +31,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from normstudy.records import schema
+
 LEVEL = 0.95
 
-LADDER_COLUMNS = ["arm", "dtype", "num_layers", "d_model", "params", "critical_lr",
-                  "critical_lr_low", "critical_lr_high"]
+LADDER_COLUMNS = list(schema.LADDER_COLUMNS)
 FIT_COLUMNS = ["arm", "dtype", "axis", "slope", "slope_low", "slope_high", "heldout_predicted",
                "heldout_low", "heldout_high", "heldout_measured", "heldout_inside", "rungs",
                "intercept", "residual_sd"]
@@ -160,3 +161,111 @@ def fit_table(ladder: pd.DataFrame) -> pd.DataFrame:
                   "heldout_inside": held["inside"], "rungs": len(rows),
                   "intercept": line.intercept, "residual_sd": line.residual_sd})
   return pd.DataFrame(out, columns=FIT_COLUMNS)
+
+
+TEST_COLUMNS = ["dtype", "axis", "arm_a", "arm_b", "rungs", "slope", "slope_low", "slope_high",
+                "t", "df", "p", "p_holm", "verdict"]
+
+
+def interaction_table(ladder: pd.DataFrame) -> pd.DataFrame:
+  """ladder_tests.csv: per dtype and axis, every pair of arms measured at the same rungs: the
+  slope of the log10 ratio of their critical learning rates on log10 size and its t-test
+  (`interaction`), Holm-adjusted over all pairs, axes and dtypes."""
+  from normstudy.analysis import stats
+  out = []
+  usable = ladder[np.isfinite(ladder.critical_lr) & (ladder.critical_lr > 0)]
+  for dtype, table in usable.groupby("dtype", sort=False):
+    arms = list(dict.fromkeys(table.arm))
+    for i, arm_a in enumerate(arms):
+      for arm_b in arms[i + 1:]:
+        for axis, rows in _ladders(table[table.arm == arm_a]):
+          a = rows.set_index(["num_layers", "d_model"]).critical_lr
+          b = table[table.arm == arm_b].set_index(["num_layers", "d_model"]).critical_lr
+          shared = [k for k in a.index if k in b.index]
+          if len(shared) < 3:
+            continue
+          sizes = rows.set_index(["num_layers", "d_model"], drop=False)[axis][shared]
+          got = interaction(sizes.to_numpy(), a[shared].to_numpy(), b[shared].to_numpy())
+          out.append({"dtype": dtype, "axis": axis, "arm_a": arm_a, "arm_b": arm_b,
+                      "rungs": len(shared), **got})
+  table = pd.DataFrame(out, columns=TEST_COLUMNS[:-2])
+  table["p_holm"] = stats.holm(table.p) if len(table) else []
+  test = "t-test of the slope of log10 ratio on log10 size"
+  table["verdict"] = [stats.verdict_holm(test, str(r.rungs), r.p, r.p_holm, "changes with size")
+                      for r in table.itertuples()]
+  return table
+
+
+def with_extrapolation(fits: pd.DataFrame, ladder: pd.DataFrame, targets: dict) -> pd.DataFrame:
+  """fits (fit_table's) with each line's prediction at `targets[axis]` (the paper's size):
+  `target`, `extrapolated`, `extrapolated_low`, `extrapolated_high` and `extrapolation`
+  ("within the ladder" or "beyond the ladder: a trend check")."""
+  fits = fits.copy()
+  for column in ("target", "extrapolated", "extrapolated_low", "extrapolated_high"):
+    fits[column] = math.nan
+  fits["extrapolation"] = ""
+  usable = ladder[np.isfinite(ladder.critical_lr) & (ladder.critical_lr > 0)]
+  for i, r in zip(fits.index, fits.itertuples()):
+    table = usable[(usable.arm == r.arm) & (usable.dtype == r.dtype)]
+    rows = dict(_ladders(table)).get(r.axis)
+    if rows is None or r.axis not in targets or len(rows) < 3:
+      continue
+    got = predict(rows[r.axis].to_numpy(), rows.critical_lr.to_numpy(), targets[r.axis])
+    fits.loc[i, ["target", "extrapolated", "extrapolated_low", "extrapolated_high"]] = [
+        targets[r.axis], got["predicted"], got["low"], got["high"]]
+    fits.loc[i, "extrapolation"] = ("within the ladder" if got["within"]
+                                    else "beyond the ladder: a trend check")
+  return fits
+
+
+def figure(ladder: pd.DataFrame, fits: pd.DataFrame):
+  """Critical learning rate against size per axis (log-log): each arm's rungs with their
+  intervals and its fitted line, one line style per dtype."""
+  from matplotlib.figure import Figure
+  from normstudy.analysis.plots import style
+  axes_names = list(dict.fromkeys(fits.axis)) or ["params"]
+  fig = Figure(figsize=(5 * len(axes_names), 4.2), layout="constrained")
+  panels = np.atleast_1d(fig.subplots(1, len(axes_names)))
+  arms = list(dict.fromkeys(ladder.arm))
+  dtypes = list(dict.fromkeys(ladder.dtype))
+  for ax, axis in zip(panels, axes_names):
+    for r in fits[fits.axis == axis].itertuples():
+      look = style(arms.index(r.arm))
+      table = ladder[(ladder.arm == r.arm) & (ladder.dtype == r.dtype)]
+      rows = dict(_ladders(table[np.isfinite(table.critical_lr)])).get(axis)
+      if rows is None:
+        continue
+      marker = "os^v"[dtypes.index(r.dtype) % 4]
+      ax.errorbar(rows[axis], rows.critical_lr,
+                  yerr=[rows.critical_lr - rows.critical_lr_low,
+                        rows.critical_lr_high - rows.critical_lr],
+                  color=look["color"], marker=marker, linestyle="none", capsize=2)
+      x = np.geomspace(rows[axis].min(), rows[axis].max(), 20)
+      ax.plot(x, 10 ** (r.intercept + r.slope * np.log10(x)), color=look["color"],
+              linestyle="-" if dtypes.index(r.dtype) == 0 else "--",
+              label=f"{r.arm} ({r.dtype}): slope {r.slope:.2f}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(axis)
+    ax.set_ylabel("critical learning rate (50% fail)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+  fig.suptitle("Critical learning rate against size (the ladder)")
+  return fig
+
+
+def analyze(ladder: pd.DataFrame, targets: dict, workdir: str) -> dict:
+  """Writes ladder.csv, ladder_fit.csv (with the extrapolation to `targets`), ladder_tests.csv
+  and ladder.png (+ .svg) into `workdir`; returns their paths."""
+  import os
+  from normstudy.analysis.plots import save
+  fits = with_extrapolation(fit_table(ladder), ladder, targets)
+  outputs = {"ladder": os.path.join(workdir, schema.LADDER),
+             "ladder_fit": os.path.join(workdir, "ladder_fit.csv"),
+             "ladder_tests": os.path.join(workdir, "ladder_tests.csv"),
+             "ladder_figure": os.path.join(workdir, "ladder.png")}
+  ladder.to_csv(outputs["ladder"], index=False)
+  fits.to_csv(outputs["ladder_fit"], index=False)
+  interaction_table(ladder).to_csv(outputs["ladder_tests"], index=False)
+  save(figure(ladder, fits), outputs["ladder_figure"])
+  return outputs

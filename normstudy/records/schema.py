@@ -31,6 +31,11 @@ STUDY = "study.json"
 SWEEP = "sweep.json"
 LOCK = ".normstudy.lock"
 EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's event files, beside metrics.jsonl
+# A size ladder's rungs (normstudy.experiments.ladder writes it, normstudy.analysis.ladder fits
+# it): per rung and arm the model's size and the critical learning rate with its interval.
+LADDER = "ladder.csv"
+LADDER_COLUMNS = ("arm", "dtype", "num_layers", "d_model", "params", "critical_lr",
+                  "critical_lr_low", "critical_lr_high")
 # normstudy.context_gap's measurement, one row per evaluation row of each run (normstudy.
 # experiments.context_gap writes it, normstudy.analysis.context_gap reads it).
 CONTEXT_GAP_ROWS = "context_gap_rows.csv"
