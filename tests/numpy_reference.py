@@ -100,6 +100,13 @@ def sandwich_ln(x, params, n, causal, eps, activation):
       _norm(params, "mlp_norm", h, eps), params["mlp"], activation, eps), eps)
 
 
+def reordered_ln(x, params, n, causal, eps, activation):
+  """OLMo 2's reordered norm (Team OLMo 2024): x + LN(F(x)), the norm after the sublayer."""
+  del n
+  h = x + _norm(params, "attention_norm", attention(x, params["attention"], causal, eps=eps), eps)
+  return h + _norm(params, "mlp_norm", mlp(h, params["mlp"], activation, eps), eps)
+
+
 def sub_ln(x, params, n, causal, eps, activation):
   """Magneto (Wang et al. 2022): x + F(LN(x)) with F's own LN before its output projection;
   the inner norms are in params["attention"]["inner_norm"] and params["mlp"]["inner_norm"]."""
@@ -133,5 +140,6 @@ BLOCKS = {
     "sub_ln": (sub_ln, True),
     "peri_ln": (sandwich_ln, True),  # Peri-LN's block is Sandwich-LN's; it adds embedding norm
     "mix_ln": (mix_ln, True),
+    "reordered_ln": (reordered_ln, True),
     "rezero": (rezero, False),
 }

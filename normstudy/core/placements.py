@@ -88,6 +88,14 @@ def _sandwich_ln(x, f, norm, ctx):
   return x + norm("out")(f(norm("in")(x)))
 
 
+def _reordered_ln(x, f, norm, ctx):
+  """x + LN(F(x)): the norm on the sublayer's output, none on its input (OLMo 2, Team OLMo
+  2024, "2 OLMo 2 Furious", section 3.2.1: "reordered norm"; OLMo-core's `reordered_norm` block,
+  there with RMSNorm and QK-norm, both separate fields here)."""
+  del ctx
+  return x + norm("in")(f(x))
+
+
 def _mix_ln(x, f, norm, ctx):
   """Post-LN in the first ceil(fraction * N) layers, Pre-LN after (Li et al. 2024, "Mix-LN",
   alpha = 0.25). Under nn.scan the layer index is traced: the sublayer runs once on the input
@@ -158,6 +166,10 @@ register(Placement(
     name="peri_ln", wrap=_sandwich_ln, final_norm=True, label="Peri-LN", embedding_norm=True,
     description="x + LN_out(F(LN_in(x))), a LN on the embedding output and a final LN "
                 "(Peri-LN, Kim et al. 2025)."))
+register(Placement(
+    name="reordered_ln", wrap=_reordered_ln, final_norm=True, label="Reordered-Norm",
+    description="x + LN(F(x)), the norm on the branch's output; a final LN (OLMo 2, Team OLMo "
+                "2024)."))
 register(Placement(
     name="mix_ln", wrap=_mix_ln, final_norm=True, label="Mix-LN", identity_residual=False,
     description="Post-LN in the first ceil(model.mix_ln_fraction * N) layers, Pre-LN after "
