@@ -74,7 +74,14 @@ def mlp(x, p, activation="gelu_tanh", eps=1e-5):
   return h @ p["fc2"] + _bias(p, "fc2_bias", 1)
 
 
+def dyt(x, alpha, scale, bias):
+  """Dynamic Tanh (Zhu et al. 2025, eq. 1): gamma * tanh(alpha x) + beta."""
+  return np.tanh(alpha * x) * scale + bias
+
+
 def _norm(params, key, x, eps):
+  if "alpha" in params[key]:  # model.norm=dyt
+    return dyt(x, params[key]["alpha"], params[key]["scale"], params[key]["bias"])
   return layernorm(x, params[key]["scale"], params[key]["bias"], eps)
 
 

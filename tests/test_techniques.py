@@ -293,7 +293,7 @@ def test_every_placement_trains_with_every_option_on(make_config, placement):
   config = make_config(placement=placement, dtype="float16", scan_layers=True, num_layers=2,
                        qk_norm="rmsnorm", layer_scale=0.0 if placement == "rezero" else 0.5,
                        emb_grad_shrink=0.5, attn_softcap=20.0, output_softcap=15.0,
-                       attention_scores_dtype="float32")
+                       attention_scores_dtype="float32", layernorm_scaling=placement != "rezero")
   config.loss.z_loss = 1e-4
   validation.validate(config)
   losses, metrics = train_losses(config, 12)
@@ -323,3 +323,55 @@ def test_labels_name_the_techniques(make_config):
   config.loss.z_loss = 1e-4
   assert labels.describe(config) == (
       "Sub-LN | QK-Norm | Attn Softcap=50 | z-loss=0.0001 | Gradient Clip=1")
+
+
+@pytest.mark.parametrize("placement", ["pre_ln", "post_ln", "reordered_ln"])
+def test_dyt_in_place_of_every_norm_matches_numpy(make_config, placement):
+  """model.norm=dyt: each block norm is gamma * tanh(alpha x) + beta (Zhu et al. 2025), alpha a
+  learned scalar initialised to model.dyt_alpha."""
+  cfg = model_lib.ModelConfig.create(make_config(norm="dyt", placement=placement,
+                                                 dyt_alpha=0.7).model)
+  x = _x()
+  params, got = _block(cfg, x)
+  assert np.shape(params["attention_norm"]["alpha"]) == ()
+  block, _ = ref.BLOCKS[placement]
+  expected = block(x.astype(np.float64), params, 1, True, cfg.norm_eps, "gelu")
+  np.testing.assert_allclose(got, expected, atol=3e-4, rtol=3e-4)
+  fresh = model_lib.init_params(cfg)
+  assert float(fresh["layer_0"]["mlp_norm"]["alpha"]) == np.float32(0.7)
+  assert labels.describe(make_config(norm="dyt")) == "Pre-Norm | DyT | Gradient Clip=1"
+
+
+@pytest.mark.parametrize("index", [0, 3])
+def test_layernorm_scaling_scales_each_norm_by_one_over_sqrt_layer(make_config, index):
+  """model.layernorm_scaling: layer l's (1-based) norms' outputs times 1/sqrt(l) (Sun et al.
+  2025), with the layer index traced as under nn.scan."""
+  cfg = model_lib.ModelConfig.create(make_config(layernorm_scaling=True).model)
+  x = _x()
+  params, got = _block(cfg, x, index=index)
+  s = 1 / math.sqrt(index + 1)
+  h = x + ref.attention(s * ref._norm(params, "attention_norm", x, cfg.norm_eps),
+                        params["attention"], True)
+  expected = h + ref.mlp(s * ref._norm(params, "mlp_norm", h, cfg.norm_eps), params["mlp"],
+                         "gelu")
+  np.testing.assert_allclose(got, expected, atol=3e-4, rtol=3e-4)
+  assert labels.describe(make_config(layernorm_scaling=True)) == (
+      "Pre-Norm | LN Scaling | Gradient Clip=1")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"model.norm": "dyt", "model.placement": "rezero"},
+     "config.model.norm='dyt' replaces the norms; config.model.placement='rezero' has none"),
+    ({"model.layernorm_scaling": True, "model.placement": "rezero"},
+     "config.model.layernorm_scaling=True scales the norms' outputs; config.model.placement="
+     "'rezero' has no norms"),
+    ({"model.qk_norm": "dyt"}, "config.model.qk_norm='dyt' is not allowed; allowed: none, "
+     "layernorm, rmsnorm"),
+    ({"model.dyt_alpha": 0.0}, "config.model.dyt_alpha=0.0 is not allowed"),
+])
+def test_the_2025_norm_options_refuse_what_makes_no_sense(make_config, overrides, message):
+  config = make_config()
+  config_lib.apply_overrides(config, overrides)
+  with pytest.raises(errors.ConfigError) as refused:
+    validation.validate(config)
+  assert str(refused.value).startswith(message)

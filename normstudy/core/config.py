@@ -47,9 +47,11 @@ _MODEL = (
        "trained by masked prediction with a learned mask embedding", "True or False"),
     _f("model.placement", "pre_ln", "where each block puts its norms (the norm-placement "
        "factory)", "a registered placement (normstudy.core.placements)"),
-    _f("model.norm", "layernorm", "the norm, statistics in float32",
-       "a registered norm: layernorm, rmsnorm"),
+    _f("model.norm", "layernorm", "the norm, statistics in float32; dyt: Dynamic Tanh in "
+       "place of every norm (Zhu et al. 2025)", "a registered norm: layernorm, rmsnorm, dyt"),
     _f("model.norm_eps", 1e-5, "the norms' epsilon", _POSITIVE),
+    _f("model.dyt_alpha", 0.5, "norm=dyt: the initial alpha of gamma * tanh(alpha x) + beta "
+       "(Zhu et al. 2025: 0.5)", _POSITIVE),
     _f("model.input_norm", False, "a norm on the embedding output before layer 0 (MERT's "
        "Post-LN encoder; wav2vec2 with layer_norm_first=False)", "True or False"),
     _f("model.activation", "gelu", "the MLP's activation; both GELUs run in float32",

@@ -18,6 +18,8 @@ def describe(config) -> str:
   """'Pre-Norm | Attention Relax | Gradient Clip=1': the placement's name, each technique that is
   on (normstudy.core.techniques, in its table's order), the clip."""
   parts = [placements.get(config.model.placement).label, *techniques.legend(config)]
+  if config.model.norm == "dyt":  # every norm replaced (Zhu et al. 2025)
+    parts.insert(1, "DyT")
   clip = config.optimizer.clip_norm
   parts.append(f"Gradient Clip={number(float(clip))}" if clip else "No Clip")
   return " | ".join(parts)

@@ -143,9 +143,32 @@ class RMSNorm(nn.Module):
     return (x * jax.lax.rsqrt(ms + self.eps) * scale).astype(self.dtype)
 
 
+class DyT(nn.Module):
+  """Dynamic Tanh in place of a norm (Zhu et al. 2025, "Transformers without Normalization",
+  eq. 1): gamma * tanh(alpha x) + beta, alpha one learned scalar per norm initialised to
+  `alpha` (model.dyt_alpha; the paper's 0.5), gamma and beta per channel, initialised to ones
+  and zeros. No statistics: tanh in float32, as the norms compute theirs."""
+  eps: float  # unused: make_norm's call is uniform
+  dtype: Any
+  axis_name: str = "embed"
+  use_bias: bool = True
+  alpha: float = 0.5
+
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    axes = (self.axis_name,)
+    alpha = param(self, "alpha", nn.initializers.constant(self.alpha), (), (), decay=False)
+    scale = param(self, "scale", nn.initializers.ones, (d,), axes, decay=False)
+    bias = (param(self, "bias", nn.initializers.zeros, (d,), axes, decay=False)
+            if self.use_bias else 0.0)
+    return (jnp.tanh(alpha * x.astype(jnp.float32)) * scale + bias).astype(self.dtype)
+
+
 NORMS: Registry[type] = Registry("model.norm")
 NORMS.register("layernorm", LayerNorm)
 NORMS.register("rmsnorm", RMSNorm)
+NORMS.register("dyt", DyT)
 
 
 def make_norm(cfg, name: str, kind: str | None = None, axis_name: str = "embed",
@@ -153,8 +176,9 @@ def make_norm(cfg, name: str, kind: str | None = None, axis_name: str = "embed",
   """The config's norm (or `kind`) over the last axis, statistics in float32; `use_bias` False
   drops LayerNorm's bias."""
   norm = NORMS.get(kind or cfg.norm)
+  extra = {"alpha": cfg.dyt_alpha} if norm is DyT else {}
   return norm(eps=cfg.norm_eps, dtype=cfg.compute_dtype, axis_name=axis_name, name=name,
-              use_bias=use_bias and norm is not RMSNorm)
+              use_bias=use_bias and norm is not RMSNorm, **extra)
 
 
 def constrain(x, axes):
@@ -409,16 +433,20 @@ class Block(nn.Module):
     def norms_of(prefix):
       def norm(slot):
         module = make_norm(cfg, f"{prefix}_norm" if slot == "in" else f"{prefix}_{slot}_norm")
-        if slot != "in":
-          return module
 
-        def sown(h):
-          # What the sublayer's norm is given (Post-LN: alpha x + F(x), whose growth with depth
-          # DeepNet follows; Pre-LN: the residual stream itself).
-          telemetry.sow_stat(self, self.probe, f"{'attn' if prefix == 'attention' else prefix}"
-                             "_norm_input_rms", lambda: telemetry.rms(h))
-          return module(h)
-        return sown
+        def normed(h):
+          if slot == "in":
+            # What the sublayer's norm is given (Post-LN: alpha x + F(x), whose growth with
+            # depth DeepNet follows; Pre-LN: the residual stream itself).
+            telemetry.sow_stat(self, self.probe, f"{'attn' if prefix == 'attention' else prefix}"
+                               "_norm_input_rms", lambda: telemetry.rms(h))
+          out = module(h)
+          if cfg.layernorm_scaling:
+            # LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", eq. 9): layer l's
+            # norms' outputs times 1/sqrt(l), l = index + 1 (traced under nn.scan).
+            out = out * jax.lax.rsqrt(jnp.asarray(index, jnp.float32) + 1.0).astype(out.dtype)
+          return out
+        return normed
       return norm
 
     def branch(f, prefix):

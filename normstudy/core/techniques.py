@@ -100,6 +100,14 @@ TECHNIQUES = (
                     "product: the compute dtype, or float32 (no fp16 overflow)",
                     ("compute", "float32")),
               lambda v, c: "fp32 Scores", "the simplest fix for score overflow"),
+    Technique(Field("model.layernorm_scaling", False, "LayerNorm Scaling: each norm's output "
+                    "in layer l (1-based) times 1/sqrt(l)", "True or False"),
+              lambda v, c: "LN Scaling", "Sun et al. 2025 (\"The Curse of Depth in Large "
+              "Language Models\"); OLMo-core's default_scaled block",
+              conflicts=(Conflict(
+                  lambda c: c.model.placement == "rezero",
+                  lambda c: "config.model.layernorm_scaling=True scales the norms' outputs; "
+                            "config.model.placement='rezero' has no norms"),)),
     Technique(Field("loss.z_loss", 0.0, "z-loss: this times the mean (log Z)^2 added to the loss",
                     "0 (off) or a number > 0", accepts=lambda v: v >= 0),
               _scale("z-loss"), "Chowdhery et al. 2022 (PaLM)"),

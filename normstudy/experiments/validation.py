@@ -62,6 +62,9 @@ RULES = (
     _rule(lambda c: c.data.name != "text_files" or c.data.tokenizer == "bytes",
           lambda c: f"config.data.tokenizer={c.data.tokenizer!r} applies to TFDS catalog "
                     "datasets; text_files are read as byte-level tokens; allowed: 'bytes'"),
+    _rule(lambda c: c.model.norm != "dyt" or c.model.placement != "rezero",
+          lambda c: "config.model.norm='dyt' replaces the norms; config.model.placement="
+                    "'rezero' has none"),
     _rule(lambda c: c.data.name != "synthetic" or c.data.branching <= c.model.vocab_size,
           lambda c: f"config.data.branching={c.data.branching} exceeds "
                     f"config.model.vocab_size={c.model.vocab_size}"),
