@@ -145,3 +145,46 @@ def test_adamw_decays_by_role_mask():
   # With zero gradients the whole update is the decay: -lr * wd * param, where the mask says.
   np.testing.assert_allclose(np.asarray(updates["w"]), -0.1 * 0.5 * 3.0, rtol=1e-6)
   np.testing.assert_array_equal(np.asarray(updates["gain"]), 0.0)
+
+
+def test_adam_atan2_is_the_atan2_of_the_corrected_moments_over_50_steps():
+  """Everett et al. 2024's update, a * atan2(m_hat, b * sqrt(v_hat)) with a = 4/pi and b = 1,
+  decoupled decay by role, against a float64 loop; eps plays no part, and a gradient scaled by
+  1000 gives the same steps (no epsilon to break the scale invariance)."""
+  config = config_lib.default_config()
+  config.optimizer.update(name="adam_atan2", learning_rate=1e-2, b1=0.9, b2=0.99,
+                          weight_decay=0.1, warmup_steps=0, schedule="constant", clip_norm=0.0,
+                          eps=0.5)  # a huge epsilon: it must change nothing
+  rng = np.random.default_rng(1)
+  params = {"w": rng.normal(size=(6, 4)).astype(np.float32), "scale": np.ones(4, np.float32)}
+  mask = {"w": True, "scale": False}
+  grads = [{"w": rng.normal(size=(6, 4)).astype(np.float32) * (1 + k % 4),
+            "scale": rng.normal(size=4).astype(np.float32)} for k in range(50)]
+
+  def ours(scale):
+    hp = inprocess.hyperparameters(config)
+    tx = optimizer_lib.make_optimizer(config.optimizer, hp, mask)
+    state, p = tx.init(params), jax.tree.map(jnp.asarray, params)
+    update = jax.jit(tx.update)
+    for g in grads:
+      updates, state = update(jax.tree.map(lambda x: x * scale, g), state, p)
+      p = optax.apply_updates(p, updates)
+    return jax.tree.map(np.asarray, p)
+
+  ref = {k: v.astype(np.float64) for k, v in params.items()}
+  m = {k: np.zeros_like(v) for k, v in ref.items()}
+  v = {k: np.zeros_like(x) for k, x in ref.items()}
+  for t, g in enumerate(grads, start=1):
+    for k in ref:
+      m[k] = 0.9 * m[k] + 0.1 * g[k]
+      v[k] = 0.99 * v[k] + 0.01 * g[k].astype(np.float64) ** 2
+      step = (4 / math.pi) * np.arctan2(m[k] / (1 - 0.9**t), np.sqrt(v[k] / (1 - 0.99**t)))
+      decay = 0.1 * ref[k] if mask[k] else 0.0
+      ref[k] = ref[k] - 1e-2 * (step + decay)
+  got = ours(1.0)
+  for k in ref:
+    np.testing.assert_allclose(got[k], ref[k], atol=2e-6)
+  scaled = ours(1000.0)
+  for k in ref:
+    np.testing.assert_allclose(scaled[k], got[k], atol=2e-6)
+  assert np.abs(got["w"] - params["w"]).max() > 0.1  # it moved

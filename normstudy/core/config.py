@@ -90,12 +90,14 @@ _MODEL = (
 
 _OPTIMIZER = (
     _f("optimizer.name", "adamw", "adamw (decay decoupled; norm gains and biases not decayed), "
-       "adam (L2 added to the gradient), adam_fairseq (fairseq's Adam: every parameter decayed)",
+       "adam (L2 added to the gradient), adam_fairseq (fairseq's Adam: every parameter decayed), "
+       "adam_atan2 (atan2 in place of the division: no epsilon; Everett et al. 2024)",
        "a registered optimizer (normstudy.core.optimizer)"),
     _f("optimizer.learning_rate", 1e-3, "peak learning rate", _POSITIVE),
     _f("optimizer.b1", 0.9, "Adam's beta1", ("a number in [0, 1)", lambda v: 0 <= v < 1)),
     _f("optimizer.b2", 0.98, "Adam's beta2", ("a number in [0, 1)", lambda v: 0 <= v < 1)),
-    _f("optimizer.eps", 1e-6, "Adam's epsilon", _POSITIVE),
+    _f("optimizer.eps", 1e-6, "Adam's epsilon (a per-run field; adam_atan2 has none)",
+       _POSITIVE),
     _f("optimizer.weight_decay", 0.01, "weight decay", ("a number >= 0", lambda v: v >= 0)),
     _f("optimizer.warmup_steps", 100, "linear warm-up from 0 over these updates",
        ("an integer >= 0", lambda v: v >= 0)),

@@ -1,4 +1,4 @@
-"""The optimizer: clip, Adam (three flavours), weight decay and the learning-rate schedule.
+"""The optimizer: clip, Adam (four flavours), weight decay and the learning-rate schedule.
 
 Hyperparameters are data: normstudy.core.per_run turns the numeric ones into float32 arrays that
 live in the train state, and `make_optimizer` builds the optax chain from them inside the
@@ -61,6 +61,41 @@ def scale_by_fairseq_adam(b1, b2, eps) -> optax.GradientTransformation:
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+# Adam-atan2's constants: a = 4/pi (1.27, the reference implementations' value) makes the step
+# of a consistent gradient, m_hat = sqrt(v_hat), Adam's 1; b = 1.
+ATAN2_A, ATAN2_B = 4 / jnp.pi, 1.0
+
+
+def scale_by_adam_atan2(b1, b2) -> optax.GradientTransformation:
+  """Adam-atan2's direction (Everett et al. 2024, "Scaling Exponents Across Parameterizations
+  and Optimizers", section 4.3): a * atan2(m_hat, b * sqrt(v_hat)) with optax's moments and
+  bias corrections, in place of m_hat / (sqrt(v_hat) + eps): no epsilon, and the direction is
+  the same for a gradient scaled by any positive factor."""
+
+  def init_fn(params):
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
+                                  mu=optax.tree.zeros_like(params),
+                                  nu=optax.tree.zeros_like(params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+    nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+    count = optax.safe_increment(state.count)
+    t = count.astype(jnp.float32)
+    direction = jax.tree.map(
+        lambda m, v: ATAN2_A * jnp.arctan2(m / (1.0 - b1**t), ATAN2_B * jnp.sqrt(
+            v / (1.0 - b2**t))), mu, nu)
+    return direction, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _adam_atan2(hp, mask):
+  return [scale_by_adam_atan2(hp["b1"], hp["b2"]),
+          optax.add_decayed_weights(hp["weight_decay"], mask)]
+
+
 def _adamw(hp, mask):
   return [optax.scale_by_adam(b1=hp["b1"], b2=hp["b2"], eps=hp["eps"]),
           optax.add_decayed_weights(hp["weight_decay"], mask)]
@@ -82,6 +117,7 @@ OPTIMIZERS: Registry = Registry("optimizer.name")
 OPTIMIZERS.register("adamw", _adamw)  # decay decoupled from the gradient statistics
 OPTIMIZERS.register("adam", _adam)  # L2 added to the gradient before Adam
 OPTIMIZERS.register("adam_fairseq", _adam_fairseq)
+OPTIMIZERS.register("adam_atan2", _adam_atan2)  # no epsilon (Everett et al. 2024); decay as adamw
 
 
 def make_optimizer(opt_cfg, hp: dict, decay_mask) -> optax.GradientTransformation:
