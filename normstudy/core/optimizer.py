@@ -38,10 +38,9 @@ def learning_rate(schedule: str, hp: dict, count) -> jax.Array:
   return jnp.where(count < warmup, warming, decayed)
 
 
-def scale_by_fairseq_adam(b1, b2, eps) -> optax.GradientTransformation:
-  """fairseq's Adam direction (fairseq/optim/adam.py): `sqrt(1 - b2^t) / (1 - b1^t) * m /
-  (sqrt(v) + eps)` with eps added to the square root of the bias-uncorrected v. optax's
-  `scale_by_adam` adds eps after the correction instead; the moments are optax's own."""
+def _scale_by_moments(b1, b2, direction) -> optax.GradientTransformation:
+  """optax's Adam moments (`mu`, `nu`, `count`; the state optax's scale_by_adam keeps) with the
+  direction `direction(m, v, t)` of each leaf's moments after update t (1-based, float32)."""
 
   def init_fn(params):
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
@@ -54,11 +53,18 @@ def scale_by_fairseq_adam(b1, b2, eps) -> optax.GradientTransformation:
     nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
     count = optax.safe_increment(state.count)
     t = count.astype(jnp.float32)
-    step_size = jnp.sqrt(1.0 - b2**t) / (1.0 - b1**t)
-    direction = jax.tree.map(lambda m, v: step_size * m / (jnp.sqrt(v) + eps), mu, nu)
-    return direction, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+    return (jax.tree.map(lambda m, v: direction(m, v, t), mu, nu),
+            optax.ScaleByAdamState(count=count, mu=mu, nu=nu))
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def scale_by_fairseq_adam(b1, b2, eps) -> optax.GradientTransformation:
+  """fairseq's Adam direction (fairseq/optim/adam.py): `sqrt(1 - b2^t) / (1 - b1^t) * m /
+  (sqrt(v) + eps)` with eps added to the square root of the bias-uncorrected v. optax's
+  `scale_by_adam` adds eps after the correction instead; the moments are optax's own."""
+  return _scale_by_moments(b1, b2, lambda m, v, t: (
+      jnp.sqrt(1.0 - b2**t) / (1.0 - b1**t)) * m / (jnp.sqrt(v) + eps))
 
 
 # Adam-atan2's constants: a = 4/pi (1.27, the reference implementations' value) makes the step
@@ -71,24 +77,8 @@ def scale_by_adam_atan2(b1, b2) -> optax.GradientTransformation:
   and Optimizers", section 4.3): a * atan2(m_hat, b * sqrt(v_hat)) with optax's moments and
   bias corrections, in place of m_hat / (sqrt(v_hat) + eps): no epsilon, and the direction is
   the same for a gradient scaled by any positive factor."""
-
-  def init_fn(params):
-    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
-                                  mu=optax.tree.zeros_like(params),
-                                  nu=optax.tree.zeros_like(params))
-
-  def update_fn(updates, state, params=None):
-    del params
-    mu = optax.tree.update_moment(updates, state.mu, b1, 1)
-    nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
-    count = optax.safe_increment(state.count)
-    t = count.astype(jnp.float32)
-    direction = jax.tree.map(
-        lambda m, v: ATAN2_A * jnp.arctan2(m / (1.0 - b1**t), ATAN2_B * jnp.sqrt(
-            v / (1.0 - b2**t))), mu, nu)
-    return direction, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  return _scale_by_moments(b1, b2, lambda m, v, t: ATAN2_A * jnp.arctan2(
+      m / (1.0 - b1**t), ATAN2_B * jnp.sqrt(v / (1.0 - b2**t))))
 
 
 def _adam_atan2(hp, mask):
