@@ -61,6 +61,8 @@ def test_telemetry_matches_independent_computations(make_config, scan):
     k = np.einsum("bld,dhk->blhk", h, p["attention"]["key"])
     scores = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(8)
     assert tel["attn_logit_max"][i] == pytest.approx(scores[..., causal].max(), rel=1e-4)
+    per_head = np.where(causal, scores, -np.inf).max(axis=(0, 2, 3))
+    np.testing.assert_allclose(tel["attn_logit_max_per_head"][i], per_head, rtol=1e-4)
     masked = np.where(causal, scores, -np.inf)
     probs = np.exp(masked - masked.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
@@ -93,6 +95,9 @@ def test_telemetry_matches_independent_computations(make_config, scan):
     assert tel["grad_norm"][i] == pytest.approx(_norm(_layer(grads, scan, i)), rel=1e-4)
   flat = telemetry.flatten(tel)
   assert flat["resid_absmax/layer_1"] == tel["resid_absmax"][1]
+  assert flat["attn_logit_max/layer_1/head_3"] == tel["attn_logit_max_per_head"][1][3]
+  assert not any(k.endswith("head_4") for k in flat)  # 4 heads: 0 to 3
+  assert keys.parse_layer_key("attn_logit_max/layer_1/head_3") is None  # not a layer metric
   assert keys.parse_layer_key("attn_entropy/layer_12") == ("attn_entropy", 12)
   assert keys.parse_layer_key("loss") is None
 

@@ -356,6 +356,13 @@ class Attention(nn.Module):
       return jnp.max(seen if allowed is None else jnp.where(allowed, seen, -jnp.inf))
 
     telemetry.sow_stat(self, self.probe, "attn_logit_max", largest_score)
+
+    def largest_per_head():  # [heads]: what QK-clip watches (Kimi K2; MaxText, Megatron-LM)
+      seen = raw_logits + row_shift
+      seen = seen if allowed is None else jnp.where(allowed, seen, -jnp.inf)
+      return jnp.max(seen, axis=(0, 2, 3))
+
+    telemetry.sow_stat(self, self.probe, "attn_logit_max_per_head", largest_per_head)
     probs = jax.nn.softmax(logits, axis=-1)
     telemetry.sow_stat(self, self.probe, "attn_entropy", lambda: telemetry.row_entropy(probs))
     context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(dtype), v)

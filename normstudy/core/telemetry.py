@@ -76,7 +76,8 @@ def _layer_values(cfg, tree, path) -> jax.Array:
 # Which module of a block sows each statistic.
 _SOWN_BY = {"attn_logit_max": ("attention",), "attn_entropy": ("attention",),
             "mlp_preact_absmax": ("mlp",), "act_rms": (), "resid_absmax": (),
-            "attn_norm_input_rms": (), "mlp_norm_input_rms": ()}
+            "attn_norm_input_rms": (), "mlp_norm_input_rms": (),
+            "attn_logit_max_per_head": ("attention",)}
 
 
 def _sown(cfg, tree, path: tuple) -> bool:
@@ -106,6 +107,11 @@ def collect(cfg, intermediates, logits, grads, updates, params) -> dict:
          if _sown(cfg, intermediates, _SOWN_BY[name] + (name,))
          else jnp.full(cfg.num_layers, jnp.nan)
          for name in keys.SOWN_LAYER_METRICS}
+  for name, recorded in keys.HEAD_METRICS.items():  # [num_layers, num_heads]
+    path = _SOWN_BY[recorded] + (recorded,)
+    out[recorded] = (_layer_values(cfg, intermediates, path)
+                     if _sown(cfg, intermediates, path)
+                     else jnp.full((cfg.num_layers, cfg.num_heads), jnp.nan))
   out["grad_norm"] = per_layer_norms(cfg, grads)
   out["update_norm"] = per_layer_norms(cfg, updates)
   out["param_norm"] = per_layer_norms(cfg, params)
@@ -115,11 +121,16 @@ def collect(cfg, intermediates, logits, grads, updates, params) -> dict:
 
 
 def flatten(telemetry: dict) -> dict:
-  """Per-layer arrays -> `<name>/layer_<i>` keys; global scalars as they are."""
+  """Per-layer arrays -> `<name>/layer_<i>` keys, per-head ones -> `<name>/layer_<i>/head_<j>`;
+  global scalars as they are."""
   record = {}
   for name in keys.LAYER_METRICS:
     for i, value in enumerate(telemetry[name]):
       record[keys.layer_key(name, i)] = value
+  for name, recorded in keys.HEAD_METRICS.items():
+    for i, heads in enumerate(telemetry[recorded]):
+      for j, value in enumerate(heads):
+        record[keys.head_key(name, i, j)] = value
   for name in keys.GLOBAL_METRICS:
     record[name] = telemetry[name]
   return record

@@ -3,7 +3,8 @@
 Every logged step: STEP_KEYS (after `step`), and TOKENS_PER_SEC. On some steps: EVAL_LOSS (eval
 steps), UPDATE_SIZE and ACCUMULATED_UPDATE (the first train.update_size_steps steps), NONFINITE_AT (a step that went
 non-finite: where), and an auxiliary loss term's value under its own key (`z_loss`). On
-telemetry steps: per-layer metrics as `<name>/layer_<i>` (`layer_key`), GLOBAL_METRICS, and
+telemetry steps: per-layer metrics as `<name>/layer_<i>` (`layer_key`), per-head ones as
+`<name>/layer_<i>/head_<j>` (`head_key`), GLOBAL_METRICS, and
 FP16_OVERFLOWS for float16 runs.
 """
 
@@ -46,6 +47,14 @@ SOWN_LAYER_METRICS = (
 STEP_LAYER_METRICS = ("grad_norm", "update_norm", "param_norm")
 LAYER_METRICS = SOWN_LAYER_METRICS + STEP_LAYER_METRICS
 GLOBAL_METRICS = ("output_logit_max", "log_z_mean")
+# Per-head telemetry: record name -> the sown statistic ([num_heads] per layer), recorded as
+# `<name>/layer_<i>/head_<j>` (head_key): the largest attention logit of each head.
+HEAD_METRICS = {"attn_logit_max": "attn_logit_max_per_head"}
+
+
+def head_key(name: str, layer: int, head: int) -> str:
+  """'attn_logit_max/layer_3/head_1'."""
+  return f"{name}/layer_{layer}/head_{head}"
 
 
 def layer_key(name: str, layer: int) -> str:
