@@ -188,3 +188,47 @@ def test_adam_atan2_is_the_atan2_of_the_corrected_moments_over_50_steps():
   for k in ref:
     np.testing.assert_allclose(scaled[k], got[k], atol=2e-6)
   assert np.abs(got["w"] - params["w"]).max() > 0.1  # it moved
+
+
+def test_update_clipping_caps_each_tensors_update_rms_over_30_steps():
+  """optimizer.update_clip = d: each parameter's AdamW update (direction plus decoupled decay,
+  before the rate) divided by max(1, RMS / d) (Adafactor's update clipping), against a float64
+  loop in which some steps are clipped and some not."""
+  config = config_lib.default_config()
+  config.optimizer.update(name="adamw", learning_rate=1e-2, b1=0.9, b2=0.99, eps=1e-8,
+                          weight_decay=0.1, warmup_steps=0, schedule="constant", clip_norm=0.0,
+                          update_clip=0.9)
+  rng = np.random.default_rng(2)
+  params = {"w": rng.normal(size=(6, 4)).astype(np.float32), "scale": np.ones(4, np.float32)}
+  mask = {"w": True, "scale": False}
+  # Heavy-tailed gradients: a few steps put a tensor's Adam direction above RMS 0.9.
+  grads = [{"w": rng.standard_t(1.5, size=(6, 4)).astype(np.float32),
+            "scale": rng.normal(size=4).astype(np.float32)} for _ in range(30)]
+  hp = inprocess.hyperparameters(config)
+  tx = optimizer_lib.make_optimizer(config.optimizer, hp, mask)
+  state, ours = tx.init(params), jax.tree.map(jnp.asarray, params)
+  update = jax.jit(tx.update)
+  for g in grads:
+    updates, state = update(g, state, ours)
+    ours = optax.apply_updates(ours, updates)
+
+  ref = {k: v.astype(np.float64) for k, v in params.items()}
+  m = {k: np.zeros_like(v) for k, v in ref.items()}
+  v = {k: np.zeros_like(x) for k, x in ref.items()}
+  clipped = 0
+  for t, g in enumerate(grads, start=1):
+    for k in ref:
+      m[k] = 0.9 * m[k] + 0.1 * g[k]
+      v[k] = 0.99 * v[k] + 0.01 * g[k].astype(np.float64) ** 2
+      u = (m[k] / (1 - 0.9**t)) / (np.sqrt(v[k] / (1 - 0.99**t)) + 1e-8)
+      u = u + (0.1 * ref[k] if mask[k] else 0.0)
+      rms = np.sqrt(np.mean(u ** 2))
+      clipped += rms > 0.9
+      ref[k] = ref[k] - 1e-2 * u / max(1.0, rms / 0.9)
+  assert 0 < clipped < 60  # the test exercises both branches
+  for k in ref:
+    np.testing.assert_allclose(np.asarray(ours[k]), ref[k], atol=2e-6)
+  # Off (0, the default), the chain holds no clipping transform at all.
+  config.optimizer.update_clip = 0.0
+  off = optimizer_lib.make_optimizer(config.optimizer, hp, mask)
+  assert len(off.init(params)) == len(tx.init(params)) - 1

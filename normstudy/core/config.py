@@ -107,6 +107,10 @@ _OPTIMIZER = (
     _f("optimizer.power", 1.0, "polynomial: fairseq's power (1 = linear decay)", _POSITIVE),
     _f("optimizer.end_learning_rate", 0.0, "the rate the decay ends at",
        ("a number >= 0", lambda v: v >= 0)),
+    _f("optimizer.update_clip", 0.0, "update clipping: each parameter's update (before the "
+       "learning rate) divided by max(1, RMS / this) (Adafactor; Levanter's "
+       "update_rms_clipping); one value per program", "0 (off) or a number > 0",
+       lambda v: v >= 0),
     _f("optimizer.clip_norm", 1.0, "optax.clip_by_global_norm on the unscaled gradient, once "
        "per step", ("None or 0 (off), or a number > 0", lambda v: v is None or v >= 0)),
     _f("optimizer.loss_scale.initial_scale", 128.0, "fp16 dynamic loss scaling: the first scale "

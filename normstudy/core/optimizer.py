@@ -110,8 +110,26 @@ OPTIMIZERS.register("adam_fairseq", _adam_fairseq)
 OPTIMIZERS.register("adam_atan2", _adam_atan2)  # no epsilon (Everett et al. 2024); decay as adamw
 
 
+def clip_update_rms(threshold: float) -> optax.GradientTransformation:
+  """Update clipping (Shazeer & Stern 2018, Adafactor, section 5; Levanter's
+  `update_rms_clipping`, StableAdamW's per-tensor form): each parameter's update divided by
+  max(1, RMS(update) / threshold), so no tensor's update has an RMS above `threshold`.
+  Stateless."""
+
+  def update_fn(updates, state, params=None):
+    del params
+
+    def clipped(u):
+      rms = jnp.sqrt(jnp.mean(jnp.square(u.astype(jnp.float32))))
+      return (u / jnp.maximum(1.0, rms / threshold)).astype(u.dtype)
+    return jax.tree.map(clipped, updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
 def make_optimizer(opt_cfg, hp: dict, decay_mask) -> optax.GradientTransformation:
-  """clip_by_global_norm -> Adam flavour with weight decay -> -learning rate (schedule).
+  """clip_by_global_norm -> Adam flavour with weight decay -> update clipping (when
+  `update_clip` > 0) -> -learning rate (schedule).
 
   Clipping sees the unscaled gradient once per step; `clip_norm` 0 leaves it untouched (the
   clip's threshold is then infinite, so the chain's structure is the same for every run).
@@ -119,8 +137,11 @@ def make_optimizer(opt_cfg, hp: dict, decay_mask) -> optax.GradientTransformatio
   Works with traced `hp`: build it inside the step. Its state does not depend on `hp`.
   """
   clip = jnp.where(hp["clip_norm"] > 0, hp["clip_norm"], jnp.inf)
+  # Update clipping, when on, caps the optimizer's update (direction and decay) before the rate.
+  update_clip = [clip_update_rms(opt_cfg.update_clip)] if opt_cfg.update_clip > 0 else []
   return optax.chain(
       optax.clip_by_global_norm(clip),
       *OPTIMIZERS.get(opt_cfg.name)(hp, decay_mask),
+      *update_clip,
       optax.scale_by_schedule(lambda count: -learning_rate(opt_cfg.schedule, hp, count)),
   )
