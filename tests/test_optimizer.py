@@ -232,3 +232,63 @@ def test_update_clipping_caps_each_tensors_update_rms_over_30_steps():
   config.optimizer.update_clip = 0.0
   off = optimizer_lib.make_optimizer(config.optimizer, hp, mask)
   assert len(off.init(params)) == len(tx.init(params)) - 1
+
+
+class _OlmoSkipStep:
+  """OLMo-core's SkipStepOptimizer (olmo_core/optim/skip_step_optimizer.py): the rings of the
+  newest rolling_interval_length + 1 losses and grad norms, and get_step_factor, transcribed
+  with Python lists and numpy (np.std with ddof=1 is torch.std's unbiased estimate)."""
+
+  def __init__(self, rolling_interval_length=128, sigma_factor=6):
+    self.length, self.sigma = rolling_interval_length, sigma_factor
+    self.losses, self.grad_norms = [], []
+
+  def step_factor(self, loss, grad_norm):
+    for ring, value in ((self.losses, loss), (self.grad_norms, grad_norm)):
+      ring.append(value)
+      while len(ring) > self.length + 1:
+        ring.pop(0)
+    if len(self.losses) < max(20, self.length // 2):
+      return 1.0
+    z = [abs(ring[-1] - np.mean(ring[:-1])) / np.std(ring[:-1], ddof=1)
+         for ring in (self.losses, self.grad_norms)]
+    return float(z[0] <= self.sigma and z[1] <= self.sigma)
+
+
+def test_skip_spikes_skips_what_olmo_cores_rule_skips_and_keeps_the_state():
+  """300 steps of a noisy loss and grad norm with spikes injected (some before the rule has
+  enough history, some in the loss only, some in the grad norm only): the same steps skipped as
+  OLMo-core's transcription, a skipped step's update zero and the wrapped optimizer's state (its
+  Adam moments) unchanged, the rest Adam's."""
+  rng = np.random.default_rng(4)
+  steps = 300
+  losses = 3.0 + 0.05 * rng.normal(size=steps)
+  norms = 1.0 + 0.1 * rng.normal(size=steps)
+  for at in (10, 90, 150, 151, 240):
+    losses[at] += 2.0
+  for at in (120, 200):
+    norms[at] *= 8.0
+  inner = optax.adam(1e-2)
+  tx = optimizer_lib.skip_spikes(inner, 6.0, 32)
+  params = {"w": np.ones(3, np.float32)}
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  reference = _OlmoSkipStep(rolling_interval_length=32, sigma_factor=6)
+  skipped = []
+  for t in range(steps):
+    grads = {"w": rng.normal(size=3).astype(np.float32)}
+    before = state
+    updates, state = update(grads, state, params, loss=np.float32(losses[t]),
+                            grad_norm=np.float32(norms[t]))
+    take = reference.step_factor(float(np.float32(losses[t])), float(np.float32(norms[t])))
+    if not take:
+      skipped.append(t)
+      assert not np.asarray(updates["w"]).any()
+      for new, old in zip(jax.tree.leaves(state.inner), jax.tree.leaves(before.inner)):
+        np.testing.assert_array_equal(new, old)
+    else:
+      assert np.asarray(updates["w"]).any()
+  assert int(state.skips) == len(skipped)
+  # The spikes after the history fills (32 // 2 -> 20 values) are skipped; step 10's is not.
+  assert {90, 120, 150, 200, 240} <= set(skipped) and 10 not in skipped
+  assert len(skipped) <= 8, skipped

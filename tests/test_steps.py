@@ -259,3 +259,25 @@ def test_a_block_of_steps_is_the_same_steps_one_at_a_time(make_config, monkeypat
     active = block_metrics["active"][0, :7]
     assert active[0] and not active.all()  # it halted inside the block, then stood still
     assert int(blocked.status[0]) == life.CODE_HALTED_SCALE
+
+
+def test_skip_spikes_in_the_train_step_counts_skips_and_otherwise_changes_nothing(make_config):
+  """optimizer.skip_spikes wraps the optimizer: with no spike the trajectory is the plain one
+  (to rounding: the wrapped step is another program); with sigma so small that every step after
+  the history fills is a spike, the 20th update and every later one are skipped (the loss on
+  the fixed batch stays from step 20 on) and counted in spike_skips."""
+  from conftest import train_losses
+  configs = {}
+  for name, sigma in (("plain", 0.0), ("watched", 6.0), ("strict", 1e-9)):
+    configs[name] = make_config()
+    configs[name].optimizer.update(skip_spikes=sigma, skip_spikes_window=32)  # judges from 20
+    configs[name].train.num_steps = 40
+  losses_plain, metrics = train_losses(configs["plain"], 26)
+  assert "spike_skips" not in metrics
+  losses_watched, metrics = train_losses(configs["watched"], 26)
+  np.testing.assert_allclose(losses_watched, losses_plain, rtol=2e-6)
+  assert int(metrics["spike_skips"]) == 0
+  losses_strict, metrics = train_losses(configs["strict"], 26)
+  np.testing.assert_allclose(losses_strict[:20], losses_plain[:20], rtol=2e-6)
+  assert len(set(losses_strict[19:])) == 1 and losses_plain[25] < losses_plain[19]
+  assert int(metrics["spike_skips"]) == 7  # steps 20 to 26

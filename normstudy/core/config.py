@@ -111,6 +111,13 @@ _OPTIMIZER = (
        "learning rate) divided by max(1, RMS / this) (Adafactor; Levanter's "
        "update_rms_clipping); one value per program", "0 (off) or a number > 0",
        lambda v: v >= 0),
+    _f("optimizer.skip_spikes", 0.0, "skip-step on spikes: an update skipped (its optimizer "
+       "state kept) when the loss or the gradient norm lies more than this many standard "
+       "deviations from the mean of the previous skip_spikes_window steps (OLMo-core: 6); one "
+       "value per program", "0 (off) or a number > 0", lambda v: v >= 0),
+    _f("optimizer.skip_spikes_window", 128, "skip_spikes: the steps whose losses and gradient "
+       "norms it compares against (OLMo-core: 128); it judges once max(20, window / 2) are "
+       "recorded", ("an integer >= 19 (a shorter ring never holds 20)", lambda v: v >= 19)),
     _f("optimizer.clip_norm", 1.0, "optax.clip_by_global_norm on the unscaled gradient, once "
        "per step", ("None or 0 (off), or a number > 0", lambda v: v is None or v >= 0)),
     _f("optimizer.loss_scale.initial_scale", 128.0, "fp16 dynamic loss scaling: the first scale "

@@ -7,6 +7,8 @@ run is the K = 1 case. What changes the program's structure (the optimizer's nam
 shape) stays in the config.
 """
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -127,9 +129,59 @@ def clip_update_rms(threshold: float) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
+class SkipSpikesState(NamedTuple):
+  inner: Any  # the wrapped optimizer's state, kept as it was by a skipped step
+  losses: jax.Array  # [window + 1] float32: a ring of the newest losses
+  grad_norms: jax.Array  # [window + 1] float32: the same for the gradient norms
+  count: jax.Array  # int32: values recorded so far
+  skips: jax.Array  # int32: updates skipped as spikes so far
+
+
+def skip_spikes(inner: optax.GradientTransformation, sigma: float,
+                window: int = 128) -> optax.GradientTransformationExtraArgs:
+  """Skip-step on spikes (OLMo-core's SkipStepOptimizer.get_step_factor): the step's loss and
+  gradient norm join rings of the newest `window` + 1 values; once at least max(20, window / 2)
+  are recorded, the update is zeroed and `inner`'s state kept when |x - mean| / std of the
+  previous values (std with n - 1) exceeds `sigma` for either. update(..., loss=, grad_norm=)."""
+  size = window + 1
+  least = max(20, window // 2)
+
+  def init_fn(params):
+    zeros = jnp.zeros(size, jnp.float32)
+    return SkipSpikesState(inner.init(params), zeros, zeros, jnp.zeros([], jnp.int32),
+                           jnp.zeros([], jnp.int32))
+
+  def z_score(ring, at, seen):
+    slots = jnp.arange(size)
+    before = (slots != at) & (slots < seen)
+    n = jnp.sum(before)
+    mean = jnp.sum(jnp.where(before, ring, 0.0)) / n
+    var = jnp.sum(jnp.where(before, jnp.square(ring - mean), 0.0)) / (n - 1)
+    return jnp.abs(ring[at] - mean) / jnp.sqrt(var)
+
+  def update_fn(updates, state, params=None, *, loss, grad_norm, **extra):
+    del extra
+    at = state.count % size
+    losses = state.losses.at[at].set(jnp.asarray(loss, jnp.float32))
+    grad_norms = state.grad_norms.at[at].set(jnp.asarray(grad_norm, jnp.float32))
+    count = state.count + 1
+    seen = jnp.minimum(count, size)
+    # NaN scores (a constant history) compare False and skip, as in OLMo-core's torch code.
+    take = (seen < least) | ((z_score(losses, at, seen) <= sigma)
+                             & (z_score(grad_norms, at, seen) <= sigma))
+    inner_updates, inner_state = inner.update(updates, state.inner, params)
+    updates = jax.tree.map(lambda u: jnp.where(take, u, jnp.zeros_like(u)), inner_updates)
+    kept = jax.tree.map(lambda new, old: jnp.where(take, new, old), inner_state, state.inner)
+    return updates, SkipSpikesState(kept, losses, grad_norms, count,
+                                    state.skips + (~take).astype(jnp.int32))
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
 def make_optimizer(opt_cfg, hp: dict, decay_mask) -> optax.GradientTransformation:
   """clip_by_global_norm -> Adam flavour with weight decay -> update clipping (when
-  `update_clip` > 0) -> -learning rate (schedule).
+  `update_clip` > 0) -> -learning rate (schedule); all of it inside skip_spikes when
+  `skip_spikes` > 0 (whose update then takes loss= and grad_norm=).
 
   Clipping sees the unscaled gradient once per step; `clip_norm` 0 leaves it untouched (the
   clip's threshold is then infinite, so the chain's structure is the same for every run).
@@ -139,9 +191,12 @@ def make_optimizer(opt_cfg, hp: dict, decay_mask) -> optax.GradientTransformatio
   clip = jnp.where(hp["clip_norm"] > 0, hp["clip_norm"], jnp.inf)
   # Update clipping, when on, caps the optimizer's update (direction and decay) before the rate.
   update_clip = [clip_update_rms(opt_cfg.update_clip)] if opt_cfg.update_clip > 0 else []
-  return optax.chain(
+  chain = optax.chain(
       optax.clip_by_global_norm(clip),
       *OPTIMIZERS.get(opt_cfg.name)(hp, decay_mask),
       *update_clip,
       optax.scale_by_schedule(lambda count: -learning_rate(opt_cfg.schedule, hp, count)),
   )
+  if opt_cfg.skip_spikes > 0:  # its update then takes loss= and grad_norm=
+    return skip_spikes(chain, opt_cfg.skip_spikes, opt_cfg.skip_spikes_window)
+  return chain

@@ -23,6 +23,7 @@ from normstudy.core import model as model_lib
 from normstudy.core import optimizer as optimizer_lib
 from normstudy.core import precision
 from normstudy.core import telemetry
+from normstudy.records import keys
 
 @struct.dataclass
 class TrainState:
@@ -162,7 +163,8 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
     finite = jnp.logical_and(precision.all_finite(grads), jnp.isfinite(loss))
     grad_norm = optax.tree.norm(grads)
     tx = optimizer_lib.make_optimizer(opt_cfg, hp, mask)
-    updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+    spikes = {"loss": loss, "grad_norm": grad_norm} if opt_cfg.skip_spikes > 0 else {}
+    updates, new_opt_state = tx.update(grads, state.opt_state, state.params, **spikes)
     new_params = optax.apply_updates(state.params, updates)
     loss_scale, scale_underflow = precision.update(state.loss_scale, finite)
     step, opt_step, consecutive, status, halt = _advance_life(state, finite, scale_underflow)
@@ -187,6 +189,8 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
         "active": active,
         "status": updated.status,
     }
+    if spikes:  # updates skipped as spikes so far (the run's, frozen with it)
+      metrics[keys.SPIKE_SKIPS] = new_state.opt_state.skips
     if telemetry_on:
       metrics["telemetry"] = telemetry.collect(cfg, sown, logits, grads, updates, state.params)
     return new_state, metrics

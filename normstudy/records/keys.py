@@ -29,6 +29,8 @@ TOKENS_PER_SEC = "tokens_per_sec"
 NONFINITE_AT = "nonfinite_at"
 FP16_OVERFLOWS = "fp16_overflows"
 Z_LOSS = "z_loss"
+# Updates skipped as loss or gradient-norm spikes so far (optimizer.skip_spikes > 0).
+SPIKE_SKIPS = "spike_skips"
 
 # Per-layer telemetry sown by the model, one value per layer.
 SOWN_LAYER_METRICS = (
