@@ -375,3 +375,71 @@ def test_the_2025_norm_options_refuse_what_makes_no_sense(make_config, overrides
   with pytest.raises(errors.ConfigError) as refused:
     validation.validate(config)
   assert str(refused.value).startswith(message)
+
+
+@pytest.mark.parametrize("scan,use_bias", [(False, True), (True, False)])
+def test_qk_clip_rescales_the_heads_whose_logits_exceed_tau(make_config, scan, use_bias):
+  """model.qk_clip = tau (Kimi K2's MuonClip): the step's update, then each head with largest
+  logit S > tau has W_q and W_k (and their biases) times sqrt(tau / S). Checked against the
+  plain step's parameters rescaled in numpy with the per-head logits that step's telemetry
+  reports (the same forward pass); and a head's logits on a fixed input then shrink by tau / S
+  exactly in real arithmetic."""
+  base = dict(num_layers=2, scan_layers=scan, use_bias=use_bias, causal=True)
+  plain, clipped = make_config(**base), make_config(**base)
+  state = inprocess.create_train_state(plain)
+  tokens = np.random.default_rng(3).integers(0, 32, (4, 16)).astype(np.int32)
+  batch = {"tokens": jnp.asarray(tokens)}
+  after, metrics = jax.jit(steps_lib.make_train_step(plain, telemetry_on=True))(state, batch)
+  heads = np.asarray(metrics["telemetry"]["attn_logit_max_per_head"], np.float64)  # [L, H]
+  tau = float(np.median(heads))  # about half the heads clipped
+  clipped.model.qk_clip = tau
+  validation.validate(clipped)
+  got, got_metrics = jax.jit(steps_lib.make_train_step(clipped))(state, batch)
+  assert int(got_metrics["qk_clipped_heads"]) == int((heads > tau).sum()) > 0
+  factor = np.sqrt(np.where(heads > tau, tau / heads, 1.0))
+  expected = jax.tree.map(np.asarray, after.params)
+  for i in range(2):
+    layer = expected["layers"] if scan else expected[f"layer_{i}"]
+    for name in ("query", "key"):
+      kernel = layer["attention"][name][i] if scan else layer["attention"][name]
+      want = kernel * factor[i][None, :, None]
+      have = np.asarray((got.params["layers"]["attention"][name][i] if scan
+                         else got.params[f"layer_{i}"]["attention"][name]))
+      np.testing.assert_allclose(have, want, rtol=2e-6, atol=1e-6)  # another program: rounding
+      if use_bias:
+        np.testing.assert_allclose(
+            np.asarray(got.params[f"layer_{i}"]["attention"][f"{name}_bias"]),
+            layer["attention"][f"{name}_bias"] * factor[i][:, None], rtol=2e-6,
+            atol=2e-6)  # the key bias's gradient is 0 (softmax's shift): Adam moves it by noise
+    # Everything else is the plain step's (to rounding: another program).
+    have_value = (got.params["layers"]["attention"]["value"][i] if scan
+                  else got.params[f"layer_{i}"]["attention"]["value"])
+    want_value = (layer["attention"]["value"][i] if scan else layer["attention"]["value"])
+    np.testing.assert_allclose(np.asarray(have_value), want_value, rtol=2e-6, atol=1e-6)
+  x = np.random.default_rng(5).normal(size=(16, 32))
+  q_w = (np.asarray(got.params["layers"]["attention"]["query"][0]) if scan
+         else np.asarray(got.params["layer_0"]["attention"]["query"]))
+  k_w = (np.asarray(got.params["layers"]["attention"]["key"][0]) if scan
+         else np.asarray(got.params["layer_0"]["attention"]["key"]))
+  q0 = np.einsum("ld,dhk->hlk", x, q_w / factor[0][None, :, None])
+  k0 = np.einsum("ld,dhk->hlk", x, k_w / factor[0][None, :, None])
+  q1, k1 = np.einsum("ld,dhk->hlk", x, q_w), np.einsum("ld,dhk->hlk", x, k_w)
+  np.testing.assert_allclose(np.einsum("hqk,hsk->hqs", q1, k1),
+                             np.einsum("hqk,hsk->hqs", q0, k0) * (factor[0] ** 2)[:, None, None],
+                             rtol=1e-9, atol=1e-9)
+  assert labels.describe(clipped).startswith("Pre-Norm | QK-Clip=")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"model.qk_clip": 100.0, "model.qk_norm": "layernorm"},
+     "config.model.qk_clip=100 rescales W_q and W_k, which config.model.qk_norm='layernorm' "
+     "normalises away; use one of them"),
+    ({"model.qk_clip": 100.0, "model.attention": "none"},
+     "config.model.qk_clip=100 clips attention logits; config.model.attention='none' has none"),
+])
+def test_qk_clip_refuses_what_it_cannot_act_on(make_config, overrides, message):
+  config = make_config()
+  config_lib.apply_overrides(config, overrides)
+  with pytest.raises(errors.ConfigError) as refused:
+    validation.validate(config)
+  assert str(refused.value) == message

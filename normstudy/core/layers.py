@@ -363,6 +363,8 @@ class Attention(nn.Module):
       return jnp.max(seen, axis=(0, 2, 3))
 
     telemetry.sow_stat(self, self.probe, "attn_logit_max_per_head", largest_per_head)
+    if cfg.qk_clip > 0:  # every step: QK-clip rescales W_q and W_k from it after the update
+      self.sow(telemetry.QK_CLIP, "head_logit_max", jax.lax.stop_gradient(largest_per_head()))
     probs = jax.nn.softmax(logits, axis=-1)
     telemetry.sow_stat(self, self.probe, "attn_entropy", lambda: telemetry.row_entropy(probs))
     context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(dtype), v)

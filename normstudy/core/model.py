@@ -138,7 +138,7 @@ class Transformer(nn.Module):
     x = nn.Dropout(cfg.dropout)(x, deterministic=self.deterministic)
 
     if cfg.scanned:
-      collections = {"params": 0, telemetry.STATS: 0, telemetry.LOCATE: 0}
+      collections = {"params": 0, telemetry.STATS: 0, telemetry.LOCATE: 0, telemetry.QK_CLIP: 0}
       stack = nn.scan(
           _rematerialised(cfg, layers.ScanBlock), variable_axes=collections,
           split_rngs={"params": True, "dropout": True}, length=cfg.num_layers,

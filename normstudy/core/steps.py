@@ -117,6 +117,38 @@ def _model_config(config, fusion_boundaries: bool):
                              fusion_boundaries=fusion_boundaries)
 
 
+def _gradients(cfg, model, loss_cfg, telemetry_on: bool, qk_clip_on: bool):
+  """gradients(state, batch) -> (unscaled gradients, loss, observed): observed (stopped
+  gradients) is the loss terms, what telemetry sowed, the logits (with telemetry) and each
+  head's largest logit (with QK-clip)."""
+
+  def gradients(state, batch):
+    scale, float16 = state.loss_scale.scale, state.loss_scale.dynamic
+
+    def scaled_loss(params):
+      inputs = ({"params": params}, batch["tokens"], batch.get("mask"))
+      rngs = {"dropout": dropout_key(state, state.step)}
+      collections = [telemetry.STATS] * telemetry_on + [telemetry.QK_CLIP] * qk_clip_on
+      sown = heads = {}
+      if collections:
+        logits, variables = model.apply(*inputs, rngs=rngs, mutable=collections)
+        sown = variables.get(telemetry.STATS, {})
+        heads = telemetry.head_logit_max(cfg, variables[telemetry.QK_CLIP]) if qk_clip_on else {}
+      else:
+        logits = model.apply(*inputs, rngs=rngs)
+      loss, terms = loss_lib.objective(cfg, loss_cfg, logits, batch)
+      observed = jax.lax.stop_gradient((terms, sown, logits if telemetry_on else None, heads))
+      # float32/bfloat16 skip the scaling passes (the scale is 1 and static there).
+      return (loss * scale if float16 else loss), (loss, observed)
+
+    grads, (loss, observed) = jax.grad(scaled_loss, has_aux=True)(state.params)
+    if float16:
+      grads = jax.tree.map(lambda g: g / scale, grads)
+    return grads, loss, observed
+
+  return gradients
+
+
 def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool = False):
   """Returns train_step(state, batch) -> (state, metrics) for one run (vmap it for K).
 
@@ -133,39 +165,21 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
   mask = model_lib.decay_mask(model_lib.ModelConfig.create(config.model))
   model = _model(cfg, telemetry.Probe(stats=telemetry_on))
   opt_cfg, loss_cfg = config.optimizer, config.loss
+  qk_clip_on = config.model.qk_clip > 0
 
-  def gradients(state, batch):
-    """Unscaled gradients, the loss terms and what telemetry observed (stopped gradients)."""
-    scale, float16 = state.loss_scale.scale, state.loss_scale.dynamic
-
-    def scaled_loss(params):
-      inputs = ({"params": params}, batch["tokens"], batch.get("mask"))
-      rngs = {"dropout": dropout_key(state, state.step)}
-      sown = {}
-      if telemetry_on:
-        logits, variables = model.apply(*inputs, rngs=rngs, mutable=[telemetry.STATS])
-        sown = variables[telemetry.STATS]
-      else:
-        logits = model.apply(*inputs, rngs=rngs)
-      loss, terms = loss_lib.objective(cfg, loss_cfg, logits, batch)
-      observed = jax.lax.stop_gradient((terms, sown, logits if telemetry_on else None))
-      # float32/bfloat16 skip the scaling passes (the scale is 1 and static there).
-      return (loss * scale if float16 else loss), (loss, observed)
-
-    grads, (loss, observed) = jax.grad(scaled_loss, has_aux=True)(state.params)
-    if float16:
-      grads = jax.tree.map(lambda g: g / scale, grads)
-    return grads, loss, observed
+  gradients = _gradients(cfg, model, loss_cfg, telemetry_on, qk_clip_on)
 
   def train_step(state: TrainState, batch):
     hp = state.hparams
-    grads, loss, (terms, sown, logits) = gradients(state, batch)
+    grads, loss, (terms, sown, logits, heads) = gradients(state, batch)
     finite = jnp.logical_and(precision.all_finite(grads), jnp.isfinite(loss))
     grad_norm = optax.tree.norm(grads)
     tx = optimizer_lib.make_optimizer(opt_cfg, hp, mask)
     spikes = {"loss": loss, "grad_norm": grad_norm} if opt_cfg.skip_spikes > 0 else {}
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params, **spikes)
     new_params = optax.apply_updates(state.params, updates)
+    if qk_clip_on:
+      new_params = qk_clip(cfg, new_params, heads, config.model.qk_clip)
     loss_scale, scale_underflow = precision.update(state.loss_scale, finite)
     step, opt_step, consecutive, status, halt = _advance_life(state, finite, scale_underflow)
     updated = state.replace(
@@ -189,6 +203,8 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
         "active": active,
         "status": updated.status,
     }
+    if qk_clip_on:  # heads whose W_q and W_k this step rescaled
+      metrics[keys.QK_CLIPPED_HEADS] = jnp.sum(heads > config.model.qk_clip).astype(jnp.int32)
     if spikes:  # updates skipped as spikes so far (the run's, frozen with it)
       metrics[keys.SPIKE_SKIPS] = new_state.opt_state.skips
     if telemetry_on:
@@ -196,6 +212,36 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
     return new_state, metrics
 
   return train_step
+
+
+def qk_clip(cfg, params, head_logit_max, tau: float):
+  """QK-clip (Kimi Team 2025, Kimi K2, section 2.1, MuonClip): for each head whose largest logit
+  S of the step exceeds tau, W_q and W_k (with their biases, so that q and k scale exactly)
+  times sqrt(tau / S): the head's logits on the same input shrink by tau / S. Other heads and
+  parameters are untouched. `head_logit_max`: [num_layers, num_heads]."""
+  factor = jnp.sqrt(jnp.where(head_logit_max > tau, tau / head_logit_max, 1.0))  # [L, H]
+
+  def scaled(attention, f):  # f [H], or [L, H] for a scanned stack
+    out = dict(attention)
+    for name in ("query", "key"):
+      kernel = attention[name]  # [(L,) d, H, k]
+      out[name] = kernel * jnp.expand_dims(f, (-3, -1)).astype(kernel.dtype)
+      if f"{name}_bias" in attention:  # [(L,) H, k]
+        bias = attention[f"{name}_bias"]
+        out[f"{name}_bias"] = bias * f[..., None].astype(bias.dtype)
+    return out
+
+  params = dict(params)
+  if cfg.scanned:
+    layers = dict(params["layers"])
+    layers["attention"] = scaled(layers["attention"], factor)
+    params["layers"] = layers
+    return params
+  for i in range(cfg.num_layers):
+    layer = dict(params[f"layer_{i}"])
+    layer["attention"] = scaled(layer["attention"], factor[i])
+    params[f"layer_{i}"] = layer
+  return params
 
 
 def make_eval_step(config, fusion_boundaries: bool = False):

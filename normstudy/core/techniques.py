@@ -108,6 +108,20 @@ TECHNIQUES = (
                   lambda c: c.model.placement == "rezero",
                   lambda c: "config.model.layernorm_scaling=True scales the norms' outputs; "
                             "config.model.placement='rezero' has no norms"),)),
+    Technique(Field("model.qk_clip", 0.0, "QK-clip: after each update, each head's W_q and W_k "
+                    "(and their biases) times sqrt(min(1, tau / S_max)), S_max the head's "
+                    "largest logit in the step (Kimi K2: tau = 100)", "0 (off) or a number > 0",
+                    accepts=lambda v: v >= 0),
+              _scale("QK-Clip"), "Kimi Team 2025 (Kimi K2, MuonClip); MaxText, Megatron-LM",
+              conflicts=(Conflict(
+                  lambda c: c.model.qk_norm != "none",
+                  lambda c: f"config.model.qk_clip={c.model.qk_clip:g} rescales W_q and W_k, "
+                            f"which config.model.qk_norm={c.model.qk_norm!r} normalises away; "
+                            "use one of them"),
+                         Conflict(
+                  lambda c: c.model.attention == "none",
+                  lambda c: f"config.model.qk_clip={c.model.qk_clip:g} clips attention logits; "
+                            "config.model.attention='none' has none"))),
     Technique(Field("loss.z_loss", 0.0, "z-loss: this times the mean (log Z)^2 added to the loss",
                     "0 (off) or a number > 0", accepts=lambda v: v >= 0),
               _scale("z-loss"), "Chowdhery et al. 2022 (PaLM)"),

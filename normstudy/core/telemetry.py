@@ -23,6 +23,7 @@ from normstudy.records import schema
 
 STATS = "intermediates"
 LOCATE = "nonfinite"
+QK_CLIP = "qk_clip"  # each head's largest logit, sown on every step when model.qk_clip > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,12 @@ _SOWN_BY = {"attn_logit_max": ("attention",), "attn_entropy": ("attention",),
             "mlp_preact_absmax": ("mlp",), "act_rms": (), "resid_absmax": (),
             "attn_norm_input_rms": (), "mlp_norm_input_rms": (),
             "attn_logit_max_per_head": ("attention",)}
+
+
+def head_logit_max(cfg, sown) -> jax.Array:
+  """[num_layers, num_heads]: each head's largest logit of the step, from the QK_CLIP
+  collection."""
+  return _layer_values(cfg, sown, ("attention", "head_logit_max"))
 
 
 def _sown(cfg, tree, path: tuple) -> bool:

@@ -31,6 +31,8 @@ FP16_OVERFLOWS = "fp16_overflows"
 Z_LOSS = "z_loss"
 # Updates skipped as loss or gradient-norm spikes so far (optimizer.skip_spikes > 0).
 SPIKE_SKIPS = "spike_skips"
+# Heads whose W_q and W_k the step rescaled (model.qk_clip > 0).
+QK_CLIPPED_HEADS = "qk_clipped_heads"
 
 # Per-layer telemetry sown by the model, one value per layer.
 SOWN_LAYER_METRICS = (
