@@ -2,6 +2,7 @@
 and the figures of halted runs."""
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -235,3 +236,37 @@ def test_step_ticks_fit_the_run_length():
   from normstudy.analysis import plots
   assert [plots._k_formatter(v, None) for v in (0, 25, 150, 1000, 2500, 20000)] == [
       "0", "25", "150", "1K", "2.5K", "20K"]
+
+
+def test_update_norm_spikes_before_loss_spikes_are_counted_against_chance(tmp_path):
+  """spikes.csv: per run the loss spikes, the update-norm spikes (a doubling above the trend of
+  log10 update_norm) and the loss spikes an update spike preceded within 10 steps; the
+  observations' exact binomial test against the share of steps after update spikes (scipy)."""
+  import json
+  import pandas as pd
+  from scipy import stats as scipy_stats
+  from normstudy import analysis
+  from normstudy.analysis import update_spikes as spikes
+  rng = np.random.default_rng(0)
+  for name, update_at, loss_at in (("a", [40, 120], [43, 125, 170]), ("b", [], [60])):
+    run = tmp_path / name
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"label": name, "status": "finished"}))
+    records = []
+    for step in range(1, 201):
+      loss = 3.0 - step / 400 + 0.01 * rng.normal() + (1.5 if step in loss_at else 0.0)
+      norm = 0.05 * math.exp(0.05 * rng.normal()) * (6.0 if step in update_at else 1.0)
+      records.append({"step": step, "loss": loss, "update_norm": norm})
+    (run / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+  outputs = analysis.analyze(str(tmp_path))
+  table = pd.read_csv(outputs["spikes"]).set_index("run")
+  assert table.loc["a", "loss_spike_steps"] == "43 125 170"
+  assert table.loc["a", "update_spike_steps"] == "40 120"
+  assert table.loc["a", "preceded"] == 2 and table.loc["b", "preceded"] == 0
+  assert table.loc["a", "steps_after_update_spikes"] == 20  # steps 41-50 and 121-130
+  got = spikes.test(table)
+  chance = 20 / 400
+  assert got["chance"] == pytest.approx(chance)
+  assert got["p"] == pytest.approx(scipy_stats.binomtest(2, 4, chance).pvalue)
+  text = open(outputs["observations"], encoding="utf-8").read()
+  assert "2 of 4 loss spikes had an update-norm spike start within the 10 steps before" in text

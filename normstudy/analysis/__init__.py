@@ -45,6 +45,7 @@ from normstudy.analysis import outcomes
 from normstudy.analysis import sensitivity
 from normstudy.analysis import sensitivity_plots
 from normstudy.analysis import speed
+from normstudy.analysis import update_spikes as spikes_lib
 from normstudy.analysis import stats
 from normstudy.analysis import survival
 
@@ -149,6 +150,10 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | N
   if report is not None:
     outputs, sections, table = report.write(loaded, summary, workdir)
   table.to_csv(os.path.join(workdir, "summary.csv"), index=False)
+  spike_outputs, spike_text = spikes_lib.analyze(loaded, workdir)
+  outputs.update(spike_outputs)
+  if spike_text:
+    sections = [*sections, ("Update-norm spikes", spike_text)]
   few = len(loaded) <= MAX_RUNS_PER_FIGURE
   if few:
     outputs["figure"] = plot_comparison(loaded, os.path.join(workdir, "loss_comparison.png"),

@@ -152,7 +152,8 @@ def _gradients(cfg, model, loss_cfg, telemetry_on: bool, qk_clip_on: bool):
 def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool = False):
   """Returns train_step(state, batch) -> (state, metrics) for one run (vmap it for K).
 
-  metrics: loss (cross entropy), grad_norm (unscaled, before clipping), clipped, lr,
+  metrics: loss (cross entropy), grad_norm (unscaled, before clipping), update_norm (the
+  update the optimizer computed, applied only when the step is finite), clipped, lr,
   loss_scale (the scale this step's loss was multiplied by), skipped, skipped_total, active
   (the run was running before this step; the others are frozen and report nothing new),
   status, and with `telemetry_on` the per-layer arrays of normstudy.core.telemetry under
@@ -195,6 +196,7 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
     metrics = {
         **terms,
         "grad_norm": grad_norm,
+        keys.UPDATE_NORM: optax.tree.norm(updates),
         "clipped": jnp.logical_and(hp["clip_norm"] > 0, grad_norm > hp["clip_norm"]),
         "lr": optimizer_lib.learning_rate(opt_cfg.schedule, hp, state.opt_step),
         "loss_scale": state.loss_scale.scale,

@@ -21,6 +21,9 @@ SKIPPED_TOTAL = "skipped_total"
 # The train step's metrics recorded on every logged step, in the order records hold them.
 STEP_KEYS = (LOSS, GRAD_NORM, CLIPPED, LR, LOSS_SCALE, SKIPPED, SKIPPED_TOTAL)
 
+# The global L2 norm of the step's update (what the optimizer computed, the learning rate
+# included; applied only when the step is finite): its spikes can come before loss spikes.
+UPDATE_NORM = "update_norm"
 EVAL_LOSS = "eval_loss"
 UPDATE_SIZE = "update_size"  # DeepNet's ||f(x; theta_t+1) - f(x; theta_t)|| (core.steps)
 # DeepNet's accumulated update ||f(x; theta_t) - f(x; theta_0)||, beside UPDATE_SIZE
