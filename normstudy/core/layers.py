@@ -351,16 +351,14 @@ class Attention(nn.Module):
     if allowed is not None:
       logits = jnp.where(allowed, logits, -jnp.inf)
 
-    def largest_score():
+    def seen_scores():  # the unshifted, uncapped scores the softmax weighs (masked: -inf)
       seen = raw_logits + row_shift
-      return jnp.max(seen if allowed is None else jnp.where(allowed, seen, -jnp.inf))
+      return seen if allowed is None else jnp.where(allowed, seen, -jnp.inf)
 
-    telemetry.sow_stat(self, self.probe, "attn_logit_max", largest_score)
+    telemetry.sow_stat(self, self.probe, "attn_logit_max", lambda: jnp.max(seen_scores()))
 
     def largest_per_head():  # [heads]: what QK-clip watches (Kimi K2; MaxText, Megatron-LM)
-      seen = raw_logits + row_shift
-      seen = seen if allowed is None else jnp.where(allowed, seen, -jnp.inf)
-      return jnp.max(seen, axis=(0, 2, 3))
+      return jnp.max(seen_scores(), axis=(0, 2, 3))
 
     telemetry.sow_stat(self, self.probe, "attn_logit_max_per_head", largest_per_head)
     if cfg.qk_clip > 0:  # every step: QK-clip rescales W_q and W_k from it after the update
