@@ -29,6 +29,9 @@ SURVIVAL_CONTEXT_DIR ?= runs/survival_context
 SPEED_CONTEXT_DIR ?= runs/speed_context
 ATTENTION_DIR ?= runs/attention
 DEPTH_DIR ?= runs/depth
+LADDER_DIR ?= runs/ladder
+# e.g. LADDER_ARGS=--dtypes=float16 (one dtype), --sweep_arg=--workers=1
+LADDER_ARGS ?=
 # Almost all of the suite's time is XLA compilation, which runs on one core per process: one
 # test worker per core (pytest-xdist); an idle worker takes tests queued for a busy one.
 PYTEST_ARGS ?= -n auto --dist worksteal
@@ -41,7 +44,7 @@ LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0]
 
 .PHONY: install corpora tpu-aot study study-text sensitivity techniques survival survival-depth survival-grid speed \
 	survival-bf16 survival-fp32 survival-context speed-context attention depth test test-fast \
-	benchmark clean
+	ladder benchmark clean
 
 install: $(STAMP)
 
@@ -126,6 +129,12 @@ attention: install
 
 depth: install
 	$(PY) -m normstudy.sweep --config=configs/depth.py --workdir=$(DEPTH_DIR)
+
+# The size ladder on real text (configs/ladder.py): each arm's critical learning rate by search
+# at every rung of a width and a depth ladder, in float16 and float32, then the fits, the
+# held-out largest rung and the extrapolation to MERT's 24 x 1024 (normstudy.ladder).
+ladder: corpora
+	$(PY) -m normstudy.ladder --config=configs/ladder.py --workdir=$(LADDER_DIR) $(LADDER_ARGS)
 
 test: corpora tpu-aot
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

@@ -1,9 +1,16 @@
-"""The size ladder, collected and analysed: how each arm's critical learning rate moves with
-size, and whether the small rungs predict the largest.
+"""The size ladder, trained, collected and analysed: how each arm's critical learning rate
+moves with size, and whether the small rungs predict the largest.
 
+  python -m normstudy.ladder --config=configs/ladder.py --workdir=DIR   # train, then analyse
   python -m normstudy.ladder --workdir=DIR [--target_layers=24 --target_d_model=1024]
 
-Every directory below DIR holding an analysed critical-learning-rate search (critical_lr.csv and
+With --config, the file's rungs (LADDER_RUNGS: (num_layers, d_model) pairs, in each of
+LADDER_DTYPES) are trained first, each a critical-learning-rate search (LADDER_SEARCH) of the
+file's arms run as its own `normstudy.sweep` into DIR/<dtype>/L<layers>_d<width>; DIR/ladder.json
+lists each rung's command, so one rung can be re-run alone. Re-running resumes: a finished rung
+trains nothing again. Extra --sweep_arg flags reach every rung's sweep (e.g.
+--sweep_arg=--workers=1). Then the analysis:
+every directory below DIR holding an analysed critical-learning-rate search (critical_lr.csv and
 sweep.json: `normstudy.sweep --search=...` then `normstudy.analyze`) is a rung; its size is
 read from its runs' config. Writes into DIR: ladder.csv (per rung and arm: dtype, num_layers,
 d_model, params, the critical learning rate and its interval), ladder_fit.csv (per arm, dtype
@@ -22,6 +29,11 @@ FLAGS = flags.FLAGS
 
 def define_flags():
   flags.DEFINE_string("workdir", None, "Directory whose subdirectories are the rungs' searches.")
+  flags.DEFINE_string("config", None, "A ladder config file (configs/ladder.py): train its "
+                      "rungs into --workdir before the analysis.")
+  flags.DEFINE_list("dtypes", None, "With --config: only these of the file's LADDER_DTYPES.")
+  flags.DEFINE_multi_string("sweep_arg", [], "With --config: an argument for every rung's "
+                            "normstudy.sweep (repeatable).")
   flags.DEFINE_integer("target_layers", 24, "The extrapolation's depth (MERT's: 24).")
   flags.DEFINE_integer("target_d_model", 1024, "The extrapolation's width (MERT's: 1024); its "
                        "MLP is 4x as wide.")
@@ -35,10 +47,14 @@ def main(argv):
   for name in ("target_layers", "target_d_model"):
     if getattr(FLAGS, name) < 1:
       raise errors.UserError(f"--{name}={getattr(FLAGS, name)}: it must be an integer >= 1")
+  from normstudy.experiments import ladder
+  if FLAGS.config is not None:
+    _train(ladder)
+  elif FLAGS.dtypes is not None or FLAGS.sweep_arg:
+    raise errors.UserError("--dtypes and --sweep_arg need --config=FILE (the ladder to train)")
   if not os.path.isdir(FLAGS.workdir):
     raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory")
   from normstudy.analysis import ladder as analysis
-  from normstudy.experiments import ladder
   table = ladder.ladder_table(FLAGS.workdir)
   if table.empty:
     raise errors.UserError(f"--workdir={FLAGS.workdir} holds no analysed search (a directory "
@@ -51,6 +67,22 @@ def main(argv):
              "params": ladder.parameters(model)}
   for name, path in analysis.analyze(table, targets, FLAGS.workdir).items():
     print(f"{name}: {path}")
+
+
+def _train(ladder) -> None:
+  """Every rung of --config, checked (its file, --dtypes, the workdir) before anything is
+  written, then trained in turn."""
+  from normstudy.experiments import grid
+  from normstudy.records import rundir
+  module = grid.load_config_module(FLAGS.config)
+  declared = ladder.ladder_spec(module, FLAGS.config)["dtypes"]
+  unknown = [d for d in FLAGS.dtypes or () if d not in declared]
+  if unknown:
+    raise errors.UserError(f"--dtypes={','.join(FLAGS.dtypes)}: {', '.join(unknown)} is not "
+                           f"among {FLAGS.config}'s LADDER_DTYPES ({', '.join(declared)})")
+  rundir.check_writable(FLAGS.workdir, "--workdir")
+  rungs = ladder.plan_rungs(FLAGS.config, module, FLAGS.dtypes)
+  ladder.train_rungs(rungs, FLAGS.workdir, tuple(FLAGS.sweep_arg))
 
 
 if __name__ == "__main__":

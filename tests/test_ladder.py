@@ -3,6 +3,7 @@ squares, and simulated ladders whose power law is known."""
 
 import math
 import os
+import re
 
 import numpy as np
 import pandas as pd
@@ -170,3 +171,55 @@ def test_the_ladder_command_collects_rungs_fits_and_extrapolates(tmp_path):
   refused = runs.run_module("normstudy.ladder", f"--workdir={empty}", check=False)
   assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
   assert "holds no analysed search" in refused.stderr
+
+
+def test_the_ladder_file_plans_one_search_per_rung_and_dtype():
+  from configs import ladder as ladder_config
+  from normstudy.experiments import grid
+  from normstudy.experiments import ladder as experiment
+  module = grid.load_config_module("configs/ladder.py")
+  rungs = experiment.plan_rungs("configs/ladder.py", module)
+  assert len(rungs) == len(ladder_config.LADDER_RUNGS) * len(ladder_config.LADDER_DTYPES)
+  assert len({r.directory for r in rungs}) == len(rungs)
+  wide = next(r for r in rungs if (r.dtype, r.num_layers, r.d_model) == ("float32", 4, 128))
+  assert wide.directory == os.path.join("float32", "L4_d128")
+  search = ladder_config.LADDER_SEARCH
+  assert wide.argv == (
+      "--config=configs/ladder.py",
+      f"--search=optimizer.learning_rate:{search['low']:g},{search['high']:g}",
+      f"--rounds={search['rounds']}", f"--probe_decades={search['probe_decades']:g}",
+      "--config.model.dtype=float32", "--config.model.num_layers=4",
+      "--config.model.d_model=128", "--config.model.d_ff=512", "--config.model.num_heads=8")
+  only = experiment.plan_rungs("configs/ladder.py", module, ["float16"])
+  assert {r.dtype for r in only} == {"float16"}
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("LADDER_RUNGS", [(4, 32), (4, 32)], "lists a rung twice"),
+    ("LADDER_RUNGS", [(4, 0)], "LADDER_RUNGS=[(4, 0)] is not allowed"),
+    ("LADDER_DTYPES", ("float8",), "LADDER_DTYPES=('float8',) is not allowed"),
+    ("LADDER_SEARCH", {"field": "optimizer.learning_rate", "low": 3, "high": 1},
+     "allowed: 0 < LOW < HIGH"),
+    ("rung_overrides", None, "does not define rung_overrides"),
+])
+def test_a_wrong_ladder_file_is_refused_in_one_line(field, value, message):
+  import types
+  from normstudy.errors import UserError
+  from normstudy.experiments import grid
+  from normstudy.experiments import ladder as experiment
+  module = vars(grid.load_config_module("configs/ladder.py")).copy()
+  if value is None:
+    del module[field]
+  else:
+    module[field] = value
+  with pytest.raises(UserError, match=re.escape(message)):
+    experiment.plan_rungs("configs/ladder.py", types.SimpleNamespace(**module))
+
+
+def test_the_ladder_command_refuses_a_dtype_its_file_does_not_declare(tmp_path):
+  import runs
+  refused = runs.run_module("normstudy.ladder", "--config=configs/ladder.py",
+                            f"--workdir={tmp_path / 'ladder'}", "--dtypes=bfloat16", check=False)
+  assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
+  assert "bfloat16 is not among configs/ladder.py's LADDER_DTYPES" in refused.stderr
+  assert not (tmp_path / "ladder").exists()

@@ -249,7 +249,8 @@ def figure(ladder: pd.DataFrame, fits: pd.DataFrame):
     ax.set_xlabel(axis)
     ax.set_ylabel("critical learning rate (50% fail)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
+    if ax.get_legend_handles_labels()[0]:  # no fitted arm on this axis: no legend
+      ax.legend(fontsize=6)
   fig.suptitle("Critical learning rate against size (the ladder)")
   return fig
 

@@ -3,6 +3,7 @@
 ladder's; its model's size comes from a run's config.json, its critical learning rates from its
 critical_lr.csv (normstudy.analysis.critical_lr)."""
 
+import dataclasses
 import json
 import os
 import types
@@ -10,6 +11,7 @@ import types
 import pandas as pd
 
 from normstudy.core import memory
+from normstudy.errors import UserError
 from normstudy.records import schema
 
 
@@ -57,3 +59,103 @@ def first_model(workdir: str) -> dict:
   """The model section of the first rung's first run (what an extrapolation keeps besides its
   size: vocabulary, positions, biases)."""
   return _model_of(rung_directories(workdir)[0])
+
+
+# --- Training a ladder: each rung a critical-learning-rate search, as its own `normstudy.sweep`.
+
+LADDER_PLAN = "ladder.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rung:
+  """One rung of a ladder: a search of the config file's arms at one size and dtype, in
+  `directory` (relative to the ladder's), trained by `argv` (normstudy.sweep's arguments)."""
+  dtype: str
+  num_layers: int
+  d_model: int
+  directory: str
+  argv: tuple
+
+  def command(self, python: str = "python") -> str:
+    """The shell line that trains (or resumes) this rung alone."""
+    import shlex
+    return " ".join([python, "-m", "normstudy.sweep", *map(shlex.quote, self.argv)])
+
+
+def ladder_spec(module, path: str) -> dict:
+  """What a ladder config file declares, checked (UserError naming the file and the field):
+  LADDER_RUNGS [(num_layers, d_model)], LADDER_DTYPES, LADDER_SEARCH {field, low, high, rounds,
+  probe_decades} and rung_overrides(num_layers, d_model) -> {dotted field: value}."""
+  from normstudy.core import search as search_lib
+  missing = [name for name in ("LADDER_RUNGS", "LADDER_DTYPES", "LADDER_SEARCH",
+                               "rung_overrides") if not hasattr(module, name)]
+  if missing:
+    raise UserError(f"--config={path} is not a ladder: it does not define {', '.join(missing)} "
+                    "(configs/ladder.py shows them)")
+  rungs = [tuple(r) for r in module.LADDER_RUNGS]
+  bad = [r for r in rungs if len(r) != 2 or not all(isinstance(v, int) and v >= 1 for v in r)]
+  if not rungs or bad:
+    raise UserError(f"{path}: LADDER_RUNGS={module.LADDER_RUNGS!r} is not allowed; allowed: a "
+                    "non-empty list of (num_layers, d_model) pairs of integers >= 1")
+  if len(set(rungs)) != len(rungs):
+    raise UserError(f"{path}: LADDER_RUNGS lists a rung twice: {rungs}")
+  dtypes = list(module.LADDER_DTYPES)
+  wrong = [d for d in dtypes if d not in ("float16", "bfloat16", "float32")]
+  if not dtypes or wrong or len(set(dtypes)) != len(dtypes):
+    raise UserError(f"{path}: LADDER_DTYPES={module.LADDER_DTYPES!r} is not allowed; allowed: "
+                    "distinct names among float16, bfloat16, float32")
+  s = dict(module.LADDER_SEARCH)
+  search_ = search_lib.Search.parse(f"{s.get('field')}:{s.get('low')},{s.get('high')}",
+                                    int(s.get("rounds", search_lib.DEFAULT_ROUNDS)),
+                                    float(s.get("probe_decades", 0.0)))
+  return {"rungs": rungs, "dtypes": dtypes, "search": search_}
+
+
+def plan_rungs(path: str, module, dtypes=None) -> list:
+  """Every rung of the ladder file `path` (its loaded `module`), dtype by dtype, in the file's
+  order: each a Rung whose argv trains its search into `<dtype>/L<layers>_d<width>`."""
+  spec = ladder_spec(module, path)
+  search_ = spec["search"]
+  out = []
+  for dtype in dtypes or spec["dtypes"]:
+    for num_layers, d_model in spec["rungs"]:
+      directory = os.path.join(dtype, f"L{num_layers}_d{d_model}")
+      overrides = {"model.dtype": dtype, **module.rung_overrides(num_layers, d_model)}
+      argv = (f"--config={path}", f"--search={search_.field}:{search_.low:g},{search_.high:g}",
+              f"--rounds={search_.rounds}", f"--probe_decades={search_.probe_decades:g}",
+              *(f"--config.{k}={v}" for k, v in overrides.items()))
+      out.append(Rung(dtype, num_layers, d_model, directory, argv))
+  return out
+
+
+def train_rungs(rungs: list, workdir: str, extra_argv=(), log=print) -> None:
+  """Trains every rung in turn, each `python -m normstudy.sweep ARGV --workdir=workdir/<rung>`
+  in its own process (a finished rung's search trains nothing again: re-running resumes),
+  writing ladder.json (each rung's directory and command) first and logging progress with an
+  ETA from the rungs done. A rung that fails stops the ladder: RuntimeError naming it (its own
+  lines say why), or UserError when the sweep refused its input."""
+  import subprocess
+  import sys
+  import time
+  plan = {"rungs": [{"dtype": r.dtype, "num_layers": r.num_layers, "d_model": r.d_model,
+                     "directory": r.directory,
+                     "command": r.command() + f" --workdir={os.path.join(workdir, r.directory)}"
+                     + "".join(f" {a}" for a in extra_argv)} for r in rungs]}
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, LADDER_PLAN), "w", encoding="utf-8") as f:
+    json.dump(plan, f, indent=2)
+  start = time.monotonic()
+  for i, rung in enumerate(rungs, start=1):
+    directory = os.path.join(workdir, rung.directory)
+    log(f"[ladder] rung {i}/{len(rungs)}: {rung.dtype}, {rung.num_layers} layers x "
+        f"{rung.d_model} wide, into {directory}")
+    done = subprocess.run([sys.executable, "-m", "normstudy.sweep", *rung.argv,
+                           f"--workdir={directory}", *extra_argv]).returncode
+    if done == 2:
+      raise UserError(f"rung {rung.directory}: normstudy.sweep refused its input (above)")
+    if done != 0:
+      raise RuntimeError(f"rung {rung.directory} stopped with exit code {done}; re-running "
+                         "the ladder resumes it")
+    spent = time.monotonic() - start
+    log(f"[ladder] rungs {i}/{len(rungs)} done | {spent:.0f}s so far | ETA "
+        f"{spent / i * (len(rungs) - i):.0f}s (the rungs left at the mean time a rung)")
