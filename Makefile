@@ -9,6 +9,8 @@ SENSITIVITY_DIR ?= runs/sensitivity
 # e.g. SENSITIVITY_ARGS=--axis=model.num_layers=4,12 (a depth axis; about 3x the time)
 SENSITIVITY_ARGS ?=
 TECHNIQUES_DIR ?= runs/techniques
+TECHNIQUES_DTYPES ?= float16 float32
+TECHNIQUES_SEARCH ?= --search=optimizer.learning_rate:0.1,1 --rounds=3 --probe_decades=0.125
 SURVIVAL_DIR ?= runs/survival
 SURVIVAL_FP32_DIR ?= runs/survival_fp32
 SURVIVAL_DEPTH_DIR ?= runs/survival_depth
@@ -77,8 +79,19 @@ study-text: corpora
 sensitivity: install
 	$(PY) -m normstudy.sweep --config=configs/seed_figure.py --workdir=$(SENSITIVITY_DIR) $(SENSITIVITY_ARGS)
 
+# Every technique against its baseline (configs/techniques.py): the critical learning rate by
+# search in each of TECHNIQUES_DTYPES (3 rounds from [0.1, 1], then a probe round), each arm at
+# the recipe's rate for its cost (2 seeds, 300 steps, one program at a time so step times
+# compare), then techniques.csv (normstudy.techniques).
 techniques: install
-	$(PY) -m normstudy.sweep --config=configs/techniques.py --workdir=$(TECHNIQUES_DIR)
+	for dtype in $(TECHNIQUES_DTYPES); do \
+	  $(PY) -m normstudy.sweep --config=configs/techniques.py --workdir=$(TECHNIQUES_DIR)/$$dtype \
+	    $(TECHNIQUES_SEARCH) --config.model.dtype=$$dtype || exit 1; done
+	$(PY) -m normstudy.sweep --config=configs/techniques.py --workdir=$(TECHNIQUES_DIR)/recipe \
+		--axis=optimizer.learning_rate=$(SURVIVAL_LEARNING_RATE) --axis=train.seed=0,1 \
+		--config.train.num_steps=300 --config.train.eval_every=300 \
+		--config.train.checkpoint_every=300 --max_runs_per_program=1 --workers=1
+	$(PY) -m normstudy.techniques --workdir=$(TECHNIQUES_DIR)
 
 # Which learning rate kills each arm, with controls (configs/survival.py), found by search; the
 # same for DeepNorm and its Post-LN control at 12 layers; the grid version of the first, for

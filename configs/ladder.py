@@ -38,13 +38,7 @@ LADDER_SEARCH = {"field": "optimizer.learning_rate", "low": 0.03, "high": 3.0, "
                  "probe_decades": 0.125}
 
 SWEEP = {"train.seed": SEEDS}
-SWEEP_SETTINGS = {
-    **survival.SWEEP_SETTINGS,
-    "train.num_steps": NUM_STEPS,
-    "train.eval_every": NUM_STEPS,
-    "train.telemetry_every": 0,
-    "train.checkpoint_every": NUM_STEPS,
-}
+SWEEP_SETTINGS = survival.settings_at(NUM_STEPS)
 
 
 def rung_overrides(num_layers: int, d_model: int) -> dict:

@@ -70,6 +70,13 @@ SWEEP_SETTINGS = {
 }
 
 
+def settings_at(num_steps: int) -> dict:
+  """SWEEP_SETTINGS for runs of `num_steps` steps judged at their end, without telemetry: the
+  instrument at a shorter horizon (configs/ladder.py, configs/techniques.py)."""
+  return {**SWEEP_SETTINGS, "train.num_steps": num_steps, "train.eval_every": num_steps,
+          "train.telemetry_every": 0, "train.checkpoint_every": num_steps}
+
+
 def get_config(variant: str = "pre_norm_clip1"):
   return config_lib.variant_config(VARIANTS, seed_figure.base_config, variant,
                                    "configs/survival.py")

@@ -1,44 +1,64 @@
-"""Ten stability techniques against a Pre-LN baseline, over learning rates and seeds.
+"""Every stability technique against a Pre-LN baseline, ranked by the critical learning rate
+(`make techniques`).
 
-  make techniques    # python -m normstudy.sweep --config=configs/techniques.py --workdir=...
+  python -m normstudy.sweep --config=configs/techniques.py --workdir=DIR/float16 \\
+      --search=optimizer.learning_rate:0.1,1 --rounds=3 --probe_decades=0.125
+  (the same with --config.model.dtype=float32 into DIR/float32; the arms at the recipe's rate
+  into DIR/recipe; then python -m normstudy.techniques --workdir=DIR: techniques.csv)
 
-The model is the seed figure's miniature (configs/seed_figure.py: a 4-layer, 64-wide encoder trained
-by masked prediction in float16 with fairseq's loss scaler and schedule) with Pre-LN, clip 1 and
-optax's AdamW (norm gains, biases and the techniques' scales not decayed); each arm turns on one
-technique, as its placement or as an option on top of Pre-LN (docs/reference.md, "Stability
-techniques"). The seed figure's sensitivity study showed where this model fails in float16: that is
-where a technique can widen the stable range, so the grid covers it. The analysis ranks the arms by
-Wortsman et al.'s LR sensitivity (normstudy.analysis).
+The model is the seed figure's miniature (configs/seed_figure.py: a 4-layer, 64-wide encoder
+trained by masked prediction on the Markov language, float16 with fairseq's loss scaler) with
+Pre-LN, clip 1 and optax's AdamW (norm gains, biases and the techniques' scales not decayed);
+each arm turns on one technique, as its placement, its norm, a model option, an optimizer
+option or a loss term (docs/reference.md, "Stability techniques"), and is compared with its
+baseline (BASELINES; every one here: `baseline`). The instrument is the survival study's
+(configs/survival.py: a fixed warm-up then a constant rate, the fp16 loss scale starting at its
+equilibrium, the failure rule of normstudy.records.outcomes, a logistic transition fitted to
+every probe of the search) over a NUM_STEPS-step horizon with SEEDS seeds: what `make
+techniques`'s hour on 2 cores affords for 19 arms in two dtypes (survival's horizon is 480).
+The cost of a technique: its eval loss after 300 steps at the recipe's rate (3e-3, 2 seeds) and
+its step time against the baseline's, from the same runs (the Makefile's `techniques` target).
 """
 
-from configs import seed_figure  # the recipe this study varies
+from configs import seed_figure
+from configs import survival
 from normstudy.core import config as config_lib
 
 # name: (label, {dotted.field: value}); labels name the technique from the config ("{auto}").
 VARIANTS = {
     "baseline": ("{auto}", {}),
+    # Logits and attention
     "qk_norm": ("{auto}", {"model.qk_norm": "layernorm"}),
+    "qk_clip": ("{auto}", {"model.qk_clip": 100.0}),  # Kimi K2's tau
+    "softcap": ("{auto}", {"model.attn_softcap": 50.0, "model.output_softcap": 30.0}),  # Gemma 2
+    "fp32_scores": ("{auto}", {"model.attention_scores_dtype": "float32"}),
     "z_loss": ("{auto}", {"loss.z_loss": 1e-4}),
+    # Placements and norms
     "sub_ln": ("{auto}", {"model.placement": "sub_ln"}),
     "peri_ln": ("{auto}", {"model.placement": "peri_ln"}),
     "mix_ln": ("{auto}", {"model.placement": "mix_ln"}),
+    "reordered_ln": ("{auto}", {"model.placement": "reordered_ln"}),  # OLMo 2
     "rezero": ("{auto}", {"model.placement": "rezero"}),
+    "dyt": ("{auto}", {"model.norm": "dyt"}),  # alpha 0.5
+    "layernorm_scaling": ("{auto}", {"model.layernorm_scaling": True}),
     "layer_scale": ("{auto}", {"model.layer_scale": 0.1}),  # CaiT: 0.1 for shallow stacks
     "emb_grad_shrink": ("{auto}", {"model.emb_grad_shrink": 0.1}),  # GLM-130B's alpha
-    "softcap": ("{auto}", {"model.attn_softcap": 50.0, "model.output_softcap": 30.0}),  # Gemma 2
-    "fp32_scores": ("{auto}", {"model.attention_scores_dtype": "float32"}),
+    # The optimizer
+    "adam_atan2": ("{auto}", {"optimizer.name": "adam_atan2"}),
+    "adam_eps_1e-8": ("{auto} | eps={optimizer.eps}", {"optimizer.eps": 1e-8}),  # optax's and PyTorch's default
+    "update_clip": ("{auto}", {"optimizer.update_clip": 1.0}),  # Adafactor's d
+    "skip_spikes": ("{auto}", {"optimizer.skip_spikes": 6.0}),  # OLMo-core's 6 sigma
 }
+# Each technique's own baseline (the arm it differs from in one thing).
+BASELINES = {name: "baseline" for name in VARIANTS if name != "baseline"}
+SWEEP_VARIANTS = tuple(VARIANTS)
+STUDY_VARIANTS = SWEEP_VARIANTS
 
-# From where the baseline learns (3e-3) to past where it dies in float16 (3e-1: attention-score
-# overflow after the loss scale collapses, in the seed figure's sensitivity study), two seeds.
-SWEEP = {
-    "optimizer.learning_rate": [3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0],
-    "train.seed": [0, 1],
-}
-# As the seed figure's sweep (sparse records, telemetry every 25 steps), with 120-step runs so
-# 11 arms x 12 runs fit `make techniques`'s 30 minutes on 2 CPU cores.
-SWEEP_SETTINGS = {**seed_figure.SWEEP_SETTINGS, "train.num_steps": 120,
-                  "optimizer.warmup_steps": 12}
+NUM_STEPS = 120
+SEEDS = [0, 1, 2]
+
+SWEEP = {"train.seed": SEEDS}
+SWEEP_SETTINGS = survival.settings_at(NUM_STEPS)
 
 
 def base_config():

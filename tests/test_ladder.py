@@ -223,3 +223,16 @@ def test_the_ladder_command_refuses_a_dtype_its_file_does_not_declare(tmp_path):
   assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
   assert "bfloat16 is not among configs/ladder.py's LADDER_DTYPES" in refused.stderr
   assert not (tmp_path / "ladder").exists()
+
+
+def test_the_gpu_ladder_continues_the_cpu_ladder_at_larger_rungs():
+  from configs import ladder as cpu
+  from configs import ladder_gpu as gpu
+  from normstudy.experiments import grid
+  from normstudy.experiments import ladder as experiment
+  rungs = experiment.plan_rungs("configs/ladder_gpu.py",
+                                grid.load_config_module("configs/ladder_gpu.py"))
+  assert max((r.num_layers, r.d_model) for r in rungs) == (24, 1024)  # MERT's shape
+  assert not {(r.num_layers, r.d_model) for r in rungs} & set(cpu.LADDER_RUNGS)
+  assert gpu.LADDER_SEARCH == cpu.LADDER_SEARCH and gpu.SWEEP_SETTINGS == cpu.SWEEP_SETTINGS
+  assert gpu.get_config("pre_norm_clip1").to_dict() == cpu.get_config("pre_norm_clip1").to_dict()

@@ -180,6 +180,13 @@ BAD_VALUES = [
     ("label", "{no.such.field}", "{no.such.field} is not a config field; allowed: {auto} or"),
     ("label", "{optimizer.learning_rate:q}",
      "the format 'q' does not apply to config.optimizer.learning_rate=0.001"),
+    # Once literal labels or a 15-line YAML one (issue 45).
+    ("label", "{}", "a '{' that is not part of a {field}; allowed: {auto} or"),
+    ("label", "{0}", "a '{' that is not part of a {field}"),
+    ("label", "{auto", "a '{' that is not part of a {field}"),
+    ("label", "{auto} | x}", "a '}' that is not part of a {field}"),
+    ("label", "{optimizer.learning_rate!r}", "a '{' that is not part of a {field}"),
+    ("label", "{optimizer}", "{optimizer} is a section, not a field"),
 ]
 
 

@@ -323,6 +323,12 @@ def test_labels_name_the_techniques(make_config):
   config.loss.z_loss = 1e-4
   assert labels.describe(config) == (
       "Sub-LN | QK-Norm | Attn Softcap=50 | z-loss=0.0001 | Gradient Clip=1")
+  optimizer_side = make_config()
+  optimizer_side.optimizer.name = "adam_atan2"
+  optimizer_side.optimizer.update_clip = 1.0
+  optimizer_side.optimizer.skip_spikes = 6.0
+  assert labels.describe(optimizer_side) == (
+      "Pre-Norm | Adam-atan2 | Update Clip=1 | Skip-Step=6 sd | Gradient Clip=1")
 
 
 @pytest.mark.parametrize("placement", ["pre_ln", "post_ln", "reordered_ln"])
@@ -443,3 +449,21 @@ def test_qk_clip_refuses_what_it_cannot_act_on(make_config, overrides, message):
   with pytest.raises(errors.ConfigError) as refused:
     validation.validate(config)
   assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"model.attention_relax": 32.0},
+     "config.model.attention_relax=32.0 relaxes attention scores"),
+    ({"model.qk_norm": "rmsnorm"}, "config.model.qk_norm='rmsnorm' normalises queries and keys"),
+    ({"model.attn_softcap": 50.0}, "config.model.attn_softcap=50.0 caps attention scores"),
+    ({"model.attention_scores_dtype": "float32"},
+     "config.model.attention_scores_dtype='float32' sets the dtype of attention scores"),
+])
+def test_attention_techniques_are_refused_without_attention(make_config, overrides, message):
+  """Once trained silently without the technique (issue 45)."""
+  config = make_config()
+  config_lib.apply_overrides(config, {**overrides, "model.attention": "none"})
+  with pytest.raises(errors.ConfigError) as refused:
+    validation.validate(config)
+  assert str(refused.value) == (message + "; config.model.attention='none' has no attention: "
+                                "turn one off")

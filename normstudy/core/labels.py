@@ -16,10 +16,18 @@ from normstudy.records.names import number
 
 def describe(config) -> str:
   """'Pre-Norm | Attention Relax | Gradient Clip=1': the placement's name, each technique that is
-  on (normstudy.core.techniques, in its table's order), the clip."""
+  on (normstudy.core.techniques, in its table's order), the optimizer-side ones (Adam-atan2,
+  update clipping, skip-step), the clip."""
   parts = [placements.get(config.model.placement).label, *techniques.legend(config)]
   if config.model.norm == "dyt":  # every norm replaced (Zhu et al. 2025)
     parts.insert(1, "DyT")
+  opt = config.optimizer
+  if opt.name == "adam_atan2":
+    parts.append("Adam-atan2")
+  if opt.update_clip:
+    parts.append(f"Update Clip={number(float(opt.update_clip))}")
+  if opt.skip_spikes:
+    parts.append(f"Skip-Step={number(float(opt.skip_spikes))} sd")
   clip = config.optimizer.clip_norm
   parts.append(f"Gradient Clip={number(float(clip))}" if clip else "No Clip")
   return " | ".join(parts)
@@ -47,6 +55,12 @@ def check(config) -> None:
   """ConfigError unless every {field[:format]} of `config.label` names a config field and its
   format applies to the field's value (checked with the config, before anything is written)."""
   template = config.label or "{auto}"
+  allowed = ("allowed: {auto} or {section.field} / {section.field:format} of the config, e.g. "
+             "{optimizer.learning_rate:g}")
+  stray = re.search(r"[{}]", _FIELD.sub("", template))
+  if stray:  # {}, {0}, {auto, {x!z}: no field, or a format this template language lacks
+    raise errors.ConfigError(f"config.label={template!r}: a {stray.group(0)!r} that is not part "
+                             f"of a {{field}}; {allowed}")
   for match in _FIELD.finditer(template):
     name, spec = match.group(1), match.group(2)
     if name == "auto":
@@ -55,9 +69,10 @@ def check(config) -> None:
       value = get_field(config, name)
     except (KeyError, AttributeError):
       raise errors.ConfigError(
-          f"config.label={template!r}: {{{name}}} is not a config field; allowed: {{auto}} or "
-          "{section.field} / {section.field:format} of the config, e.g. "
-          "{optimizer.learning_rate:g}") from None
+          f"config.label={template!r}: {{{name}}} is not a config field; {allowed}") from None
+    if hasattr(value, "keys"):  # a section: its YAML is no label
+      raise errors.ConfigError(
+          f"config.label={template!r}: {{{name}}} is a section, not a field; {allowed}")
     if spec:
       try:
         format(value, spec)

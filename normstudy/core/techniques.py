@@ -61,16 +61,26 @@ def _relax_legend(value, config):
                               if config.model.attention_relax_form == "after_product" else "")
 
 
+def _needs_attention(field: str, what: str) -> Conflict:
+  """Refuses a technique that acts on attention when the model has none (model.attention=none:
+  it would train silently without it)."""
+  return Conflict(lambda c: c.model.attention == "none",
+                  lambda c: f"config.{field}={get_field(c, field)!r} {what}; "
+                            "config.model.attention='none' has no attention: turn one off")
+
+
 TECHNIQUES = (
     Technique(Field("model.attention_relax", 0.0,
                     "attention relax alpha (PB-Relax; MERT: 32), in the form "
                     "model.attention_relax_form", "0 (off) or a number > 0",
                     accepts=lambda v: v >= 0),
-              _relax_legend, "Ding et al. 2021 (CogView, PB-Relax); MERT uses alpha = 32"),
+              _relax_legend, "Ding et al. 2021 (CogView, PB-Relax); MERT uses alpha = 32",
+              conflicts=(_needs_attention("model.attention_relax", "relaxes attention scores"),)),
     Technique(Field("model.qk_norm", "none", "QK-norm: queries and keys normalised per head, no "
                     "bias", ("none", "layernorm", "rmsnorm")),
               lambda v, c: "QK-Norm" + (" (RMS)" if v == "rmsnorm" else ""),
-              "Dehghani et al. 2023 (ViT-22B); Wortsman et al. 2023"),
+              "Dehghani et al. 2023 (ViT-22B); Wortsman et al. 2023",
+              conflicts=(_needs_attention("model.qk_norm", "normalises queries and keys"),)),
     Technique(Field("model.layer_scale", 0.0, "LayerScale: each branch times a learned "
                     "per-channel gain initialised to this", "0 (off) or a number > 0",
                     accepts=lambda v: v >= 0),
@@ -92,14 +102,17 @@ TECHNIQUES = (
                   lambda c: f"config.model.attn_softcap={c.model.attn_softcap:g} caps the "
                             "scores that config.model.attention_relax="
                             f"{c.model.attention_relax:g} shifts by their row maximum; use one "
-                            "of them (set the other to 0)"),)),
+                            "of them (set the other to 0)"),
+                         _needs_attention("model.attn_softcap", "caps attention scores"))),
     Technique(Field("model.output_softcap", 0.0, "output logits soft-capped: cap * tanh(s / cap)",
                     "0 (off) or a number > 0", accepts=lambda v: v >= 0),
               _scale("Output Softcap"), "Gemma Team 2024 (Gemma 2)"),
     Technique(Field("model.attention_scores_dtype", "compute", "the dtype of q, k and their "
                     "product: the compute dtype, or float32 (no fp16 overflow)",
                     ("compute", "float32")),
-              lambda v, c: "fp32 Scores", "the simplest fix for score overflow"),
+              lambda v, c: "fp32 Scores", "the simplest fix for score overflow",
+              conflicts=(_needs_attention("model.attention_scores_dtype",
+                                          "sets the dtype of attention scores"),)),
     Technique(Field("model.layernorm_scaling", False, "LayerNorm Scaling: each norm's output "
                     "in layer l (1-based) times 1/sqrt(l)", "True or False"),
               lambda v, c: "LN Scaling", "Sun et al. 2025 (\"The Curse of Depth in Large "

@@ -1,0 +1,183 @@
+"""Every technique against its own baseline, by the critical learning rate and by its cost: the
+table of `make techniques` (issue 43).
+
+Inputs, each an analysed sweep directory (normstudy.analyze wrote its CSVs):
+  one search per dtype   critical_lr.csv (each arm's transition fitted to every probe: the
+                         critical learning rate and its 95% profile-likelihood interval),
+                         critical_lr_points.csv (each seed's final bracket) and runs.csv (every
+                         probe: learning rate and status)
+  the recipe sweep       every arm at the recipe's learning rate, a few seeds: speed.csv's final
+                         eval loss (normstudy.analysis.speed), and each run's step time from
+                         its metrics.jsonl
+
+techniques.csv, one row per technique and dtype (TECHNIQUE_COLUMNS):
+  critical_lr, critical_lr_low, critical_lr_high   the technique's fitted critical learning rate
+  ratio        its critical learning rate over its baseline's (fitted 50% points)
+  p, p_holm    the likelihood-ratio test that the technique and its baseline share one 50% point
+               (normstudy.analysis.transition.same_center_lrt: every probe of both arms, so it
+               holds with few seeds), Holm-adjusted over the family: every technique in every
+               dtype
+  margin       for a pair the test does not separate, the factor within which the two are
+               equivalent at 95%: two one-sided t-tests on the seeds' log10 bracket midpoints,
+               widened by both arms' mean bracket half-width (critical_lr.compare); NaN for a
+               separated pair, where a margin means nothing
+  loss_at_recipe   the mean final eval loss over the recipe sweep's seeds
+  step_time_ratio  the technique's median step time over its baseline's (the recipe sweep's
+               runs, one program at a time: > 1 is slower)
+and beside them: test, n (seeds of each arm), p_t (the paired t-test on midpoints), the
+baseline's critical learning rate, loss_at_recipe_baseline and separated (p_holm < 0.05).
+"""
+
+import math
+import os
+
+import numpy as np
+import pandas as pd
+
+from normstudy.analysis import critical_lr
+from normstudy.analysis import stats
+from normstudy.analysis import transition
+from normstudy.records import keys
+
+TECHNIQUES = "techniques.csv"
+TECHNIQUE_COLUMNS = ["technique", "label", "baseline", "dtype", "critical_lr", "critical_lr_low",
+                     "critical_lr_high", "ratio", "p", "p_holm", "margin", "loss_at_recipe",
+                     "step_time_ratio"]
+EXTRA_COLUMNS = ["test", "n", "p_t", "baseline_critical_lr", "loss_at_recipe_baseline",
+                 "separated"]
+TEST = "likelihood-ratio test of one 50% point"
+
+
+def _probes(runs: pd.DataFrame, arm: str) -> tuple:
+  return critical_lr._probes(runs[runs.arm == arm])
+
+
+def compare_searches(found: pd.DataFrame, points: pd.DataFrame, runs: pd.DataFrame,
+                     baselines: dict, dtype: str) -> list:
+  """One search's rows: each technique of `baselines` ({technique: baseline arm}) present in
+  `found` (critical_lr.csv) against its baseline. `points` is critical_lr_points.csv and
+  `runs` runs.csv of the same search."""
+  by_arm = found.set_index("arm")
+  rows = []
+  for technique, baseline in baselines.items():
+    if technique not in by_arm.index or baseline not in by_arm.index:
+      continue
+    mine, base = by_arm.loc[technique], by_arm.loc[baseline]
+    a, b = _probes(runs, technique), _probes(runs, baseline)
+    fa, fb = transition.fit(*a), transition.fit(*b)
+    tested = critical_lr.compare(points[points.arm == technique],
+                                 points[points.arm == baseline])
+    rows.append({
+        "technique": technique, "label": mine.label, "baseline": baseline, "dtype": dtype,
+        "critical_lr": mine.critical_lr, "critical_lr_low": mine.critical_lr_low,
+        "critical_lr_high": mine.critical_lr_high,
+        "ratio": 10 ** (fa.center - fb.center) if fa is not None and fb is not None
+        else math.nan,
+        "p": transition.same_center_lrt(a, b)[1], "test": TEST,
+        "n": f"{tested['n_a']} and {tested['n_b']} seeds, {len(a[1])} and {len(b[1])} probes",
+        "p_t": tested["p"], "equivalence_factor": tested["equivalence_factor"],
+        "baseline_critical_lr": base.critical_lr})
+  return rows
+
+
+def step_times(loaded, run_names) -> dict:
+  """{run: its median seconds per token}, from the tokens-per-second records after the first
+  (the first interval compiled the step); NaN for a run without them. Every arm of a sweep
+  trains the same tokens a step, so their ratio is the ratio of step times."""
+  out = {}
+  for run in run_names:
+    tps = loaded.series(run, keys.TOKENS_PER_SEC).iloc[1:]
+    tps = tps[np.isfinite(tps) & (tps > 0)]
+    out[run] = float(np.median(1.0 / tps)) if len(tps) else math.nan
+  return out
+
+
+def recipe_costs(speed: pd.DataFrame, loaded) -> pd.DataFrame:
+  """Per arm of the recipe sweep: its mean final eval loss over seeds (speed.csv's, with the
+  95% t interval) and the median step time of its runs (`step_times`, seconds per token)."""
+  times = step_times(loaded, loaded.names)
+  arms = {run: loaded[run].info.arm for run in loaded.names}
+  per_arm = pd.Series(times).groupby(pd.Series(arms)).median()
+  costs = speed.set_index("arm")[["final_eval_loss", "final_eval_loss_low",
+                                  "final_eval_loss_high"]].rename(
+      columns=lambda c: c.replace("final_eval_loss", "loss_at_recipe"))
+  costs["step_time"] = per_arm.reindex(costs.index)
+  return costs
+
+
+def table(rows: list, costs: pd.DataFrame | None) -> pd.DataFrame:
+  """techniques.csv from every search's rows (`compare_searches`) and the recipe's costs: Holm
+  over the whole family, margins for the pairs not separated, costs against the baseline's."""
+  out = pd.DataFrame(rows)
+  if out.empty:
+    return pd.DataFrame(columns=TECHNIQUE_COLUMNS + EXTRA_COLUMNS)
+  out["p_holm"] = stats.holm(out.p.tolist())
+  out["separated"] = out.p_holm < stats.ALPHA
+  out["margin"] = np.where(out.separated, math.nan, out.equivalence_factor)
+  for column in ("loss_at_recipe", "loss_at_recipe_baseline", "step_time_ratio"):
+    out[column] = math.nan
+  if costs is not None:
+    for i, r in out.iterrows():
+      if r.technique in costs.index:
+        out.loc[i, "loss_at_recipe"] = costs.loc[r.technique, "loss_at_recipe"]
+      if r.baseline in costs.index:
+        out.loc[i, "loss_at_recipe_baseline"] = costs.loc[r.baseline, "loss_at_recipe"]
+      if r.technique in costs.index and r.baseline in costs.index:
+        out.loc[i, "step_time_ratio"] = (costs.loc[r.technique, "step_time"]
+                                         / costs.loc[r.baseline, "step_time"])
+  out = out.sort_values(["dtype", "ratio"], ascending=[True, False], kind="stable")
+  return out[TECHNIQUE_COLUMNS + EXTRA_COLUMNS].reset_index(drop=True)
+
+
+def figure(techniques: pd.DataFrame):
+  """Each technique's critical learning rate over its baseline's, one panel per dtype, with the
+  technique's interval divided by the baseline's fitted value; filled markers are separated
+  (Holm), hollow ones not."""
+  from matplotlib.figure import Figure
+  dtypes = list(dict.fromkeys(techniques.dtype)) or ["float16"]
+  names = list(dict.fromkeys(techniques.technique))
+  fig = Figure(figsize=(5 * len(dtypes), 0.32 * len(names) + 1.6), layout="constrained")
+  panels = np.atleast_1d(fig.subplots(1, len(dtypes), sharey=True))
+  for ax, dtype in zip(panels, dtypes):
+    rows = techniques[techniques.dtype == dtype].set_index("technique")
+    for y, name in enumerate(names):
+      if name not in rows.index:
+        continue
+      r = rows.loc[name]
+      base = r.baseline_critical_lr
+      if np.isfinite(r.critical_lr_low) and np.isfinite(base):
+        ax.plot([r.critical_lr_low / base, r.critical_lr_high / base], [y, y], color="C0",
+                lw=2, alpha=0.6)
+      ax.plot(r.ratio, y, "o", color="C0", markerfacecolor="C0" if r.separated else "white")
+    ax.axvline(1.0, color="0.5", lw=1)
+    ax.set_xscale("log")
+    ax.set_title(dtype)
+    ax.set_xlabel("critical learning rate / baseline's\n(filled: separated, Holm p < 0.05)")
+    ax.grid(alpha=0.3, axis="x", which="both")
+  panels[0].set_yticks(range(len(names)))
+  panels[0].set_yticklabels(names, fontsize=8)
+  fig.suptitle("Each technique against its baseline: the critical learning rate")
+  return fig
+
+
+def analyze(searches: dict, recipe_dir: str | None, baselines: dict, workdir: str) -> dict:
+  """Reads each search ({dtype: directory}) and the recipe sweep (or None), writes
+  techniques.csv and techniques.png (+ .svg) into `workdir`; returns their paths."""
+  from normstudy.analysis import runs as runs_lib
+  from normstudy.analysis.plots import save
+  rows = []
+  for dtype, directory in searches.items():
+    rows += compare_searches(pd.read_csv(os.path.join(directory, "critical_lr.csv")),
+                             pd.read_csv(os.path.join(directory, "critical_lr_points.csv")),
+                             pd.read_csv(os.path.join(directory, "runs.csv")), baselines,
+                             dtype)
+  costs = None
+  if recipe_dir is not None:
+    costs = recipe_costs(pd.read_csv(os.path.join(recipe_dir, "speed.csv")),
+                         runs_lib.load_runs(recipe_dir))
+  result = table(rows, costs)
+  outputs = {"techniques": os.path.join(workdir, TECHNIQUES),
+             "techniques_figure": os.path.join(workdir, "techniques.png")}
+  result.to_csv(outputs["techniques"], index=False)
+  save(figure(result), outputs["techniques_figure"])
+  return outputs

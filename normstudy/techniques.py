@@ -1,0 +1,74 @@
+"""The techniques table: each technique's critical learning rate against its baseline's, in
+every dtype searched, with its cost (`make techniques`).
+
+  python -m normstudy.techniques --workdir=DIR [--config=configs/techniques.py]
+
+DIR holds one analysed search per dtype (any subdirectory with critical_lr.csv: `normstudy.sweep
+--config=configs/techniques.py --search=...`, which analyses itself; its dtype read from its
+runs) and, optionally, DIR/recipe: the arms at the recipe's learning rate (their eval loss and
+step time). Each technique's baseline comes from the config file's BASELINES. Writes
+DIR/techniques.csv and DIR/techniques.png (normstudy.analysis.techniques has the statistics).
+"""
+
+from absl import flags
+
+from normstudy import cli
+from normstudy import errors
+
+FLAGS = flags.FLAGS
+RECIPE = "recipe"
+
+
+def define_flags():
+  flags.DEFINE_string("workdir", None, "Directory holding a search per dtype and recipe/.")
+  flags.DEFINE_string("config", "configs/techniques.py",
+                      "The config file whose BASELINES name each technique's baseline.")
+  flags.mark_flags_as_required(["workdir"])
+
+
+def searches(workdir: str) -> dict:
+  """{dtype: directory} of every analysed search directly below `workdir`, in name order;
+  UserError when two hold the same dtype."""
+  import os
+  import pandas as pd
+  found = {}
+  for name in sorted(os.listdir(workdir)):
+    directory = os.path.join(workdir, name)
+    if name == RECIPE or not os.path.isfile(os.path.join(directory, "critical_lr.csv")):
+      continue
+    dtypes = pd.read_csv(os.path.join(directory, "runs.csv")).dtype.dropna().unique()
+    if len(dtypes) != 1:
+      raise errors.UserError(f"{directory} holds runs of dtypes {list(dtypes)}; a search here "
+                             "is one dtype's")
+    if dtypes[0] in found:
+      raise errors.UserError(f"{directory} and {found[dtypes[0]]} both hold {dtypes[0]} "
+                             "searches; keep one")
+    found[dtypes[0]] = directory
+  return found
+
+
+def main(argv):
+  import os
+  if len(argv) > 1:
+    raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not os.path.isdir(FLAGS.workdir):
+    raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory")
+  from normstudy.experiments import grid
+  module = grid.load_config_module(FLAGS.config)
+  baselines = getattr(module, "BASELINES", None)
+  if not isinstance(baselines, dict) or not baselines:
+    raise errors.UserError(f"--config={FLAGS.config} declares no BASELINES ({{technique: "
+                           "baseline arm}}, configs/techniques.py shows it)")
+  found = searches(FLAGS.workdir)
+  if not found:
+    raise errors.UserError(f"--workdir={FLAGS.workdir} holds no analysed search (a "
+                           "subdirectory with critical_lr.csv): run make techniques")
+  recipe = os.path.join(FLAGS.workdir, RECIPE)
+  recipe = recipe if os.path.isfile(os.path.join(recipe, "speed.csv")) else None
+  from normstudy.analysis import techniques
+  for name, path in techniques.analyze(found, recipe, baselines, FLAGS.workdir).items():
+    print(f"{name}: {path}")
+
+
+if __name__ == "__main__":
+  cli.run(main, define_flags)

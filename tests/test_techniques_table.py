@@ -1,0 +1,115 @@
+"""The techniques table (normstudy.analysis.techniques): each technique against its baseline by
+the likelihood-ratio test of one 50% point, Holm over the family, margins only where not
+separated, and the costs read from the recipe sweep; checked against plain recomputations."""
+
+import math
+import types
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from normstudy.analysis import techniques
+from normstudy.analysis import transition
+from normstudy.records import keys
+
+
+def _search(centres: dict, seeds=(0, 1, 2)):
+  """(critical_lr.csv, critical_lr_points.csv, runs.csv) of a simulated search: each arm's runs
+  fail above its centre but for one failure below and one survival above (a noisy transition),
+  each seed's bracket straddling the centre."""
+  rng = np.random.default_rng(0)
+  runs, points, found = [], [], []
+  for arm, centre in centres.items():
+    lrs = centre * 10 ** np.linspace(-0.6, 0.6, 25)
+    for i, lr in enumerate(lrs):
+      failed = (lr > centre) != (i in (10, 14))  # one flip either side
+      runs.append({"run": f"{arm}/{i}", "arm": arm, "learning_rate": lr,
+                   "status": "halted" if failed else "finished",
+                   "outcome": "failed" if failed else "alive"})
+    for seed in seeds:
+      mid = centre * 10 ** rng.normal(0, 0.05)
+      points.append({"arm": arm, "seed": seed, "low": mid / 1.2, "high": mid * 1.2,
+                     "established": True, "critical_lr": mid})
+    x = np.log10([r["learning_rate"] for r in runs if r["arm"] == arm])
+    y = np.array([r["status"] == "halted" for r in runs if r["arm"] == arm], dtype=float)
+    fit = transition.fit(x, y)
+    found.append({"arm": arm, "label": arm.upper(), "critical_lr": 10 ** fit.center,
+                  "critical_lr_low": 10 ** fit.center_low,
+                  "critical_lr_high": 10 ** fit.center_high})
+  return pd.DataFrame(found), pd.DataFrame(points), pd.DataFrame(runs)
+
+
+def _holm(ps):
+  order = sorted(range(len(ps)), key=lambda i: ps[i])
+  out, running = [0.0] * len(ps), 0.0
+  for rank, i in enumerate(order):
+    running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+    out[i] = running
+  return out
+
+
+def test_each_technique_is_tested_against_its_baseline_with_holm_over_the_family():
+  centres = {"baseline": 0.3, "wide": 1.5, "same": 0.31}
+  baselines = {"wide": "baseline", "same": "baseline"}
+  rows = []
+  for dtype in ("float16", "float32"):
+    found, points, runs = _search(centres)
+    rows += techniques.compare_searches(found, points, runs, baselines, dtype)
+  costs = pd.DataFrame({"loss_at_recipe": [3.0, 2.5, 3.1], "step_time": [1.0, 1.5, 0.9]},
+                       index=["baseline", "wide", "same"])
+  table = techniques.table(rows, costs)
+  assert list(table.columns[:13]) == techniques.TECHNIQUE_COLUMNS
+  assert len(table) == 4
+  probes = {arm: (np.log10(runs[runs.arm == arm].learning_rate.to_numpy()),
+                  (runs[runs.arm == arm].status == "halted").to_numpy(dtype=float))
+            for arm in centres}
+  raw = {}
+  for arm in ("wide", "same"):
+    expected_p = transition.same_center_lrt(probes[arm], probes["baseline"])[1]
+    centre = transition.fit(*probes[arm]).center - transition.fit(*probes["baseline"]).center
+    got = table[(table.technique == arm) & (table.dtype == "float32")].iloc[0]
+    assert got.p == pytest.approx(expected_p) and got.ratio == pytest.approx(10 ** centre)
+    assert got.baseline == "baseline" and got.label == arm.upper()
+    raw[arm] = expected_p
+  # Holm over all four rows (two techniques x two dtypes), by a plain transcription.
+  family = [raw[t] for t in table.technique]
+  np.testing.assert_allclose(table.p_holm, _holm(family))
+  wide = table[table.technique == "wide"].iloc[0]
+  same = table[table.technique == "same"].iloc[0]
+  assert wide.separated and math.isnan(wide.margin)  # a margin bounds only the not separated
+  assert not same.separated and same.margin > 1
+  assert wide.ratio > 3 and wide.step_time_ratio == pytest.approx(1.5)
+  assert same.loss_at_recipe == 3.1 and same.loss_at_recipe_baseline == 3.0
+  # Rows are ranked within a dtype by the ratio, largest first.
+  assert list(table.technique) == ["wide", "same", "wide", "same"]
+
+
+def test_step_times_are_median_seconds_per_token_after_the_compiling_interval():
+  tps = {"a/seed0": [10.0, 1000.0, 800.0, 1250.0], "a/seed1": [5.0, 500.0, 500.0, 500.0],
+         "b/seed0": [7.0, 400.0, 400.0, 400.0]}
+  loaded = types.SimpleNamespace(
+      names=list(tps),
+      series=lambda run, metric: pd.Series(tps[run] if metric == keys.TOKENS_PER_SEC else []),
+      __getitem__=None)
+
+  class Loaded(types.SimpleNamespace):
+    def __getitem__(self, run):
+      return types.SimpleNamespace(info=types.SimpleNamespace(arm=run.split("/")[0]))
+
+  loaded = Loaded(names=loaded.names, series=loaded.series)
+  times = techniques.step_times(loaded, loaded.names)
+  assert times["a/seed0"] == pytest.approx(1 / 1000.0)  # median of 1/1000, 1/800, 1/1250
+  speed = pd.DataFrame({"arm": ["a", "b"], "final_eval_loss": [3.0, 2.0],
+                        "final_eval_loss_low": [2.9, 1.9], "final_eval_loss_high": [3.1, 2.1]})
+  costs = techniques.recipe_costs(speed, loaded)
+  assert costs.loc["a", "step_time"] == pytest.approx(np.median([1 / 1000.0, 1 / 500.0]))
+  assert costs.loc["b", "loss_at_recipe"] == 2.0
+
+
+def test_the_techniques_command_refuses_a_directory_without_searches(tmp_path):
+  import runs
+  refused = runs.run_module("normstudy.techniques", f"--workdir={tmp_path}", check=False)
+  assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
+  assert "holds no analysed search" in refused.stderr
+  assert list(tmp_path.iterdir()) == []
