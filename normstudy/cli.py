@@ -242,6 +242,11 @@ def _parse_flags(argv):
   argv = [_integral_override(arg) for arg in argv]
   try:
     return flags.FLAGS(argv)
+  except SystemExit as e:  # a config file that exits while it is loaded trained nothing
+    spec = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), "?")
+    print(f"error: config file {spec.split(':', 1)[0]!r} exited (code {e.code!r}) while it was "
+          "loaded; a config file defines get_config() and returns its config", file=sys.stderr)
+    sys.exit(2)
   except Exception as e:  # a flag or config-file mistake: one line, no traceback
     print(f"error: {flag_error_line(e, argv)}", file=sys.stderr)
     sys.exit(2)

@@ -463,3 +463,16 @@ def test_a_grid_starts_by_naming_what_its_arms_change_from_the_defaults():
   assert cli.grid_config_changes(runs_, {"train.seed"}) == [
       "config: 1 field(s) differ from the defaults in every arm (--print_config shows all):",
       "  model.d_model=64", "  arm post: model.placement='post_ln'"]
+
+
+def test_a_config_file_that_exits_while_loaded_is_one_line(tmp_path):
+  """Once exit 0, nothing trained and nothing said (issue 45)."""
+  import runs
+  path = tmp_path / "exits.py"
+  path.write_text("import sys\nsys.exit(0)\n\ndef get_config(arg=None):\n  return None\n")
+  for command in ("normstudy.main", "normstudy.sweep"):
+    refused = runs.run_module(command, f"--config={path}", f"--workdir={tmp_path / 'w'}",
+                              check=False)
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
+    assert f"config file '{path}' exited (code 0) while it was loaded" in refused.stderr
+    assert not (tmp_path / "w").exists()

@@ -5,6 +5,7 @@ equivalence margin; and the command end to end on a tiny model, extended by more
 
 import json
 import math
+import re
 import os
 
 import numpy as np
@@ -71,6 +72,22 @@ def test_bad_search_flags_are_one_line():
       search.Search.parse(text, 3)
   with pytest.raises(errors.UserError, match=r"--rounds=0 is not allowed"):
     search.Search.parse("optimizer.learning_rate:0.1,1", 0)
+  # Once refused after the plan, in Python's words, or locked against itself (issue 45).
+  for text, message in (
+      ("model.num_layers:1,8", "model.num_layers holds int values, which bisection cannot"),
+      ("model.causal:0.1,1", "model.causal holds bool values"),
+      ("train.seed:1,100", "train.seed holds int values"),
+      ("model.colour:1,2", "model.colour is not a config field"),
+      ("optimizer.learning_rate:0.1,0.1000001", "at most 6 significant digits")):
+    with pytest.raises(errors.UserError, match=re.escape(message)):
+      search.Search.parse(text, 3)
+  # The last round's bracket, (HIGH / LOW)^(1 / 2^(rounds - 1)), must stay apart at 6 digits.
+  most = search.max_rounds(0.1, 1)
+  assert 10 ** (1 / 2 ** (most - 1)) - 1 > 1e-4 >= 10 ** (1 / 2 ** most) - 1
+  search.Search.parse("optimizer.learning_rate:0.1,1", most)
+  with pytest.raises(errors.UserError, match=f"--rounds={most + 1} is not allowed for "
+                     r"\[0.1, 1\]; allowed: 1 to " + str(most)):
+    search.Search.parse("optimizer.learning_rate:0.1,1", most + 1)
 
 
 def test_holm_equals_a_hand_computation():

@@ -74,6 +74,15 @@ class Search:
     if rounds < 1:
       raise UserError(f"--rounds={rounds} is not allowed; allowed: an integer >= 1 (round 1 "
                       "checks the bracket, each later one halves it)")
+    _check_searchable(text, field)
+    if _rounded(low) != low or _rounded(high) != high:
+      raise UserError(f"--search={text!r}: LOW and HIGH must have at most 6 significant "
+                      "digits (as run names write them), e.g. 0.1,1")
+    most = max_rounds(low, high)
+    if rounds > most:
+      raise UserError(f"--rounds={rounds} is not allowed for [{low:g}, {high:g}]; allowed: 1 "
+                      f"to {most} (later rounds would halve the bracket below the 6 "
+                      "significant digits run names carry)")
     if not (0 <= probe_decades <= 1) or not math.isfinite(probe_decades):
       raise UserError(f"--probe_decades={probe_decades} is not allowed; allowed: 0 (no probe "
                       "round) or a number of decades in (0, 1], e.g. 0.125")
@@ -83,6 +92,31 @@ class Search:
     return {"field": self.field, "low": self.low, "high": self.high, "rounds": self.rounds,
             "widen_factor": WIDEN_FACTOR, "max_widenings": MAX_WIDENINGS,
             "probe_decades": self.probe_decades}
+
+
+def _check_searchable(text: str, field: str) -> None:
+  """UserError unless `field` is a declared config field holding a float (a learning rate, a
+  clip norm): bisection needs a continuous value (an integer, a flag or a name cannot be
+  halved)."""
+  from normstudy.core import config as config_lib
+  declared = {f.name: f for f in config_lib.FIELDS}
+  if field not in declared:
+    raise UserError(f"--search={text!r}: {field} is not a config field; allowed: a float "
+                    "field such as optimizer.learning_rate or optimizer.clip_norm")
+  default = declared[field].default
+  if not isinstance(default, float):
+    raise UserError(f"--search={text!r}: {field} holds {type(default).__name__} values, which "
+                    "bisection cannot halve; allowed: a float field such as "
+                    "optimizer.learning_rate or optimizer.clip_norm")
+
+
+def max_rounds(low: float, high: float) -> int:
+  """The most rounds whose last bracket [low, high]^(1 / 2^(rounds - 1)) still spans more than
+  1e-4 relative: what 6 significant digits can name apart (and at most 20)."""
+  rounds = 1
+  while rounds < 20 and (high / low) ** (1 / 2 ** rounds) - 1 > 1e-4:
+    rounds += 1
+  return rounds
 
 
 @dataclasses.dataclass(frozen=True)
