@@ -429,3 +429,14 @@ def test_shares_of_a_grid_trained_apart_equal_the_sweep_trained_whole(tmp_path):
       "error: --programs=3/2 is not allowed; allowed: I/N with 1 <= I <= N, e.g. "
       "--programs=2/8 (the second of 8 shares)")
   assert not (tmp_path / "never").exists()
+
+
+def test_the_sweep_wide_line_counts_the_runs_of_the_programs_that_finished():
+  """Once counted the first programs' runs whatever finished (issue 45: 'programs 1/3 done,
+  runs 2/4' when the finished program had 1 run)."""
+  from normstudy.experiments import planning
+  calls = [(i, 3, [object()] * size, "w") for i, size in ((1, 2), (2, 1), (3, 1))]
+  progress = planning._OverallProgress(calls)
+  assert "programs 1/3 done, runs 1/4 " in progress.done(2)  # the third, of one run, first
+  assert "programs 2/3 done, runs 3/4 " in progress.done(0)
+  assert "programs 3/3 done, runs 4/4 " in progress.done(1)

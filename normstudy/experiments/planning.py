@@ -159,31 +159,34 @@ def train_plan(plan_: Plan) -> dict:
     workers_lib.run(_train_group, calls, plan_.workers, describe=_describe_call,
                     on_done=overall.done)
   else:
-    for call in calls:
+    for i, call in enumerate(calls):
       _train_group(*call)
-      overall.done()
+      overall.done(i)
   return {run.name: rundir.RunDir(run.directory).status() for run in plan_.runs}
 
 
 class _OverallProgress:
-  """The sweep-wide line after each program: programs done, runs trained, time so far and an
-  ETA from the programs done so far (runs of the remaining programs at their mean time a run)."""
+  """The sweep-wide line after each program: programs done, the runs of those programs, time
+  so far and an ETA from them (the remaining programs' runs at the mean time a run so far)."""
 
   def __init__(self, calls):
     self.runs = [len(group) for _, _, group, _ in calls]
-    self.finished = 0
+    self.finished = []
     self.started = time.perf_counter()
 
-  def done(self):
-    self.finished += 1
+  def done(self, index: int) -> str | None:
+    """Program calls[index] finished: logs (and returns) the sweep-wide line."""
+    self.finished.append(index)
     if len(self.runs) < 2:
-      return
+      return None
     elapsed = time.perf_counter() - self.started
-    runs_done = sum(self.runs[:self.finished])  # programs finish about in order; a guide
+    runs_done = sum(self.runs[i] for i in self.finished)
     left = sum(self.runs) - runs_done
     eta = elapsed / max(runs_done, 1) * left
-    logging.info("[sweep] programs %d/%d done, runs %d/%d | %.0fs so far | ETA %.0fs",
-                 self.finished, len(self.runs), runs_done, sum(self.runs), elapsed, eta)
+    line = (f"[sweep] programs {len(self.finished)}/{len(self.runs)} done, runs "
+            f"{runs_done}/{sum(self.runs)} | {elapsed:.0f}s so far | ETA {eta:.0f}s")
+    logging.info("%s", line)
+    return line
 
 
 def _describe_call(call) -> str:

@@ -127,7 +127,7 @@ def run(fn, calls: list, num_workers: int, describe=repr, on_done=None) -> None:
   its own share of len(cores) // num_workers cores. After a failure or a stop signal no further
   call starts; once every started call has returned, raises Preempted after a signal, else the
   first failure (WorkerKilled for a worker that died: `describe(args)` names its call).
-  `on_done()` is called here after each call that returns without failing."""
+  `on_done(i)` is called here after each call (calls[i]) that returns without failing."""
   cores = available_cores()
   share = len(cores) // num_workers
   context = multiprocessing.get_context("spawn")
@@ -214,5 +214,5 @@ def _collect(processes, readers, stop, calls, describe, on_done=None) -> list:
         if error[0] is not None:
           failures.append((index, error[0]))
         elif on_done is not None:
-          on_done()
+          on_done(index)
   return failures
