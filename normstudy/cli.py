@@ -33,20 +33,26 @@ def define_print_config_flag():
   flags.DEFINE_bool("print_config", False,
                     "Print the resolved config (every field, as config.json will hold it) and "
                     "exit without training.")
-  flags.declare_key_flag("print_config")
 
 
 def config_text(config) -> str:
-  """The resolved config as config.json holds it (sorted, indented JSON)."""
+  """The resolved config as config.json holds it (sorted, indented JSON), once it passes the
+  checks a run makes (normstudy.experiments.validation: UserError otherwise)."""
   import json
+  from normstudy.experiments import validation
   from normstudy.records import rundir
+  validation.validate(config)
   return json.dumps(rundir.config_json(config), indent=2, sort_keys=True)
 
 
 def runs_config_text(runs) -> str:
-  """{run name: its resolved config} of a grid's runs, as each run's config.json will hold it."""
+  """{run name: its resolved config} of a grid's runs, as each run's config.json will hold it,
+  every one checked as a run would check it."""
   import json
+  from normstudy.experiments import validation
   from normstudy.records import rundir
+  for run in runs:
+    validation.validate(run.config)
   return json.dumps({run.name: rundir.config_json(run.config) for run in runs}, indent=2,
                     sort_keys=True)
 

@@ -23,6 +23,7 @@ def define_flags():
   flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
   flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
   cli.define_print_config_flag()
+  flags.declare_key_flag("print_config")  # defined in normstudy.cli; listed in --help
   flags.mark_flags_as_required(["config", "workdir"])
 
 

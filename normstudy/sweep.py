@@ -68,6 +68,7 @@ def define_flags():
                        "per round, each after the one before: launch/sweep.sh --grid).")
   cli.define_workers_flag()
   cli.define_print_config_flag()
+  flags.declare_key_flag("print_config")  # defined in normstudy.cli; listed in --help
   flags.declare_key_flag("workers")  # defined in normstudy.cli; listed in this command's --help
   flags.mark_flags_as_required(["config", "workdir"])
 

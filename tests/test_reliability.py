@@ -476,3 +476,15 @@ def test_a_config_file_that_exits_while_loaded_is_one_line(tmp_path):
     assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
     assert f"config file '{path}' exited (code 0) while it was loaded" in refused.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_print_config_validates_as_a_run_would_and_is_in_the_help(tmp_path):
+  """Once printed a config no run accepts, exit 0, and was in no --help (issue 45)."""
+  import runs
+  refused = runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={tmp_path / 'w'}",
+                            "--config.model.remat=foo", "--print_config", check=False)
+  assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
+  assert "config.model.remat='foo' is not allowed; allowed: none, block, dots" in refused.stderr
+  assert refused.stdout == "" and not (tmp_path / "w").exists()
+  for command in ("normstudy.main", "normstudy.study", "normstudy.sweep"):
+    assert "--[no]print_config" in runs.run_module(command, "--help").stdout
