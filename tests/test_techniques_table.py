@@ -113,3 +113,16 @@ def test_the_techniques_command_refuses_a_directory_without_searches(tmp_path):
   assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
   assert "holds no analysed search" in refused.stderr
   assert list(tmp_path.iterdir()) == []
+
+
+def test_the_summary_has_one_row_per_technique_and_a_column_per_dtype():
+  rows = []
+  for dtype in ("float16", "float32"):
+    found, points, runs = _search({"baseline": 0.3, "wide": 1.5})
+    rows += techniques.compare_searches(found, points, runs, {"wide": "baseline"}, dtype)
+  table = techniques.table(rows, None)
+  wide = techniques.summary(table).set_index("arm").loc["wide"]
+  for dtype in ("float16", "float32"):
+    row = table[table.dtype == dtype].iloc[0]
+    assert wide[f"ratio_{dtype}"] == row.ratio and wide[f"p_holm_{dtype}"] == row.p_holm
+  assert wide.baseline == "baseline"

@@ -26,6 +26,7 @@ techniques.csv, one row per technique and dtype (TECHNIQUE_COLUMNS):
                runs, one program at a time: > 1 is slower)
 and beside them: test, n (seeds of each arm), p_t (the paired t-test on midpoints), the
 baseline's critical learning rate, loss_at_recipe_baseline and separated (p_holm < 0.05).
+techniques_summary.csv holds the same one row per technique, a column per dtype (`summary`).
 """
 
 import math
@@ -129,6 +130,23 @@ def table(rows: list, costs: pd.DataFrame | None) -> pd.DataFrame:
   return out[TECHNIQUE_COLUMNS + EXTRA_COLUMNS].reset_index(drop=True)
 
 
+def summary(techniques: pd.DataFrame) -> pd.DataFrame:
+  """techniques_summary.csv: one row per technique (`arm`, its label and baseline), and per dtype
+  D the columns critical_lr_D, ratio_D, p_D, p_holm_D, margin_D and separated_D, then the cost
+  (loss_at_recipe, loss_at_recipe_baseline, step_time_ratio: the recipe ran in one dtype), in
+  the order of the first dtype's ranking. What the README's technique table quotes."""
+  rows = {}
+  for r in techniques.itertuples():
+    row = rows.setdefault(r.technique, {"arm": r.technique, "label": r.label,
+                                        "baseline": r.baseline,
+                                        "loss_at_recipe": r.loss_at_recipe,
+                                        "loss_at_recipe_baseline": r.loss_at_recipe_baseline,
+                                        "step_time_ratio": r.step_time_ratio})
+    for column in ("critical_lr", "ratio", "p", "p_holm", "margin", "separated"):
+      row[f"{column}_{r.dtype}"] = getattr(r, column)
+  return pd.DataFrame(list(rows.values()))
+
+
 def figure(techniques: pd.DataFrame):
   """Each technique's critical learning rate over its baseline's, one panel per dtype, with the
   technique's interval divided by the baseline's fitted value; filled markers are separated
@@ -177,7 +195,9 @@ def analyze(searches: dict, recipe_dir: str | None, baselines: dict, workdir: st
                          runs_lib.load_runs(recipe_dir))
   result = table(rows, costs)
   outputs = {"techniques": os.path.join(workdir, TECHNIQUES),
+             "techniques_summary": os.path.join(workdir, "techniques_summary.csv"),
              "techniques_figure": os.path.join(workdir, "techniques.png")}
   result.to_csv(outputs["techniques"], index=False)
+  summary(result).to_csv(outputs["techniques_summary"], index=False)
   save(figure(result), outputs["techniques_figure"])
   return outputs
