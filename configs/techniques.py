@@ -51,6 +51,9 @@ VARIANTS = {
 }
 # Each technique's own baseline (the arm it differs from in one thing).
 BASELINES = {name: "baseline" for name in VARIANTS if name != "baseline"}
+# Evaluated as users asked (issue 43): on runs at the same rate and seed, do they change the
+# time to failure, the number of loss spikes, the loss after recovery? (spike_handling.csv)
+SPIKE_HANDLING = ("skip_spikes", "update_clip")
 SWEEP_VARIANTS = tuple(VARIANTS)
 STUDY_VARIANTS = SWEEP_VARIANTS
 

@@ -66,7 +66,9 @@ def main(argv):
   recipe = os.path.join(FLAGS.workdir, RECIPE)
   recipe = recipe if os.path.isfile(os.path.join(recipe, "speed.csv")) else None
   from normstudy.analysis import techniques
-  for name, path in techniques.analyze(found, recipe, baselines, FLAGS.workdir).items():
+  handlers = tuple(getattr(module, "SPIKE_HANDLING", ()))
+  for name, path in techniques.analyze(found, recipe, baselines, FLAGS.workdir,
+                                       handlers).items():
     print(f"{name}: {path}")
 
 

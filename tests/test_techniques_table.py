@@ -126,3 +126,34 @@ def test_the_summary_has_one_row_per_technique_and_a_column_per_dtype():
     row = table[table.dtype == dtype].iloc[0]
     assert wide[f"ratio_{dtype}"] == row.ratio and wide[f"p_holm_{dtype}"] == row.p_holm
   assert wide.baseline == "baseline"
+
+
+def test_spike_handling_pairs_runs_by_rate_and_seed_and_tests_each_measure():
+  rows = []
+  for arm, failed_at, spikes, final in (("baseline", [30, 40, 50], [2, 3, 1], [3.0, 3.2, 3.1]),
+                                        ("skip_spikes", [35, 48, 52], [0, 1, 1],
+                                         [2.9, 3.0, 3.05])):
+    for seed in range(3):
+      rows.append({"arm": arm, "learning_rate": 1.0, "seed": seed, "outcome": "halted",
+                   "failed_at": failed_at[seed], "loss_spikes": 0, "final_loss": math.nan})
+      rows.append({"arm": arm, "learning_rate": 0.1, "seed": seed, "outcome": "alive",
+                   "failed_at": math.nan, "loss_spikes": spikes[seed], "final_loss": final[seed]})
+  rows.append({"arm": "skip_spikes", "learning_rate": 0.3, "seed": 0, "outcome": "alive",
+               "failed_at": math.nan, "loss_spikes": 9, "final_loss": 1.0})  # no partner
+  runs = pd.DataFrame(rows)
+  table = techniques.spike_table(techniques.spike_handling(
+      runs, ["skip_spikes", "update_clip"], {"skip_spikes": "baseline",
+                                             "update_clip": "baseline"}, "float16"))
+  got = table.set_index("measure")
+  assert list(table.technique.unique()) == ["skip_spikes"]  # update_clip has no runs
+  ttf = got.loc["time to failure (step)"]
+  assert ttf.pairs == 3 and ttf.difference == pytest.approx(np.mean([5, 8, 2]))
+  # All three differences positive: the exact two-sided p is 2 / 2^3.
+  assert ttf.p == pytest.approx(0.25)
+  spikes = got.loc["loss spikes"]
+  assert spikes.pairs == 6 and spikes.technique_mean == pytest.approx(2 / 6)
+  assert spikes.baseline_mean == pytest.approx(6 / 6)
+  final = got.loc["final loss of survivors"]
+  assert final.pairs == 3 and final.difference == pytest.approx(np.mean([-0.1, -0.2, -0.05]))
+  np.testing.assert_allclose(table.p_holm, _holm(list(table.p)))
+  assert all(v.startswith("not separated") for v in table.verdict)

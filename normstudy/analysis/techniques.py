@@ -130,6 +130,63 @@ def table(rows: list, costs: pd.DataFrame | None) -> pd.DataFrame:
   return out[TECHNIQUE_COLUMNS + EXTRA_COLUMNS].reset_index(drop=True)
 
 
+# What spike handling is asked to change (marin #1368/#1390, OLMo-core's StabilityMonitor): per
+# pair of runs at the same learning rate and seed, (measure, runs.csv column, which pairs count).
+SPIKE_MEASURES = (
+    ("time to failure (step)", "failed_at", "both failed"),
+    ("loss spikes", "loss_spikes", "all"),
+    ("final loss of survivors", "final_loss", "both finished"),
+)
+SPIKE_COLUMNS = ["technique", "baseline", "dtype", "measure", "pairs", "technique_mean",
+                 "baseline_mean", "difference", "test", "p", "p_holm", "verdict"]
+
+
+def spike_handling(runs: pd.DataFrame, techniques_: list, baselines: dict,
+                   dtype: str) -> list:
+  """Rows of spike_handling.csv for one search's runs (runs.csv): each technique of
+  `techniques_` (skip-step, update clipping) against its baseline on the runs both trained at the
+  same learning rate and seed (every search's first round trains LOW and HIGH for every arm and
+  seed), per SPIKE_MEASURES: the means, their difference and the exact paired permutation
+  test (n pairs; counts and steps are not normal)."""
+  rows = []
+  keys_ = ["learning_rate", "seed"]
+  for technique in techniques_:
+    baseline = baselines.get(technique)
+    mine, base = runs[runs.arm == technique], runs[runs.arm == baseline]
+    if mine.empty or base.empty:
+      continue
+    pairs = mine.merge(base, on=keys_, suffixes=("_t", "_b"))
+    for measure, column, which in SPIKE_MEASURES:
+      if which == "both failed":
+        chosen = pairs[pairs.outcome_t.ne("alive") & pairs.outcome_b.ne("alive")
+                       & pairs.outcome_t.ne("unfinished") & pairs.outcome_b.ne("unfinished")]
+      elif which == "both finished":
+        chosen = pairs[pairs.outcome_t.eq("alive") & pairs.outcome_b.eq("alive")]
+      else:
+        chosen = pairs[pairs.outcome_t.ne("unfinished") & pairs.outcome_b.ne("unfinished")]
+      a = chosen[f"{column}_t"].to_numpy(dtype=float)
+      b = chosen[f"{column}_b"].to_numpy(dtype=float)
+      keep = np.isfinite(a) & np.isfinite(b)
+      a, b = a[keep], b[keep]
+      rows.append({"technique": technique, "baseline": baseline, "dtype": dtype,
+                   "measure": measure, "pairs": len(a),
+                   "technique_mean": float(a.mean()) if len(a) else math.nan,
+                   "baseline_mean": float(b.mean()) if len(b) else math.nan,
+                   "difference": float((a - b).mean()) if len(a) else math.nan,
+                   "test": "exact paired permutation test",
+                   "p": stats.paired_permutation(a, b) if len(a) else math.nan})
+  return rows
+
+
+def spike_table(rows: list) -> pd.DataFrame:
+  """spike_handling.csv: the rows with Holm over the family and a verdict each."""
+  out = pd.DataFrame(rows, columns=SPIKE_COLUMNS[:-2])
+  out["p_holm"] = stats.holm(out.p.tolist()) if len(out) else []
+  out["verdict"] = [stats.verdict_holm(r.test, f"{r.pairs} pairs", r.p, r.p_holm)
+                    for r in out.itertuples()]
+  return out
+
+
 def summary(techniques: pd.DataFrame) -> pd.DataFrame:
   """techniques_summary.csv: one row per technique (`arm`, its label and baseline), and per dtype
   D the columns critical_lr_D, ratio_D, p_D, p_holm_D, margin_D and separated_D, then the cost
@@ -178,17 +235,20 @@ def figure(techniques: pd.DataFrame):
   return fig
 
 
-def analyze(searches: dict, recipe_dir: str | None, baselines: dict, workdir: str) -> dict:
+def analyze(searches: dict, recipe_dir: str | None, baselines: dict, workdir: str,
+            spike_handlers=()) -> dict:
   """Reads each search ({dtype: directory}) and the recipe sweep (or None), writes
-  techniques.csv and techniques.png (+ .svg) into `workdir`; returns their paths."""
+  techniques.csv, techniques_summary.csv, spike_handling.csv (for `spike_handlers`) and
+  techniques.png (+ .svg) into `workdir`; returns their paths."""
   from normstudy.analysis import runs as runs_lib
   from normstudy.analysis.plots import save
-  rows = []
+  rows, spikes = [], []
   for dtype, directory in searches.items():
+    runs = pd.read_csv(os.path.join(directory, "runs.csv"))
     rows += compare_searches(pd.read_csv(os.path.join(directory, "critical_lr.csv")),
                              pd.read_csv(os.path.join(directory, "critical_lr_points.csv")),
-                             pd.read_csv(os.path.join(directory, "runs.csv")), baselines,
-                             dtype)
+                             runs, baselines, dtype)
+    spikes += spike_handling(runs, list(spike_handlers), baselines, dtype)
   costs = None
   if recipe_dir is not None:
     costs = recipe_costs(pd.read_csv(os.path.join(recipe_dir, "speed.csv")),
@@ -196,8 +256,10 @@ def analyze(searches: dict, recipe_dir: str | None, baselines: dict, workdir: st
   result = table(rows, costs)
   outputs = {"techniques": os.path.join(workdir, TECHNIQUES),
              "techniques_summary": os.path.join(workdir, "techniques_summary.csv"),
+             "spike_handling": os.path.join(workdir, "spike_handling.csv"),
              "techniques_figure": os.path.join(workdir, "techniques.png")}
   result.to_csv(outputs["techniques"], index=False)
   summary(result).to_csv(outputs["techniques_summary"], index=False)
+  spike_table(spikes).to_csv(outputs["spike_handling"], index=False)
   save(figure(result), outputs["techniques_figure"])
   return outputs
