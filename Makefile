@@ -81,8 +81,8 @@ sensitivity: install
 
 # Every technique against its baseline (configs/techniques.py): the critical learning rate by
 # search in each of TECHNIQUES_DTYPES (3 rounds from [0.1, 1], then a probe round), each arm at
-# the recipe's rate for its cost (2 seeds, 300 steps, one program at a time so step times
-# compare), then techniques.csv (normstudy.techniques).
+# the recipe's rate for its cost (2 seeds, 300 steps; two runs a program, each program on its
+# own core, so step times compare), then techniques.csv (normstudy.techniques).
 techniques: install
 	for dtype in $(TECHNIQUES_DTYPES); do \
 	  $(PY) -m normstudy.sweep --config=configs/techniques.py --workdir=$(TECHNIQUES_DIR)/$$dtype \
@@ -90,7 +90,7 @@ techniques: install
 	$(PY) -m normstudy.sweep --config=configs/techniques.py --workdir=$(TECHNIQUES_DIR)/recipe \
 		--axis=optimizer.learning_rate=$(SURVIVAL_LEARNING_RATE) --axis=train.seed=0,1 \
 		--config.train.num_steps=300 --config.train.eval_every=300 \
-		--config.train.checkpoint_every=300 --max_runs_per_program=1 --workers=1
+		--config.train.checkpoint_every=300 --max_runs_per_program=2
 	$(PY) -m normstudy.techniques --workdir=$(TECHNIQUES_DIR)
 
 # Which learning rate kills each arm, with controls (configs/survival.py), found by search; the

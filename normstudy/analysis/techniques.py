@@ -23,7 +23,7 @@ techniques.csv, one row per technique and dtype (TECHNIQUE_COLUMNS):
                separated pair, where a margin means nothing
   loss_at_recipe   the mean final eval loss over the recipe sweep's seeds
   step_time_ratio  the technique's median step time over its baseline's (the recipe sweep's
-               runs, one program at a time: > 1 is slower)
+               runs, two to a program, each program on its own core: > 1 is slower)
 and beside them: test, n (seeds of each arm), p_t (the paired t-test on midpoints), the
 baseline's critical learning rate, loss_at_recipe_baseline and separated (p_holm < 0.05).
 techniques_summary.csv holds the same one row per technique, a column per dtype (`summary`).
