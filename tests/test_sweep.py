@@ -440,3 +440,22 @@ def test_the_sweep_wide_line_counts_the_runs_of_the_programs_that_finished():
   assert "programs 1/3 done, runs 1/4 " in progress.done(2)  # the third, of one run, first
   assert "programs 2/3 done, runs 3/4 " in progress.done(0)
   assert "programs 3/3 done, runs 4/4 " in progress.done(1)
+
+
+@pytest.mark.parametrize("table, value, shape", [
+    ("SWEEP", '["optimizer.learning_rate"]', "is not {dotted.field: [value, ...]}"),
+    ("SWEEP", '{"train.seed": 3}', "is not {dotted.field: [value, ...]}"),
+    ("VARIANTS", '{"a": {"model.placement": "post_ln"}}',
+     "is not {name: (label, {dotted.field: value})}"),
+    ("SWEEP_VARIANTS", '"pre_norm_clip1"', "is not a list of VARIANTS' names"),
+    ("SWEEP_SETTINGS", '[("train.num_steps", 5)]', "is not {dotted.field: value}"),
+])
+def test_a_malformed_table_in_a_config_file_is_one_line(tmp_path, table, value, shape):
+  """Once an AttributeError traceback after the plan (issue 45)."""
+  from normstudy import errors
+  path = tmp_path / "bad.py"
+  path.write_text(f"from configs.seed_figure import get_config\n{table} = {value}\n")
+  with pytest.raises(errors.UserError) as refused:
+    grid.load_config_module(str(path))
+  assert str(refused.value).startswith(f"{path}: {table} = ") and shape in str(refused.value)
+  assert "\n" not in str(refused.value)

@@ -83,7 +83,37 @@ def load_config_module(path: str):
   seed_figure`: configs/ is a package)."""
   if not os.path.isfile(path):
     raise errors.UserError(f"config file {path!r} does not exist")
-  return types.SimpleNamespace(**runpy.run_path(path))
+  module = types.SimpleNamespace(**runpy.run_path(path))
+  check_tables(module, path)
+  return module
+
+
+def _is_names(value) -> bool:
+  return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+
+
+def check_tables(module, path: str) -> None:
+  """UserError naming the table when a config file's VARIANTS ({name: (label, {field: value})}),
+  STUDY_VARIANTS or SWEEP_VARIANTS (names), SWEEP ({field: [values]}) or SWEEP_SETTINGS ({field:
+  value}) has another shape (once an AttributeError traceback, after the plan)."""
+  shapes = {
+      "VARIANTS": ("{name: (label, {dotted.field: value})}", lambda v: isinstance(v, dict) and all(
+          isinstance(k, str) and isinstance(e, tuple) and len(e) == 2 and isinstance(e[1], dict)
+          for k, e in v.items())),
+      "STUDY_VARIANTS": ("a list of VARIANTS' names", _is_names),
+      "SWEEP_VARIANTS": ("a list of VARIANTS' names", _is_names),
+      "SWEEP": ("{dotted.field: [value, ...]}", lambda v: isinstance(v, dict) and all(
+          isinstance(k, str) and isinstance(vs, (list, tuple)) and len(vs) > 0
+          for k, vs in v.items())),
+      "SWEEP_SETTINGS": ("{dotted.field: value}", lambda v: isinstance(v, dict) and all(
+          isinstance(k, str) for k in v)),
+  }
+  for name, (shape, ok) in shapes.items():
+    value = getattr(module, name, None)
+    if value is not None and not ok(value):
+      text = repr(value)
+      raise errors.UserError(f"{path}: {name} = {text[:60] + '...' if len(text) > 60 else text}"
+                             f" is not {shape}")
 
 
 def _value(text: str):
