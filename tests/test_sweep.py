@@ -5,7 +5,6 @@ import os
 import re
 import shlex
 import signal
-import textwrap
 
 import pytest
 
