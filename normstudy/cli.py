@@ -191,6 +191,10 @@ _NOT_INT = re.compile(r"flag (--config\.[\w.]+)=(.*): invalid literal for int\(\
 _NOT_BOOL = re.compile(r"flag (--config\.[\w.]+)=(.*): \('Non-boolean argument to boolean flag'")
 
 
+_FLAG_NOT_NUMBER = re.compile(r"flag (--\w+)=(.*): (?:invalid literal for (int\(\))|could not "
+                              r"convert string to (float))")
+
+
 _INTEGRAL_FLOAT = re.compile(r"^(--config\.[\w.]+)=(\d+(?:\.\d*)?[eE]\+?\d+|\d+\.0*)$")
 
 
@@ -214,6 +218,10 @@ def _typed_value_line(text: str, argv):
   match = _NOT_BOOL.search(text)
   if match:
     return f"{match[1]}={match[2]} is not allowed; allowed: true or false"
+  match = _FLAG_NOT_NUMBER.search(text)
+  if match:  # a command's own flag (--workers=2.5, --rounds=x)
+    kind = "an integer" if match[3] == "int()" else "a number"
+    return f"{match[1]}={match[2]} is not allowed; allowed: {kind}"
   if "--config must have a value other than None" in text:
     spec = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), "")
     return (f"get_config() of {spec.split(':', 1)[0]!r} returned None (--config={spec}); it "

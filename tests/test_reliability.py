@@ -488,3 +488,14 @@ def test_print_config_validates_as_a_run_would_and_is_in_the_help(tmp_path):
   assert refused.stdout == "" and not (tmp_path / "w").exists()
   for command in ("normstudy.main", "normstudy.study", "normstudy.sweep"):
     assert "--[no]print_config" in runs.run_module(command, "--help").stdout
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--workers=2.5", "--workers=2.5 is not allowed; allowed: an integer"),  # once "invalid
+    ("--probe_decades=x", "--probe_decades=x is not allowed; allowed: a number"),  # literal..."
+])
+def test_a_command_flag_of_the_wrong_type_is_one_plain_line(tmp_path, flag, message):
+  workdir = tmp_path / "never"
+  result = runs.run_module("normstudy.sweep", f"--config={SEED}", f"--workdir={workdir}", flag,
+                           "--search=optimizer.learning_rate:0.1,1", check=False)
+  _assert_one_line(result, message, workdir)
