@@ -224,6 +224,9 @@ def _typed_value_line(text: str, argv):
     return f"{match[1]}={match[2]} is not allowed; allowed: {kind}"
   if "--config must have a value other than None" in text:
     spec = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), "")
+    if not spec:
+      return ("--config=FILE[:VARIANT] is required, e.g. "
+              "--config=configs/seed_figure.py:pre_norm_clip1")
     return (f"get_config() of {spec.split(':', 1)[0]!r} returned None (--config={spec}); it "
             "must return an ml_collections.ConfigDict")
   return None

@@ -30,6 +30,9 @@ def define_flags():
 def main(argv):
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+  from normstudy.core import config as config_lib
+  config_lib.check_is_config(FLAGS.config, repr(config_flags.get_config_filename(
+      FLAGS["config"]).split(":", 1)[0]))
   if FLAGS.print_config:
     print(cli.config_text(FLAGS.config))
     return

@@ -499,3 +499,25 @@ def test_a_command_flag_of_the_wrong_type_is_one_plain_line(tmp_path, flag, mess
   result = runs.run_module("normstudy.sweep", f"--config={SEED}", f"--workdir={workdir}", flag,
                            "--search=optimizer.learning_rate:0.1,1", check=False)
   _assert_one_line(result, message, workdir)
+
+
+@pytest.mark.parametrize("source, message", [
+    (None, "--config=FILE[:VARIANT] is required, e.g. --config=configs/seed_figure.py"),
+    ("def get_config(arg=None):\n  return {'a': 1}\n",
+     "returned a dict; it must return an ml_collections.ConfigDict"),
+    ("import ml_collections\n\ndef get_config(arg=None):\n"
+     "  return ml_collections.ConfigDict({'a': 1})\n",
+     "returned a config without the section(s) model, loss, optimizer, data, mesh, train"),
+])
+def test_a_missing_config_or_one_that_is_not_a_config_is_one_line(tmp_path, source, message):
+  """Once "get_config() of '' returned None", an AttributeError traceback or "error: 'train'"
+  (issue 45)."""
+  workdir = tmp_path / "never"
+  args = []
+  if source is not None:
+    (tmp_path / "c.py").write_text(source)
+    args = [f"--config={tmp_path / 'c.py'}"]
+  for command in ("normstudy.main",) + (("normstudy.sweep",) if source else ()):
+    extra = ("--axis=train.seed=0",) if command == "normstudy.sweep" else ()
+    result = runs.run_module(command, *args, f"--workdir={workdir}", *extra, check=False)
+    _assert_one_line(result, message, workdir)

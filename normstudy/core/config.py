@@ -219,6 +219,20 @@ FIELDS = (
 SECTIONS = ("model", "loss", "optimizer", "data", "mesh", "train")
 
 
+def check_is_config(config, source: str) -> None:
+  """ConfigError unless `config` (what `source`'s get_config() returned) is a ConfigDict with
+  every section (once an AttributeError traceback, or "error: 'train'")."""
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise errors.ConfigError(
+        f"get_config() of {source} returned a {type(config).__name__}; it must return an "
+        "ml_collections.ConfigDict built on normstudy.core.config.default_config()")
+  missing = [name for name in SECTIONS if name not in config]
+  if missing:
+    raise errors.ConfigError(
+        f"get_config() of {source} returned a config without the section(s) "
+        f"{', '.join(missing)}; build it on normstudy.core.config.default_config()")
+
+
 def default_config() -> ml_collections.ConfigDict:
   """Returns a config with every field normstudy reads (FIELDS), set to its default."""
   config = ml_collections.ConfigDict()

@@ -196,6 +196,7 @@ def points(path: str, variant, axes: dict, overrides: dict, module=None,
   for arm, values in only:
     if arm not in built:
       built[arm] = arms[arm]()
+      config_lib.check_is_config(built[arm], repr(path))
     config = copy.deepcopy(built[arm])
     applied = {**settings, **overrides, **values}
     config_lib.apply_overrides(config, applied)
