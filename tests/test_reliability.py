@@ -177,6 +177,7 @@ BAD_VALUES = [
     ("data.seed", -1, "an integer in [0, 2^31)"),  # once "expected non-negative integer"
     ("train.eval_seed", -2, "-1 (each run's own train.seed) or an integer >= 0"),
     ("model.max_len", 100000, "allowed: max_len <= 65536, or more validation_tokens"),
+    ("data.dialects", 193, "allowed: at most 192 (three quarters"),  # once a ZeroDivisionError
     ("label", "{no.such.field}", "{no.such.field} is not a config field; allowed: {auto} or"),
     ("label", "{optimizer.learning_rate:q}",
      "the format 'q' does not apply to config.optimizer.learning_rate=0.001"),

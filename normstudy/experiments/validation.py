@@ -68,6 +68,14 @@ RULES = (
     _rule(lambda c: c.data.name != "synthetic" or c.data.branching <= c.model.vocab_size,
           lambda c: f"config.data.branching={c.data.branching} exceeds "
                     f"config.model.vocab_size={c.model.vocab_size}"),
+    # Each dialect's topic is a disjoint set of the rarer three quarters of the vocabulary
+    # (normstudy.data.synthetic.topic_sets): at least one token each.
+    _rule(lambda c: c.data.name != "synthetic"
+          or c.data.dialects <= c.model.vocab_size - c.model.vocab_size // 4,
+          lambda c: f"config.data.dialects={c.data.dialects} is more topics than "
+                    f"config.model.vocab_size={c.model.vocab_size} has tokens for; allowed: at "
+                    f"most {c.model.vocab_size - c.model.vocab_size // 4} (three quarters of "
+                    "the vocabulary)"),
 )
 
 
