@@ -27,8 +27,13 @@ def test_mesh_shape_resolves_minus_one_and_rejects_misfits():
   assert list(sharding.mesh_shape(_mesh(1, 1, 1, runs=-1), 8).values()) == [8, 1, 1, 1]
   with pytest.raises(UserError, match="the mesh has 6 devices, but there are 8"):
     sharding.mesh_shape(_mesh(3, 2, 1), 8)
-  with pytest.raises(UserError, match=r"the other axes \(3\) do not divide the 8 devices"):
+  with pytest.raises(UserError, match=r"fsdp=3 x tensor=1 asks for 3 devices \(or a multiple\) "
+                     r"and there are 8; allowed: sizes whose product divides 8"):
     sharding.mesh_shape(_mesh(-1, 3, 1), 8)
+  # Once "the other axes (2) do not divide the 1 devices" (issue 45).
+  with pytest.raises(UserError, match=r"runs=2 x fsdp=1 x tensor=1 asks for 2 devices \(or a "
+                     r"multiple\) and there is 1"):
+    sharding.mesh_shape(_mesh(-1, 1, 1, runs=2), 1)
   with pytest.raises(UserError, match="at most one may be -1"):
     sharding.mesh_shape(_mesh(-1, -1, 1), 8)
 

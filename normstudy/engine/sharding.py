@@ -54,8 +54,10 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict:
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % known:
-      raise UserError(f"{described}: the other axes ({known}) do not divide the {num_devices} "
-                      "devices")
+      fixed = " x ".join(f"{a}={s}" for a, s in zip(AXES, sizes) if s != -1)
+      raise UserError(f"{described}: {fixed} asks for {known} devices (or a multiple) and "
+                      f"there {'is' if num_devices == 1 else 'are'} {num_devices}; allowed: "
+                      f"sizes whose product divides {num_devices}")
     sizes[sizes.index(-1)] = num_devices // known
   if math.prod(sizes) != num_devices:
     raise UserError(f"{described}: the mesh has {math.prod(sizes)} devices, but there are "
