@@ -85,3 +85,13 @@ def test_the_command_prints_the_figures_and_refuses_in_one_line(tmp_path):
                             env=dict(os.environ, TPU_LIBRARY_PATH=str(tmp_path / "none.so")))
   assert missing.returncode == 2
   assert missing.stderr.strip().splitlines()[-1].startswith("error: no TPU compiler (libtpu)")
+
+
+def test_a_topology_of_the_wrong_rank_for_its_chip_is_refused():
+  """v5e and v6e slices are AxB, v4 and v5p AxBxC (v5e:4x4x4 was once a 64-chip v5e)."""
+  from normstudy.engine import aot
+  from normstudy.errors import UserError
+  assert aot.check_topology("v5e:4x4") == 16 and aot.check_topology("v4:2x2x4") == 16
+  for name in ("v5e:4x4x4", "v6e:2x2x1", "v4:4x4", "v5p:2x2", "v7:2x2"):
+    with pytest.raises(UserError, match=f"--topology='{name}' is not a TPU topology this knows"):
+      aot.check_topology(name)
