@@ -164,7 +164,14 @@ def test_the_ladder_command_collects_rungs_fits_and_extrapolates(tmp_path):
   if pair.arm_a != "pre_norm_clip1":
     ratio = 1 / ratio
   ref = scipy_stats.linregress(np.log10(WIDTHS), np.log10(ratio))
-  assert pair.p == pytest.approx(ref.pvalue) and pair.slope == pytest.approx(ref.slope)
+  # The scatter: the residual SD, floored by both rungs' measurement SD (their +-1.2x intervals).
+  x = np.log10(WIDTHS)
+  residual = np.log10(ratio) - (ref.intercept + ref.slope * x)
+  own = math.sqrt(2) * math.log10(1.2 * 1.2) / (2 * scipy_stats.norm.ppf(0.975))
+  sd = max(math.sqrt(np.sum(residual ** 2) / 2), own)
+  t = ref.slope / (sd / math.sqrt(np.sum((x - x.mean()) ** 2)))
+  assert pair.p == pytest.approx(2 * scipy_stats.t.sf(abs(t), 2))
+  assert pair.slope == pytest.approx(ref.slope)
   assert os.path.exists(tmp_path / "ladder.png")
   empty = tmp_path / "empty"
   empty.mkdir()
@@ -236,3 +243,24 @@ def test_the_gpu_ladder_continues_the_cpu_ladder_at_larger_rungs():
   assert not {(r.num_layers, r.d_model) for r in rungs} & set(cpu.LADDER_RUNGS)
   assert gpu.LADDER_SEARCH == cpu.LADDER_SEARCH and gpu.SWEEP_SETTINGS == cpu.SWEEP_SETTINGS
   assert gpu.get_config("pre_norm_clip1").to_dict() == cpu.get_config("pre_norm_clip1").to_dict()
+
+
+def test_rungs_exactly_on_a_line_keep_their_own_measurement_error():
+  """A search quantises its estimates, so rungs can lie exactly on a line: the intervals then use
+  the rungs' own standard errors (from their 95% intervals), not a residual SD of 0."""
+  lrs = 0.5 * (WIDTHS / 32) ** -0.5  # exactly a power law
+  lows, highs = lrs / 1.5, lrs * 1.5
+  own = ladder.measurement_sd(lows, highs)
+  np.testing.assert_allclose(own, np.log10(1.5) / scipy_stats.norm.ppf(0.975))
+  bare = ladder.fit(WIDTHS, lrs)
+  assert bare.residual_sd == pytest.approx(0, abs=1e-12)
+  floored = ladder.fit(WIDTHS, lrs, own)
+  assert floored.sd == pytest.approx(own[0]) and floored.residual_sd == bare.residual_sd
+  x = np.log10(WIDTHS)
+  half = scipy_stats.t.ppf(0.975, 2) * own[0] / math.sqrt(np.sum((x - x.mean()) ** 2))
+  assert (floored.slope_low, floored.slope_high) == pytest.approx((-0.5 - half, -0.5 + half))
+  held = ladder.heldout(WIDTHS, lrs, own)
+  assert held["low"] < held["measured"] < held["high"] and held["inside"]
+  # The residual SD wins where it is the larger.
+  noisy = lrs * 10 ** np.array([0.2, -0.2, 0.2, -0.2])
+  assert ladder.fit(WIDTHS, noisy, own).sd == ladder.fit(WIDTHS, noisy).residual_sd

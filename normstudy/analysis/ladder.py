@@ -21,7 +21,9 @@ with one variance, fitted by least squares (`fit`). Its checks:
             prediction (a trend measured over one decade need not hold over three: the optimal
             rate's trend bends at scale), and `within` says which it is
 
-Everything works on log10 values; intervals come back as learning rates.
+Every interval's scatter is the residual SD floored by the rungs' own measurement SD (`fit`:
+a search quantises its estimates, and rungs exactly on a line would otherwise give zero-width
+intervals). Everything works on log10 values; intervals come back as learning rates.
 """
 
 import dataclasses
@@ -38,7 +40,7 @@ LEVEL = 0.95
 LADDER_COLUMNS = list(schema.LADDER_COLUMNS)
 FIT_COLUMNS = ["arm", "dtype", "axis", "slope", "slope_low", "slope_high", "heldout_predicted",
                "heldout_low", "heldout_high", "heldout_measured", "heldout_inside", "rungs",
-               "intercept", "residual_sd"]
+               "intercept", "residual_sd", "interval_sd"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,21 +55,36 @@ class Fit:
   x_mean: float  # of log10 x
   sxx: float  # sum of squared deviations of log10 x
   residuals: tuple  # log10 y minus the fit, per rung in the order given
+  sd: float = math.nan  # what the intervals use: residual_sd, floored by the rungs' own SD
 
   def prediction(self, x: float) -> tuple[float, float, float]:
     """(predicted y, low, high) at size x: the 95% t interval of a new observation."""
     lx = math.log10(x)
     centre = self.intercept + self.slope * lx
-    if self.n < 3 or not np.isfinite(self.residual_sd):
+    if self.n < 3 or not np.isfinite(self.sd):
       return 10 ** centre, math.nan, math.nan
-    half = (scipy_stats.t.ppf(0.5 + LEVEL / 2, self.n - 2) * self.residual_sd
+    half = (scipy_stats.t.ppf(0.5 + LEVEL / 2, self.n - 2) * self.sd
             * math.sqrt(1 + 1 / self.n + (lx - self.x_mean) ** 2 / self.sxx))
     return 10 ** centre, 10 ** (centre - half), 10 ** (centre + half)
 
 
-def fit(sizes, critical_lrs) -> Fit:
+def measurement_sd(lows, highs) -> np.ndarray:
+  """Each rung's standard error of log10 critical learning rate, from its 95% interval
+  ((log10 high - log10 low) / (2 x 1.96)); NaN where the interval is not finite."""
+  lows, highs = np.asarray(lows, dtype=float), np.asarray(highs, dtype=float)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return (np.log10(highs) - np.log10(lows)) / (2 * scipy_stats.norm.ppf(0.975))
+
+
+def fit(sizes, critical_lrs, measured_sd=None) -> Fit:
   """The least-squares line of log10 critical_lrs on log10 sizes, with the slope's 95% t
-  interval (n - 2 degrees of freedom). ValueError for fewer than two distinct sizes."""
+  interval (n - 2 degrees of freedom). ValueError for fewer than two distinct sizes.
+
+  `measured_sd` (each rung's standard error in log10, `measurement_sd`) floors the scatter the
+  intervals use: sd = max(residual SD, the rungs' root-mean-square measurement SD). A search's
+  estimates are quantised (its bisection lattice and probe offsets), so three rungs can lie
+  exactly on a line and leave no residual; a zero-width interval would then claim a precision
+  no rung has (the CPU ladder's DeepNorm width rungs did)."""
   x = np.log10(np.asarray(sizes, dtype=float))
   y = np.log10(np.asarray(critical_lrs, dtype=float))
   if len(np.unique(x)) < 2:
@@ -78,40 +95,47 @@ def fit(sizes, critical_lrs) -> Fit:
   intercept = float(y.mean() - slope * x_mean)
   residuals = y - (intercept + slope * x)
   if n > 2:
-    sd = float(math.sqrt(np.sum(residuals ** 2) / (n - 2)))
+    residual_sd = float(math.sqrt(np.sum(residuals ** 2) / (n - 2)))
+    sd = residual_sd
+    if measured_sd is not None:
+      known = np.asarray(measured_sd, dtype=float)
+      known = known[np.isfinite(known)]
+      if len(known):
+        sd = max(sd, float(math.sqrt(np.mean(known ** 2))))
     half = scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 2) * sd / math.sqrt(sxx)
   else:
-    sd = half = math.nan
-  return Fit(intercept, slope, slope - half, slope + half, sd, n, x_mean, sxx,
-             tuple(float(r) for r in residuals))
+    residual_sd = sd = half = math.nan
+  return Fit(intercept, slope, slope - half, slope + half, residual_sd, n, x_mean, sxx,
+             tuple(float(r) for r in residuals), sd)
 
 
-def heldout(sizes, critical_lrs) -> dict:
+def heldout(sizes, critical_lrs, measured_sd=None) -> dict:
   """The largest rung predicted by the fit over the others: {"predicted", "low", "high",
   "measured", "inside"} (inside: the measured value within the 95% prediction interval; None
   when the interval cannot be formed, fewer than 3 rungs left)."""
   sizes, lrs = np.asarray(sizes, dtype=float), np.asarray(critical_lrs, dtype=float)
   largest = int(np.argmax(sizes))
   rest = np.arange(len(sizes)) != largest
-  predicted, low, high = fit(sizes[rest], lrs[rest]).prediction(sizes[largest])
+  floor = None if measured_sd is None else np.asarray(measured_sd, dtype=float)[rest]
+  predicted, low, high = fit(sizes[rest], lrs[rest], floor).prediction(sizes[largest])
   measured = float(lrs[largest])
   inside = bool(low <= measured <= high) if np.isfinite(low) else None
   return {"predicted": predicted, "low": low, "high": high, "measured": measured,
           "inside": inside}
 
 
-def interaction(sizes, critical_lrs_a, critical_lrs_b) -> dict:
+def interaction(sizes, critical_lrs_a, critical_lrs_b, measured_sd=None) -> dict:
   """Whether arm a's critical learning rate over arm b's changes with size (the same rungs,
   paired by position): {"slope" (decades of the ratio per decade of size), "slope_low",
   "slope_high", "t", "df", "p"}: the least-squares slope of log10(a / b) on log10 size and its
   two-sided t-test against 0."""
   ratio = np.asarray(critical_lrs_a, dtype=float) / np.asarray(critical_lrs_b, dtype=float)
-  line = fit(sizes, ratio)
+  line = fit(sizes, ratio, measured_sd)
   df = line.n - 2
-  if df < 1 or not np.isfinite(line.residual_sd):
+  if df < 1 or not np.isfinite(line.sd):
     return {"slope": line.slope, "slope_low": math.nan, "slope_high": math.nan, "t": math.nan,
             "df": float(df), "p": math.nan}
-  se = line.residual_sd / math.sqrt(line.sxx)
+  se = line.sd / math.sqrt(line.sxx)
   if se == 0:
     t = 0.0 if line.slope == 0 else math.copysign(math.inf, line.slope)
   else:
@@ -121,10 +145,10 @@ def interaction(sizes, critical_lrs_a, critical_lrs_b) -> dict:
           "t": t, "df": float(df), "p": p}
 
 
-def predict(sizes, critical_lrs, size: float) -> dict:
+def predict(sizes, critical_lrs, size: float, measured_sd=None) -> dict:
   """The fit over every rung at `size`: {"predicted", "low", "high", "within"} (within: the
   size lies inside the ladder's range, where the fit interpolates)."""
-  predicted, low, high = fit(sizes, critical_lrs).prediction(size)
+  predicted, low, high = fit(sizes, critical_lrs, measured_sd).prediction(size)
   return {"predicted": predicted, "low": low, "high": high,
           "within": bool(min(sizes) <= size <= max(sizes))}
 
@@ -150,8 +174,9 @@ def fit_table(ladder: pd.DataFrame) -> pd.DataFrame:
   usable = ladder[np.isfinite(ladder.critical_lr) & (ladder.critical_lr > 0)]
   for (arm, dtype), table in usable.groupby(["arm", "dtype"], sort=False):
     for axis, rows in _ladders(table):
-      line = fit(rows[axis], rows.critical_lr)
-      held = (heldout(rows[axis].to_numpy(), rows.critical_lr.to_numpy()) if len(rows) >= 3
+      own = measurement_sd(rows.critical_lr_low, rows.critical_lr_high)
+      line = fit(rows[axis], rows.critical_lr, own)
+      held = (heldout(rows[axis].to_numpy(), rows.critical_lr.to_numpy(), own) if len(rows) >= 3
               else {"predicted": math.nan, "low": math.nan, "high": math.nan,
                     "measured": math.nan, "inside": None})
       out.append({"arm": arm, "dtype": dtype, "axis": axis, "slope": line.slope,
@@ -159,7 +184,8 @@ def fit_table(ladder: pd.DataFrame) -> pd.DataFrame:
                   "heldout_predicted": held["predicted"], "heldout_low": held["low"],
                   "heldout_high": held["high"], "heldout_measured": held["measured"],
                   "heldout_inside": held["inside"], "rungs": len(rows),
-                  "intercept": line.intercept, "residual_sd": line.residual_sd})
+                  "intercept": line.intercept, "residual_sd": line.residual_sd,
+                  "interval_sd": line.sd})
   return pd.DataFrame(out, columns=FIT_COLUMNS)
 
 
@@ -185,7 +211,13 @@ def interaction_table(ladder: pd.DataFrame) -> pd.DataFrame:
           if len(shared) < 3:
             continue
           sizes = rows.set_index(["num_layers", "d_model"], drop=False)[axis][shared]
-          got = interaction(sizes.to_numpy(), a[shared].to_numpy(), b[shared].to_numpy())
+          own = {arm: table[table.arm == arm].set_index(["num_layers", "d_model"])
+                 for arm in (arm_a, arm_b)}
+          sd_a, sd_b = (measurement_sd(own[arm].critical_lr_low[shared],
+                                       own[arm].critical_lr_high[shared])
+                        for arm in (arm_a, arm_b))
+          got = interaction(sizes.to_numpy(), a[shared].to_numpy(), b[shared].to_numpy(),
+                            np.sqrt(sd_a ** 2 + sd_b ** 2))
           out.append({"dtype": dtype, "axis": axis, "arm_a": arm_a, "arm_b": arm_b,
                       "rungs": len(shared), **got})
   table = pd.DataFrame(out, columns=TEST_COLUMNS[:-2])
@@ -210,7 +242,8 @@ def with_extrapolation(fits: pd.DataFrame, ladder: pd.DataFrame, targets: dict) 
     rows = dict(_ladders(table)).get(r.axis)
     if rows is None or r.axis not in targets or len(rows) < 3:
       continue
-    got = predict(rows[r.axis].to_numpy(), rows.critical_lr.to_numpy(), targets[r.axis])
+    got = predict(rows[r.axis].to_numpy(), rows.critical_lr.to_numpy(), targets[r.axis],
+                  measurement_sd(rows.critical_lr_low, rows.critical_lr_high))
     fits.loc[i, ["target", "extrapolated", "extrapolated_low", "extrapolated_high"]] = [
         targets[r.axis], got["predicted"], got["low"], got["high"]]
     fits.loc[i, "extrapolation"] = ("within the ladder" if got["within"]
