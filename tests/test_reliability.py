@@ -522,3 +522,32 @@ def test_a_missing_config_or_one_that_is_not_a_config_is_one_line(tmp_path, sour
     extra = ("--axis=train.seed=0",) if command == "normstudy.sweep" else ()
     result = runs.run_module(command, *args, f"--workdir={workdir}", *extra, check=False)
     _assert_one_line(result, message, workdir)
+
+
+@pytest.mark.slow
+def test_optimizer_side_techniques_resume_bit_exactly_in_float16(tmp_path):
+  """Skip-step (its rings in the optimizer state), update clipping, QK-clip (a post-step
+  transform) and Adam-atan2, all on in one float16 run with dynamic loss scaling: 20 steps, then
+  continued to 40 from the checkpoint, records the same 40 steps as one uninterrupted run, bit
+  for bit, and each technique acted on both sides of the resume (issue 43)."""
+  techniques = ("--config.optimizer.name=adam_atan2", "--config.optimizer.update_clip=0.5",
+                "--config.optimizer.skip_spikes=0.5", "--config.optimizer.skip_spikes_window=19",
+                "--config.model.qk_clip=0.5", "--config.model.dtype=float16",
+                "--config.optimizer.schedule=constant", "--config.optimizer.learning_rate=0.01",
+                "--config.train.log_every=1")
+
+  def run(workdir, steps):
+    runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={workdir}",
+                    *_args(tmp_path, num_steps=steps, every=10, extra=techniques))
+
+  run(tmp_path / "whole", 40)
+  run(tmp_path / "resumed", 20)
+  run(tmp_path / "resumed", 40)
+  whole = runs.trajectory(tmp_path / "whole")
+  assert [r["step"] for r in whole] == list(range(1, 41))
+  assert runs.trajectory(tmp_path / "resumed") == whole
+  for half in (whole[:20], whole[20:]):
+    assert sum(r["qk_clipped_heads"] for r in half) > 0
+    assert sum(r["loss_scale"] != 1 for r in half) == len(half)  # float16's scaler on
+  skips = [r["spike_skips"] for r in whole]
+  assert skips[19] < skips[-1]  # skip-step judged after the resume too
