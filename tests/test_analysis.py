@@ -80,6 +80,8 @@ def _write_run(path, label, loss, scale, telemetry_layers=0, info=None):
           record[f"attn_logit_max/layer_{i}"] = float(i + step / 100)
           record[f"act_rms/layer_{i}"] = 1.0 + i
           record[f"grad_norm/layer_{i}"] = 0.1 * (i + 1)
+          for j in range(2):  # per-head logits, the largest of each head at the last step
+            record[f"attn_logit_max/layer_{i}/head_{j}"] = float(i + step / 100) - j
       f.write(json.dumps(record) + "\n")
   (path / "config.json").write_text(json.dumps({"label": label, "optimizer": {
       "warmup_steps": 10}}))
@@ -110,8 +112,14 @@ def test_observations_and_layer_figures_from_the_data(tmp_path):
     assert (tmp_path / f"layers_{metric}.svg").read_text().lstrip().startswith("<?xml")
     assert outputs[f"layers_{metric}"].endswith(".png")
   assert (tmp_path / "loss_comparison.svg").exists()
-  table = analysis.layer_values(analysis.load_runs(str(tmp_path)), "a", "act_rms")
+  loaded = analysis.load_runs(str(tmp_path))
+  table = analysis.layer_values(loaded, "a", "act_rms")
   assert table.shape == (3, 60) and list(table.iloc[:, 0]) == [1.0, 2.0, 3.0]
+  heads = loaded.head_values("a", "attn_logit_max")
+  assert heads.shape == (6, 60) and heads.loc[(2, 1)].max() == 2 + 600 / 100 - 1
+  assert loaded.head_values("b", "attn_logit_max").empty  # no telemetry: no heads figure panel
+  assert outputs["heads_attn_logit_max"].endswith(".png")
+  assert (tmp_path / "heads_attn_logit_max.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_halted_and_diverged_runs_are_kept_and_shown(tmp_path):

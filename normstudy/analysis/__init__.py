@@ -24,6 +24,7 @@ from normstudy.analysis.detectors import scale_collapses
 from normstudy.analysis.detectors import spikes
 from normstudy.analysis.plots import DEFAULT_SMOOTHING
 from normstudy.analysis.plots import plot_comparison
+from normstudy.analysis.plots import plot_heads
 from normstudy.analysis.plots import plot_layers
 from normstudy.analysis.report import compare_runs
 from normstudy.analysis.report import describe_run
@@ -159,6 +160,7 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | N
     outputs["figure"] = plot_comparison(loaded, os.path.join(workdir, "loss_comparison.png"),
                                         smoothing)
     outputs.update(plot_layers(loaded, workdir))
+    outputs.update(plot_heads(loaded, workdir))
   outputs["summary"] = os.path.join(workdir, "summary.csv")
   outputs["observations"] = write_observations(
       loaded, summary, os.path.join(workdir, "observations.md"), sections, per_run=few)

@@ -19,6 +19,8 @@ LINESTYLES = ("-", "--", "-.", ":")
 DEFAULT_SMOOTHING = 0.8
 
 # Per-layer telemetry drawn by plot_layers: metric -> (title, axis label, log scale).
+# Per-head telemetry drawn by plot_heads: metric -> title.
+HEAD_PLOTS = {"attn_logit_max": "Largest attention logit of each head and layer"}
 LAYER_PLOTS = {
     "attn_logit_max": ("Largest attention logit per layer", "max pre-softmax score", False),
     "act_rms": ("Residual-stream RMS after each layer", "RMS", True),
@@ -209,3 +211,46 @@ def plot_layers(loaded: runs_lib.Runs, workdir: str) -> dict:
     path = os.path.join(workdir, f"layers_{metric}.png")
     written[f"layers_{metric}"] = save(fig, path)
   return written
+
+
+def plot_heads(loaded: runs_lib.Runs, workdir: str, metric: str = "attn_logit_max") -> dict:
+  """heads_<metric>.png when per-head telemetry was recorded: one panel per run, a layer x head
+  heatmap of the largest value over the run's telemetry steps (log colour scale when every
+  value is positive), so a head whose logits grow stands out from its layer."""
+  from matplotlib.colors import LogNorm
+  from matplotlib.colors import Normalize
+  from matplotlib.figure import Figure
+  tables = {run: loaded.head_values(run, metric) for run in loaded.names}
+  tables = {run: t for run, t in tables.items() if not t.empty}
+  if not tables:
+    return {}
+  grids = {}
+  for run, table in tables.items():
+    largest = table.max(axis=1, skipna=True)
+    grid = largest.unstack("head")
+    grids[run] = grid
+  values = np.concatenate([g.to_numpy().ravel() for g in grids.values()])
+  values = values[np.isfinite(values)]
+  positive = len(values) and values.min() > 0
+  norm = (LogNorm(values.min(), values.max()) if positive
+          else Normalize(values.min(), values.max()) if len(values) else None)
+  columns = min(len(grids), 4)
+  rows = -(-len(grids) // columns)
+  fig = Figure(figsize=(3.6 * columns + 1.2, 2.8 * rows + 0.6), layout="constrained")
+  axes = fig.subplots(rows, columns, squeeze=False).ravel()
+  image = None
+  for ax, (run, grid) in zip(axes, grids.items()):
+    image = ax.imshow(grid.to_numpy(), aspect="auto", origin="lower", norm=norm,
+                      cmap="viridis", interpolation="nearest")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(grid.shape[1]))
+    ax.set_yticks(range(grid.shape[0]))
+    ax.set_title(loaded[run].label, fontsize=8)
+  for ax in axes[len(grids):]:
+    ax.set_visible(False)
+  if image is not None:
+    fig.colorbar(image, ax=axes[:len(grids)].tolist(), label="largest over the run")
+  fig.suptitle(HEAD_PLOTS.get(metric, metric))
+  path = os.path.join(workdir, f"heads_{metric}.png")
+  return {f"heads_{metric}": save(fig, path)}

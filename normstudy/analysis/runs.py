@@ -170,6 +170,20 @@ class Runs:
     table.index.name, table.columns.name = "layer", "step"
     return table
 
+  def head_values(self, run: str, metric: str) -> pd.DataFrame:
+    """Per-head telemetry `metric/layer_<i>/head_<j>` of a run as a table: rows = (layer, head),
+    columns = steps."""
+    heads = {}
+    for key, (steps, values) in self._by_run.get(run, {}).items():
+      parsed = keys.parse_head_key(key)
+      if parsed is not None and parsed[0] == metric:
+        heads[parsed[1:]] = pd.Series(values, index=steps)
+    if not heads:
+      return pd.DataFrame()
+    table = pd.DataFrame({k: heads[k] for k in sorted(heads)}).T
+    table.index.names, table.columns.name = ["layer", "head"], "step"
+    return table
+
 
 def load_runs(workdir: str) -> Runs:
   """Every run below `workdir` (a directory holding a metrics.jsonl with a record): its records

@@ -70,6 +70,13 @@ def layer_key(name: str, layer: int) -> str:
 
 
 _LAYER_KEY = re.compile(r"^(?P<name>[a-z_]+)/layer_(?P<layer>\d+)$")
+_HEAD_KEY = re.compile(r"^(?P<name>[a-z_]+)/layer_(?P<layer>\d+)/head_(?P<head>\d+)$")
+
+
+def parse_head_key(key: str):
+  """(name, layer, head) for a `<name>/layer_<i>/head_<j>` record key (head_key), else None."""
+  match = _HEAD_KEY.match(key)
+  return (match["name"], int(match["layer"]), int(match["head"])) if match else None
 
 
 def parse_layer_key(key: str):
