@@ -93,3 +93,49 @@ def test_wandb_project_without_wandb_installed_is_refused(monkeypatch):
     preflight.check_tracking(config)
   config.train.wandb_project = ""
   preflight.check_tracking(config)  # off: nothing asked
+
+
+def test_a_wandb_that_fails_on_import_is_refused_in_one_line(tmp_path):
+  """Once: trained, exit 0, nothing sent and nothing said (issue 45)."""
+  broken = tmp_path / "site" / "wandb"
+  broken.mkdir(parents=True)
+  (broken / "__init__.py").write_text("raise ImportError('libfoo.so: cannot open')\n")
+  env = dict(os.environ, PYTHONPATH=f"{tmp_path / 'site'}:{os.environ.get('PYTHONPATH', '')}")
+  workdir = tmp_path / "never"
+  result = runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={workdir}",
+                           "--config.train.wandb_project=p",
+                           *runs.tiny_args(tmp_path / "tfds", num_steps=2, every=2), env=env,
+                           check=False)
+  assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
+  assert ("config.train.wandb_project='p': wandb is installed but its import fails "
+          "(ImportError: libfoo.so: cannot open)") in result.stderr
+  assert not workdir.exists()
+
+
+def test_the_wandb_mode_without_a_key_is_offline_and_says_so(tmp_path, monkeypatch):
+  from normstudy.engine import writers
+  monkeypatch.delenv("WANDB_MODE", raising=False)
+  monkeypatch.delenv("WANDB_API_KEY", raising=False)
+  monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+  monkeypatch.delenv("NETRC", raising=False)
+  assert writers.wandb_mode() == "offline"
+  (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password k\n")
+  os.chmod(tmp_path / ".netrc", 0o600)
+  assert writers.wandb_mode() == "online"  # what `wandb login` writes
+  monkeypatch.setenv("WANDB_MODE", "disabled")
+  assert writers.wandb_mode() == "disabled"
+
+
+@pytest.mark.slow
+def test_a_run_without_a_wandb_key_keeps_its_records_offline_with_one_warning(tmp_path):
+  pytest.importorskip("wandb")
+  env = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY")}
+  env.update(HOME=str(tmp_path / "home"), WANDB_SILENT="true")
+  workdir = tmp_path / "run"
+  result = runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={workdir}",
+                           "--config.train.wandb_project=normstudy",
+                           *runs.tiny_args(tmp_path / "tfds", num_steps=4, every=2), env=env)
+  assert "wandb: no API key (WANDB_API_KEY or `wandb login`): records kept offline in" in (
+      result.stderr)
+  history, _ = wandb_history(workdir)
+  assert sorted(history) == [r["step"] for r in runs.records(workdir)]

@@ -12,6 +12,8 @@ session.
 import os
 import uuid
 
+from absl import logging
+
 from normstudy.records import metrics as metrics_lib
 from normstudy.records import rundir
 from normstudy.records import schema
@@ -151,9 +153,23 @@ class WandB(Writer):
 
   def _open(self, run, label, run_id):
     import wandb
-    self._run = wandb.init(project=run.config.train.wandb_project, id=run_id, name=label,
-                           dir=run.directory, config=rundir.config_json(run.config),
-                           resume="allow", reinit="create_new")
+    mode = wandb_mode()
+    where = os.path.join(run.directory, "wandb")
+    sync = (f"records kept offline in {where}; send them later with `wandb sync "
+            f"{where}/offline-run-*`")
+    if mode == "offline" and not os.environ.get("WANDB_MODE"):
+      logging.warning("wandb: no API key (WANDB_API_KEY or `wandb login`): %s", sync)
+    kwargs = dict(project=run.config.train.wandb_project, id=run_id, name=label,
+                  dir=run.directory, config=rundir.config_json(run.config), resume="allow",
+                  reinit="create_new")
+    try:
+      self._run = wandb.init(mode=mode, **kwargs)
+    except Exception as e:  # noqa: BLE001 (no network, a refused key: wandb's own errors)
+      if mode == "offline":
+        raise
+      logging.warning("wandb: cannot reach the server (%s): %s", " ".join(str(e).split())[:120],
+                      sync)
+      self._run = wandb.init(mode="offline", **kwargs)
 
   def write(self, step: int, record: dict) -> None:
     values = scalars(record)
@@ -161,6 +177,24 @@ class WandB(Writer):
 
   def close(self) -> None:
     self.pool.submit(lambda: self._run is not None and self._run.finish()).result()
+
+
+def wandb_mode() -> str:
+  """WANDB_MODE when set; else "online" when an API key is known (WANDB_API_KEY, or the netrc
+  entry `wandb login` writes), "offline" otherwise: records are then kept in the run's wandb/
+  directory for `wandb sync`, and the writer says so in one line instead of sending nothing
+  without a word."""
+  if os.environ.get("WANDB_MODE"):
+    return os.environ["WANDB_MODE"]
+  if os.environ.get("WANDB_API_KEY"):
+    return "online"
+  import netrc
+  host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("//")[-1].split("/")[0]
+  try:
+    found = netrc.netrc().authenticators(host)
+  except (OSError, netrc.NetrcParseError):
+    found = None
+  return "online" if found else "offline"
 
 
 def for_run(run, run_dir: rundir.RunDir, resume_step, label: str, pool) -> MultiWriter:

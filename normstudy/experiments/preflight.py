@@ -71,10 +71,17 @@ def _warn_small_synthetic(config) -> None:
 
 def check_tracking(config) -> None:
   """UserError when config.train.wandb_project asks for Weights & Biases and wandb is not
-  installed (the `wandb` extra)."""
+  installed (the `wandb` extra) or cannot be imported."""
   if config.train.wandb_project and importlib.util.find_spec("wandb") is None:
     raise UserError(f"config.train.wandb_project={config.train.wandb_project!r} needs wandb, "
                     "which is not installed: pip install -e '.[wandb]'")
+  if config.train.wandb_project:
+    try:  # installed but broken (once: trained, exit 0, nothing sent, nothing said)
+      importlib.import_module("wandb")
+    except Exception as e:  # noqa: BLE001 (whatever its import raises)
+      raise UserError(f"config.train.wandb_project={config.train.wandb_project!r}: wandb is "
+                      f"installed but its import fails ({type(e).__name__}: "
+                      f"{' '.join(str(e).split())[:160]})") from None
 
 
 def memory_limit() -> tuple[int | None, str]:
