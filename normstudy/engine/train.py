@@ -149,9 +149,11 @@ def train_program(runs: list, checkpoint_dir: str, single: bool = False, tag: st
   try:
     program.restore()
     program.open_recorders()
-    logging.info("training %d run(s) in one program: steps %d..%d, %d tokens/step, mesh %s",
-                 len(runs), program.start_step + 1, program.num_steps,
-                 program.tokens_per_step, dict(program.mesh.shape))
+    logging.info("training %d run(s) in one program: steps %d..%d, %d tokens/step, mesh %s; "
+                 "the first step compiles the program (or loads it from the compile cache), "
+                 "then progress every %d steps", len(runs), program.start_step + 1,
+                 program.num_steps, program.tokens_per_step, dict(program.mesh.shape),
+                 max(1, program.num_steps // 20))
     with stop_signals() as stop:
       step, preempted_by = program.loop(stop)
     if program.halted_line is not None:
