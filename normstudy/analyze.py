@@ -17,8 +17,12 @@ from normstudy import errors
 FLAGS = flags.FLAGS
 
 
+# normstudy.analysis.plots.DEFAULT_SMOOTHING (tests/test_analysis.py checks they agree): the
+# analysis stack takes seconds to import, which --help must not wait for.
+DEFAULT_SMOOTHING = 0.8
+
+
 def define_flags():
-  from normstudy.analysis import DEFAULT_SMOOTHING
   flags.DEFINE_string("workdir", None, "Directory holding runs (searched recursively).")
   flags.DEFINE_float("smoothing", DEFAULT_SMOOTHING,
                      "EMA weight of the loss curves in [0, 1); 0 draws raw losses only.")

@@ -17,7 +17,6 @@ from ml_collections import config_flags
 
 from normstudy import cli
 from normstudy import errors
-from normstudy.experiments import grid
 
 FLAGS = flags.FLAGS
 
@@ -44,6 +43,7 @@ def main(argv):
     raise errors.UserError(
         f"normstudy.study runs every variant of a config file; drop ':{variant}' from "
         f"--config={path} (normstudy.main --config={path} runs that one variant)")
+  from normstudy.experiments import grid  # the model stack, once --help is past
   module = grid.load_config_module(path)
   if not getattr(module, "VARIANTS", None):
     raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")

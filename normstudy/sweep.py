@@ -33,7 +33,10 @@ from ml_collections import config_flags
 from normstudy import cli
 from normstudy import errors
 from normstudy.core import search
-from normstudy.experiments import grid
+
+# normstudy.experiments.grid.MAX_RUNS_PER_PROGRAM (tests/test_sweep.py checks they agree): grid
+# imports the model stack, which --help must not wait for.
+MAX_RUNS_PER_PROGRAM = 0
 
 FLAGS = flags.FLAGS
 
@@ -44,7 +47,7 @@ def define_flags():
   flags.DEFINE_multi_string("axis", [], "dotted.field=value1,value2,... (repeatable).")
   flags.DEFINE_bool("allow_config_change", False,
                     "Continue runs whose saved config differs in model, optimizer or data.")
-  flags.DEFINE_integer("max_runs_per_program", grid.MAX_RUNS_PER_PROGRAM,
+  flags.DEFINE_integer("max_runs_per_program", MAX_RUNS_PER_PROGRAM,
                        "Split a program of more runs into equal parts (0 = no limit); keep it "
                        "the same when resuming.")
   flags.DEFINE_string("search", None,
@@ -74,6 +77,7 @@ def define_flags():
 
 
 def main(argv):
+  from normstudy.experiments import grid
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   spec = config_flags.get_config_filename(FLAGS["config"])
@@ -154,6 +158,7 @@ def _parse_search(axes: dict):
       if FLAGS[name].present:
         raise errors.UserError(f"--{name}={FLAGS[name].value} needs --search=FIELD:LOW,HIGH")
     return None
+  from normstudy.experiments import grid
   search_ = search.Search.parse(FLAGS.search, FLAGS.rounds, FLAGS.probe_decades)
   if any(grid.parse_axis(text)[0] == search_.field for text in FLAGS.axis):
     raise errors.UserError(f"--axis={search_.field}=... and --search={FLAGS.search} both set "

@@ -201,3 +201,22 @@ def test_no_function_is_longer_than_a_screen():
             if lines > MAX_LINES:
               long.append(f"{os.path.relpath(path, PACKAGE)}:{node.lineno} {node.name} ({lines})")
   assert not long, long
+
+
+def test_the_commands_import_no_heavy_stack_before_their_flags_parse():
+  """`--help` must not wait for jax, pandas or matplotlib (once 4-12 s for analyze, sweep and
+  study; issue 45): the commands import them inside main(). The constants their flags need
+  agree with the modules that own them."""
+  import subprocess
+  import sys
+  code = ("import sys, normstudy.main, normstudy.study, normstudy.sweep, normstudy.analyze, "
+          "normstudy.ladder, normstudy.techniques, normstudy.compile, normstudy.context_gap; "
+          "print(sorted(m for m in ('jax', 'pandas', 'matplotlib', 'scipy') if m in sys.modules))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert out.stdout.strip() == "[]", out.stdout
+  from normstudy import analyze, sweep
+  from normstudy.analysis import plots
+  from normstudy.experiments import grid
+  assert analyze.DEFAULT_SMOOTHING == plots.DEFAULT_SMOOTHING
+  assert sweep.MAX_RUNS_PER_PROGRAM == grid.MAX_RUNS_PER_PROGRAM
