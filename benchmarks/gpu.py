@@ -27,17 +27,31 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
 import sweep  # noqa: E402
 import throughput  # noqa: E402
 
-# Dense bfloat16/float16 tensor-core peak, TFLOP/s (vendor data sheets, SXM parts).
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
+# Dense bfloat16/float16 tensor-core peak, TFLOP/s (vendor data sheets), by the model token of
+# jax's device_kind ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA L40S") and, where the
+# form factor changes the peak, a second token. Whole tokens only: "L4" is not "L40S", an H100
+# PCIe card is not an SXM one. A GPU not listed gets no MFU rather than a wrong one.
+PEAK_TFLOPS = (
+    ("H200", None, 989.0), ("H100", "PCIe", 756.0), ("H100", "NVL", 835.0), ("H100", None, 989.0),
+    ("A100", None, 312.0), ("L40S", None, 362.0), ("L4", None, 121.0), ("A10", None, 125.0),
+)
 SEED_ARMS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
              "pre_norm_attn_relax_clip1")
 
 
-def peak_flops(device) -> float | None:
-  for name, tflops in PEAK_TFLOPS.items():
-    if name in device.device_kind:
-      return tflops * 1e12
+def peak_tflops(device_kind: str) -> float | None:
+  """The dense bf16 peak of a device_kind, TFLOP/s, or None for a GPU not in PEAK_TFLOPS."""
+  import re
+  tokens = [t.upper() for t in re.split(r"[\s_-]+", device_kind) if t]
+  for model, variant, tflops in PEAK_TFLOPS:
+    if model.upper() in tokens and (variant is None or variant.upper() in tokens):
+      return tflops
   return None
+
+
+def peak_flops(device) -> float | None:
+  tflops = peak_tflops(device.device_kind)
+  return None if tflops is None else tflops * 1e12
 
 
 def bf16_matmul_flops_per_second(n: int = 8192, repeats: int = 20) -> float:

@@ -52,3 +52,19 @@ def test_a_program_steps_its_runs_as_the_platform_or_the_caller_says(make_config
   assert execution.ProgramSteps(config, mesh, 3).one_at_a_time  # the CPU, runs axis unsplit
   assert not execution.ProgramSteps(config, mesh, 1).one_at_a_time  # one run: nothing to loop
   assert not execution.ProgramSteps(config, mesh, 3, one_at_a_time=False).one_at_a_time
+
+
+def test_the_gpu_benchmark_knows_a_peak_only_for_the_card_it_names():
+  """Whole tokens of jax's device_kind: "L4" is not "L40S", an H100 PCIe card is not an SXM
+  one (issue 44: substring matching once gave both the wrong peak)."""
+  import importlib.util
+  import os
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "benchmarks", "gpu.py")
+  spec = importlib.util.spec_from_file_location("gpu_benchmark", path)
+  gpu = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(gpu)
+  expected = {"NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H100 PCIe": 756.0, "NVIDIA H100 NVL": 835.0,
+              "NVIDIA L4": 121.0, "NVIDIA L40S": 362.0, "NVIDIA A100-SXM4-80GB": 312.0,
+              "NVIDIA H200": 989.0, "NVIDIA A10G": None, "Tesla T4": None}
+  assert {kind: gpu.peak_tflops(kind) for kind in expected} == expected
