@@ -29,6 +29,16 @@ done
 [ -f "${config%%:*}" ] || die "config file '${config%%:*}' does not exist"
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
+# `make install` installs jax's CPU build: a GPU job with it trains on the CPU without a word.
+if [ "$DRY_RUN" = 0 ] && ! "$venv/bin/python" -c "import importlib.util as u, sys; sys.exit(0 if \
+    any(u.find_spec(m) for m in ('jax_cuda12_plugin', 'jax_cuda13_plugin')) else 1)"; then
+  die "$venv's jax has no CUDA backend: run $venv/bin/pip install -e '.[gpu]' first"
+fi
+case "$workdir" in
+  gs://*) ;;
+  *) [ "$nodes" -gt 1 ] && echo "warning: --workdir=$workdir is a local path on $nodes nodes: use a" \
+       "directory every node shares (or gs://), or each node keeps its own part of the checkpoints" >&2 ;;
+esac
 tasks_per_node=1
 [ "$per_gpu" = 1 ] && tasks_per_node="$gpus"
 # The command's words, shell-quoted once, are positional parameters of each task's shell: no

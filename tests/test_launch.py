@@ -166,3 +166,24 @@ def test_slurm_batch_script_passes_arguments_with_quotes_and_spaces_intact(tmp_p
   assert ran.returncode == 0, ran.stderr
   assert ran.stdout.splitlines() == ["-m", "normstudy.main", "--config=configs/lm.py:small",
                                      "--workdir=runs/lm", label]
+
+
+def test_slurm_refuses_a_venv_without_cuda_and_warns_of_a_local_workdir_on_many_nodes():
+  """make install installs jax's CPU build: a GPU job with it once trained on the CPU without a
+  word; a local workdir on several nodes splits the checkpoints across their disks (issue 44)."""
+  import importlib.util
+  if importlib.util.find_spec("jax_cuda12_plugin") or importlib.util.find_spec("jax_cuda13_plugin"):
+    pytest.skip("this environment's jax has a CUDA backend")
+  venv = os.path.join(runs.REPO, ".venv")
+  refused = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
+                    "--venv", venv)
+  assert refused.returncode != 0
+  assert refused.stderr.strip().splitlines()[-1] == (
+      f"error: {venv}'s jax has no CUDA backend: run {venv}/bin/pip install -e '.[gpu]' first")
+  warned = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
+                   "--nodes", "2", "--dry-run")
+  assert warned.returncode == 0, warned.stderr
+  assert "warning: --workdir=runs/lm is a local path on 2 nodes" in warned.stderr
+  single = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
+                   "--dry-run")
+  assert "warning" not in single.stderr
