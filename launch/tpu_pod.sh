@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Run normstudy on every worker of a Cloud TPU VM pod.
 usage="usage: launch/tpu_pod.sh --name NAME --zone ZONE --config FILE[:VARIANT] --workdir gs://BUCKET/DIR
-       [--accelerator v4-32] [--version tpu-ubuntu2204-base] [--create] [--delete]
+       [--accelerator v4-32] [--version RUNTIME] [--create] [--delete]
        [--collect LOCAL_DIR] [--dry-run] [-- --config.a.b=value ...]"
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
-name="" zone="" config="" workdir="" accelerator="v4-32" version="tpu-ubuntu2204-base"
+name="" zone="" config="" workdir="" accelerator="v4-32" version=""
 create=0 delete=0 collect=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -29,6 +29,17 @@ done
   echo "$usage" >&2; die "--name, --zone, --config and --workdir are required"; }
 case "$workdir" in gs://*) ;; *) die "--workdir=$workdir must be a gs:// path every worker can write" ;; esac
 
+# Each TPU generation has its own runtime image (Cloud TPU docs, "TPU software versions").
+if [ -z "$version" ]; then
+  case "$accelerator" in
+    v4-*) version="tpu-ubuntu2204-base" ;;
+    v5litepod-*) version="v2-alpha-tpuv5-lite" ;;
+    v5p-*) version="v2-alpha-tpuv5" ;;
+    v6e-*) version="v2-alpha-tpuv6e" ;;
+    *) die "--accelerator=$accelerator: no default runtime for it; pass --version" ;;
+  esac
+fi
+
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 tpu=(gcloud compute tpus tpu-vm)
 if [ "$create" = 1 ]; then
@@ -37,11 +48,24 @@ fi
 # The code travels as a git archive of HEAD: what is committed is what runs.
 archive="/tmp/normstudy-$name.tar.gz"
 run git -C "$repo" archive --format=tar.gz -o "$archive" HEAD
-run "${tpu[@]}" scp "$archive" "$name:~/normstudy.tar.gz" --zone="$zone" --worker=all
+# The versions of this machine's environment, so every worker trains with the same stack.
+constraints="/tmp/normstudy-$name-constraints.txt"
+if [ "$DRY_RUN" = 0 ]; then
+  "$repo/.venv/bin/python" -m pip freeze --exclude-editable 2>/dev/null \
+    | grep -iE '^(jax|flax|optax|orbax-checkpoint|ml[-_]collections|absl-py|numpy|clu)==' \
+    > "$constraints" || true
+fi
+run "${tpu[@]}" scp "$archive" "$constraints" "$name:~/" --zone="$zone" --worker=all
+# The runtime images' Python is 3.10 and normstudy needs >= 3.11: uv brings a 3.11 venv.
 run "${tpu[@]}" ssh "$name" --zone="$zone" --worker=all --command \
-  "mkdir -p ~/normstudy && tar -xzf ~/normstudy.tar.gz -C ~/normstudy && pip install -q -e ~/normstudy[tpu]"
-# No distributed flags: on a pod, normstudy lets JAX detect the workers itself.
-command="cd ~/normstudy && python3 -m normstudy.main --config=$config --workdir=$workdir"
+  "mkdir -p ~/normstudy && tar -xzf ~/$(basename "$archive") -C ~/normstudy && \
+(command -v uv >/dev/null || curl -LsSf https://astral.sh/uv/install.sh | sh) && \
+~/.local/bin/uv venv -q --python 3.11 ~/normstudy/.venv && \
+~/.local/bin/uv pip install -q --python ~/normstudy/.venv/bin/python -e ~/normstudy[tpu] \
+-c ~/$(basename "$constraints")"
+# NORMSTUDY_TPU_POD: every worker joins one jax.distributed job (JAX reads the pod's workers
+# from the TPU VM's metadata; normstudy.engine.sharding.initialize_distributed).
+command="cd ~/normstudy && NORMSTUDY_TPU_POD=1 .venv/bin/python -m normstudy.main --config=$config --workdir=$workdir"
 for override in "$@"; do command+=" $(printf '%q' "$override")"; done
 run "${tpu[@]}" ssh "$name" --zone="$zone" --worker=all --command "$command"
 if [ -n "$collect" ]; then

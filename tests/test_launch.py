@@ -187,3 +187,29 @@ def test_slurm_refuses_a_venv_without_cuda_and_warns_of_a_local_workdir_on_many_
   single = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
                    "--dry-run")
   assert "warning" not in single.stderr
+
+
+@pytest.mark.parametrize("accelerator, runtime", [
+    ("v4-32", "tpu-ubuntu2204-base"), ("v5litepod-16", "v2-alpha-tpuv5-lite"),
+    ("v5p-8", "v2-alpha-tpuv5"), ("v6e-8", "v2-alpha-tpuv6e")])
+def test_tpu_pod_installs_a_python_3_11_venv_with_this_stack_on_the_generations_runtime(
+    accelerator, runtime):
+  """The runtime images' Python is 3.10 (normstudy needs >= 3.11) and each generation has its
+  own image; every worker gets this machine's versions and joins one distributed job (issue 44)."""
+  result = _launch("tpu_pod.sh", "--name", "pod1", "--zone", "z", "--config",
+                   "configs/seed_figure.py:pre_norm_clip1", "--workdir", "gs://b/s",
+                   "--accelerator", accelerator, "--create", "--dry-run")
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert lines[0].endswith(f"--accelerator-type={accelerator} --version={runtime}")
+  install, train = [l for l in lines if " ssh pod1 " in l]
+  assert "uv\\ venv\\ -q\\ --python\\ 3.11" in install and "-c\\ ~/normstudy-pod1-constraints.txt" in install
+  assert "NORMSTUDY_TPU_POD=1\\ .venv/bin/python\\ -m\\ normstudy.main" in train
+
+
+def test_tpu_pod_refuses_an_accelerator_without_a_known_runtime():
+  result = _launch("tpu_pod.sh", "--name", "p", "--zone", "z", "--config", "c", "--workdir",
+                   "gs://b/s", "--accelerator", "v9-8", "--dry-run")
+  assert result.returncode == 2
+  assert result.stderr.strip() == ("error: --accelerator=v9-8: no default runtime for it; pass "
+                                   "--version")

@@ -124,3 +124,19 @@ def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
     assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
   assert sorted(os.listdir(tmp_path / "two" / "checkpoints")) == ["3", "6"]
   assert "'data': 4" in outputs[0][1]  # 2 processes x 2 devices on the data axis
+
+
+def test_a_tpu_vm_pod_started_by_the_launcher_joins_one_distributed_job(monkeypatch):
+  """GKE sets TPU_WORKER_HOSTNAMES; on a TPU VM launch/tpu_pod.sh sets NORMSTUDY_TPU_POD=1 and
+  JAX reads the workers from the metadata server (once: no initialize, each worker alone)."""
+  import jax
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+  for name in ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "NORMSTUDY_TPU_POD"):
+    monkeypatch.delenv(name, raising=False)
+  assert sharding.initialize_distributed() is False and calls == []
+  monkeypatch.setenv("NORMSTUDY_TPU_POD", "1")
+  assert sharding.initialize_distributed() is True and calls == [((), {})]
+  monkeypatch.delenv("NORMSTUDY_TPU_POD")
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "w0,w1")
+  assert sharding.initialize_distributed() is True and len(calls) == 2

@@ -136,7 +136,10 @@ def initialize_distributed(coordinator_address=None, num_processes=None, process
                                num_processes=num_processes, process_id=process_id)
     return True
   on_slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
-  on_tpu_pod = "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  # GKE sets the worker list; launch/tpu_pod.sh says so on a TPU VM, whose workers JAX reads
+  # from the metadata server.
+  on_tpu_pod = ("," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+                or os.environ.get("NORMSTUDY_TPU_POD") == "1")
   if on_slurm or on_tpu_pod:
     jax.distributed.initialize()
     return True
