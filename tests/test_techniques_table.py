@@ -134,12 +134,16 @@ def test_spike_handling_pairs_runs_by_rate_and_seed_and_tests_each_measure():
                                         ("skip_spikes", [35, 48, 52], [0, 1, 1],
                                          [2.9, 3.0, 3.05])):
     for seed in range(3):
-      rows.append({"arm": arm, "learning_rate": 1.0, "seed": seed, "outcome": "halted",
-                   "failed_at": failed_at[seed], "loss_spikes": 0, "final_loss": math.nan})
-      rows.append({"arm": arm, "learning_rate": 0.1, "seed": seed, "outcome": "alive",
+      rows.append({"arm": arm, "learning_rate": 1.0, "seed": seed, "status": "halted",
+                   "outcome": "halted: loss scale", "failed_at": failed_at[seed],
+                   "loss_spikes": 0, "final_loss": math.nan})
+      rows.append({"arm": arm, "learning_rate": 0.1, "seed": seed, "status": "finished",
+                   # survived without learning: a survivor all the same
+                   "outcome": "not learning" if seed == 0 else "alive",
                    "failed_at": math.nan, "loss_spikes": spikes[seed], "final_loss": final[seed]})
-  rows.append({"arm": "skip_spikes", "learning_rate": 0.3, "seed": 0, "outcome": "alive",
-               "failed_at": math.nan, "loss_spikes": 9, "final_loss": 1.0})  # no partner
+  rows.append({"arm": "skip_spikes", "learning_rate": 0.3, "seed": 0, "status": "finished",
+               "outcome": "alive", "failed_at": math.nan, "loss_spikes": 9,
+               "final_loss": 1.0})  # no partner
   runs = pd.DataFrame(rows)
   table = techniques.spike_table(techniques.spike_handling(
       runs, ["skip_spikes", "update_clip"], {"skip_spikes": "baseline",

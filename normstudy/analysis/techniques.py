@@ -39,6 +39,7 @@ from normstudy.analysis import critical_lr
 from normstudy.analysis import stats
 from normstudy.analysis import transition
 from normstudy.records import keys
+from normstudy.records import schema
 
 TECHNIQUES = "techniques.csv"
 TECHNIQUE_COLUMNS = ["technique", "label", "baseline", "dtype", "critical_lr", "critical_lr_low",
@@ -156,14 +157,17 @@ def spike_handling(runs: pd.DataFrame, techniques_: list, baselines: dict,
     if mine.empty or base.empty:
       continue
     pairs = mine.merge(base, on=keys_, suffixes=("_t", "_b"))
+    ended = pairs.outcome_t.ne("unfinished") & pairs.outcome_b.ne("unfinished")
+    # Failed by the failure rule (halted or diverged); a run that survived but did not learn
+    # ("not learning") is a survivor here.
+    failed_t, failed_b = (pairs[f"status_{s}"].isin(schema.FAILED) for s in ("t", "b"))
     for measure, column, which in SPIKE_MEASURES:
       if which == "both failed":
-        chosen = pairs[pairs.outcome_t.ne("alive") & pairs.outcome_b.ne("alive")
-                       & pairs.outcome_t.ne("unfinished") & pairs.outcome_b.ne("unfinished")]
+        chosen = pairs[ended & failed_t & failed_b]
       elif which == "both finished":
-        chosen = pairs[pairs.outcome_t.eq("alive") & pairs.outcome_b.eq("alive")]
+        chosen = pairs[ended & ~failed_t & ~failed_b]
       else:
-        chosen = pairs[pairs.outcome_t.ne("unfinished") & pairs.outcome_b.ne("unfinished")]
+        chosen = pairs[ended]
       a = chosen[f"{column}_t"].to_numpy(dtype=float)
       b = chosen[f"{column}_b"].to_numpy(dtype=float)
       keep = np.isfinite(a) & np.isfinite(b)
