@@ -42,7 +42,9 @@ def _lines(c) -> list[str]:
            f"optimizer state {_gib(c.optimizer_state)}, the batch and counters), "
            f"temporaries {_gib(c.temporaries)}, total {_gib(c.total)} of {_gib(c.hbm_bytes)} HBM",
            f"memory plan (normstudy.core.memory): {c.plan.describe()}",
-           f"FLOPs per step per chip: {c.flops:.3g}"]
+           f"FLOPs per step per chip: {c.analytic_flops:.3g} counted from the model "
+           f"(normstudy.core.memory.train_flops); the compiler's cost analysis {c.flops:.3g} "
+           "(a loop's body once: a scanned layer stack counts one layer)"]
   used = {op: v for op, v in c.collectives.items() if v["count"]}
   lines.append("collectives: " + (", ".join(f"{op} {v['count']} ({_gib(v['bytes'])})"
                                             for op, v in used.items()) or "none"))

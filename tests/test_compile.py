@@ -77,6 +77,11 @@ def test_the_command_prints_the_figures_and_refuses_in_one_line(tmp_path):
   figures = json.loads(result.stdout)
   assert figures["fits"] and figures["per_chip_bytes"]["total"] <= figures["hbm_bytes"]
   assert set(figures) >= {"fits", "hbm_bytes", "flops", "per_chip_bytes", "plan", "collectives"}
+  # Every layer counted, split over the 4 chips (the compiler's figure counts a loop body once).
+  from configs import lm
+  from normstudy.core import memory
+  config = lm.get_config("tiny")
+  assert figures["analytic_flops"] == pytest.approx(memory.train_flops(config) / 4)
   assert "TPU" not in result.stderr and "WARNING" not in result.stderr  # libtpu kept quiet
   unknown = runs.run_module("normstudy.compile", *args, "--topology=v9z:2x2", check=False)
   assert unknown.returncode == 2

@@ -85,6 +85,32 @@ def parameter_count(model) -> int:
   return count
 
 
+def train_flops(config) -> float:
+  """Floating-point operations of one train step of `config` (every chip together), counted
+  from the model: the matrix products only, 2 per multiply-add (Kaplan et al. 2020, "Scaling
+  Laws for Neural Language Models", table 1; the attention term as in Hoffmann et al. 2022,
+  appendix F).
+    forward  = 2 T (L (4 d^2 + 2 d d_ff) + V d + conv)   the projections, the MLP, the logits
+                                                          and a convolutional position mixer
+             + 4 L T S d                                  q k^T and the weighted values
+    step     = 3 x forward (the backward pass computes two products per forward one), plus one
+               more forward of the blocks with model.remat=block (the recomputation)
+  with T = batch x max_len tokens, S = max_len. Elementwise work (norms, softmax, GELU, the
+  optimizer) is left out: a few percent at these widths. XLA's cost_analysis counts a while
+  loop's body once, so a scanned layer stack reports about 1/L of this
+  (tests/test_memory.py checks the count against cost_analysis on an unrolled program)."""
+  m = config.model
+  tokens = config.train.batch_size * m.max_len
+  d, layers = m.d_model, m.num_layers
+  conv = (m.conv_pos_width * (d // m.conv_pos_groups) * d
+          if m.position_embedding == "conv" else 0)
+  blocks = 2 * tokens * layers * (4 * d * d + 2 * d * m.d_ff) + 4 * layers * tokens * m.max_len * d
+  if m.attention == "none":
+    blocks = 2 * tokens * layers * 2 * d * m.d_ff
+  forward = blocks + 2 * tokens * (m.vocab_size * d + conv)
+  return float(3 * forward + (blocks if m.remat == "block" else 0))
+
+
 def plan(config, sizes: dict, num_runs: int = 1, one_at_a_time: bool = False) -> MemoryPlan:
   """The memory plan of one device of a program of `num_runs` runs of `config` on a mesh of
   `sizes` ({"runs", "data", "fsdp", "tensor"}: normstudy.engine.sharding.mesh_shape). Every run's

@@ -114,10 +114,11 @@ class Compiled:
   parameters: int  # of the arguments: this chip's shards of the parameters
   optimizer_state: int  # and of the optimizer state (from the state's shardings)
   outputs: int
-  flops: float
+  flops: float  # the compiler's cost_analysis: a while loop's body once (a scanned stack: 1/L)
   collectives: dict
   plan: memory.MemoryPlan
   error: str | None = None  # the compiler's refusal (temporaries over HBM), if it refused
+  analytic_flops: float = float("nan")  # per chip: memory.train_flops / chips, every layer
 
   @property
   def total(self) -> int:
@@ -131,6 +132,7 @@ class Compiled:
     return {"topology": self.topology, "device_kind": self.device_kind, "chips": self.chips,
             "mesh": self.mesh, "fits": self.fits, "hbm_bytes": self.hbm_bytes,
             "flops": None if self.flops != self.flops else self.flops,  # NaN: not compiled
+            "analytic_flops": self.analytic_flops,
             "per_chip_bytes": {
                 "arguments": self.arguments, "parameters": self.parameters,
                 "optimizer_state": self.optimizer_state, "temporaries": self.temporaries,
@@ -156,7 +158,8 @@ def compile_for(config, devices, topology: str = "") -> Compiled:
   kind = devices[0].device_kind
   figures = dict(topology=topology, device_kind=kind, chips=len(devices), mesh=sizes,
                  hbm_bytes=int(HBM_GIB.get(kind, 16) * memory.GIB),
-                 plan=memory.plan(config, sizes))
+                 plan=memory.plan(config, sizes),
+                 analytic_flops=memory.train_flops(config) / len(devices))
   state = steps.abstract([config])  # outside the mesh: its host values are not the chips'
   figures.update(parameters=_shard_bytes(state.params),
                  optimizer_state=_shard_bytes(state.opt_state))
