@@ -230,6 +230,10 @@ def figure(techniques: pd.DataFrame):
       ax.plot(r.ratio, y, "o", color="C0", markerfacecolor="C0" if r.separated else "white")
     ax.axvline(1.0, color="0.5", lw=1)
     ax.set_xscale("log")
+    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import NullFormatter
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_title(dtype)
     ax.set_xlabel("critical learning rate / baseline's\n(filled: separated, Holm p < 0.05)")
     ax.grid(alpha=0.3, axis="x", which="both")
