@@ -4,9 +4,7 @@ user got wrong. Each scenario first reproduces the failure a user met."""
 
 import contextlib
 import errno
-import json
 import os
-import shutil
 import signal
 import subprocess
 
