@@ -5,10 +5,12 @@
 
 The train step is compiled exactly as normstudy.main would compile it on those chips, with the
 config's mesh (normstudy.engine.aot); printed per chip: the arguments (parameters, optimizer state
-and the batch), the temporaries, their total against the chip's HBM, FLOPs per step, the
-collectives in the optimized program, and the memory plan (normstudy.core.memory) beside them. Exit
-0 when it fits, 1 with one line naming the shortfall when it does not, 2 for a topology it does
-not know or no TPU compiler (`make tpu-aot` installs one).
+and the batch), the temporaries, their total against the chip's HBM (as the compiler states it),
+FLOPs per step counted from the model and the compiler's, the collectives one step executes
+(each op times its loops' trip counts) and those in the program, and the memory plan
+(normstudy.core.memory) beside them. Exit 0 when it fits, 1 with one line naming the shortfall
+when it does not, 2 for a topology it does not know or no TPU compiler (`make tpu-aot`
+installs one). v4 compiles as megacore (one device a chip, as a v4 TPU VM shows it).
 """
 
 import json
@@ -40,14 +42,20 @@ def _lines(c) -> list[str]:
   lines = [f"{c.topology}: {c.chips} x {c.device_kind}, mesh {mesh}",
            f"per chip: arguments {_gib(c.arguments)} (parameters {_gib(c.parameters)}, "
            f"optimizer state {_gib(c.optimizer_state)}, the batch and counters), "
-           f"temporaries {_gib(c.temporaries)}, total {_gib(c.total)} of {_gib(c.hbm_bytes)} HBM",
+           f"temporaries {_gib(c.temporaries)}, total {_gib(c.total)} of {_gib(c.hbm_bytes)} HBM "
+           f"({'as the compiler states it' if c.hbm_source == 'compiler' else 'from a table'})",
            f"memory plan (normstudy.core.memory): {c.plan.describe()}",
-           f"FLOPs per step per chip: {c.analytic_flops:.3g} counted from the model "
+           f"FLOPs per step per chip: {c.flops_per_step:.3g} counted from the model "
            f"(normstudy.core.memory.train_flops); the compiler's cost analysis {c.flops:.3g} "
            "(a loop's body once: a scanned layer stack counts one layer)"]
-  used = {op: v for op, v in c.collectives.items() if v["count"]}
-  lines.append("collectives: " + (", ".join(f"{op} {v['count']} ({_gib(v['bytes'])})"
-                                            for op, v in used.items()) or "none"))
+  for title, found in (("collectives per step", c.collectives_per_step),
+                       ("collective ops in the program", c.collectives)):
+    used = {op: v for op, v in found.items() if op != "loops_unknown" and v["count"]}
+    lines.append(f"{title}: " + (", ".join(f"{op} {v['count']} ({_gib(v['bytes'])})"
+                                           for op, v in used.items()) or "none"))
+  if c.collectives_per_step.get("loops_unknown"):
+    lines.append(f"  ({c.collectives_per_step['loops_unknown']} loop(s) without a stated trip "
+                 "count counted once)")
   return lines
 
 

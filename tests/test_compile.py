@@ -5,6 +5,7 @@ cannot do."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -73,15 +74,27 @@ def test_the_program_carries_no_xla_cpu_choice(compiled):
 
 def test_the_command_prints_the_figures_and_refuses_in_one_line(tmp_path):
   args = ("--config=configs/lm.py:tiny", "--config.mesh.fsdp=4", "--config.mesh.data=1")
-  result = runs.run_module("normstudy.compile", *args, "--topology=v5e:2x2", "--json")
+  result = runs.run_module("normstudy.compile", *args, "--topology=v5e:2x2", "--json",
+                           "--config.model.scan_layers=True")
   figures = json.loads(result.stdout)
   assert figures["fits"] and figures["per_chip_bytes"]["total"] <= figures["hbm_bytes"]
-  assert set(figures) >= {"fits", "hbm_bytes", "flops", "per_chip_bytes", "plan", "collectives"}
+  assert set(figures) >= {"fits", "hbm_bytes", "flops_per_step", "compiler_flops",
+                          "collectives_per_step", "per_chip_bytes", "plan", "collectives"}
   # Every layer counted, split over the 4 chips (the compiler's figure counts a loop body once).
   from configs import lm
   from normstudy.core import memory
   config = lm.get_config("tiny")
-  assert figures["analytic_flops"] == pytest.approx(memory.train_flops(config) / 4)
+  assert figures["flops_per_step"] == pytest.approx(memory.train_flops(config) / 4)
+  assert figures["hbm_source"] == "compiler" and figures["hbm_bytes"] == int(15.75 * 2**30)
+  # The layer stack is a loop: a step runs its collectives once a layer, the program holds
+  # them once; without the loop (unrolled) the two counts are the same.
+  per_step, static = figures["collectives_per_step"], figures["collectives"]
+  assert per_step["loops_unknown"] == 0
+  assert per_step["all-gather"]["count"] > static["all-gather"]["count"] > 0
+  unrolled = json.loads(runs.run_module("normstudy.compile", *args, "--topology=v5e:2x2",
+                                        "--json", "--config.model.scan_layers=False").stdout)
+  assert all(unrolled["collectives_per_step"][op] == unrolled["collectives"][op]
+             for op in unrolled["collectives"])
   assert "TPU" not in result.stderr and "WARNING" not in result.stderr  # libtpu kept quiet
   unknown = runs.run_module("normstudy.compile", *args, "--topology=v9z:2x2", check=False)
   assert unknown.returncode == 2
@@ -90,6 +103,23 @@ def test_the_command_prints_the_figures_and_refuses_in_one_line(tmp_path):
                             env=dict(os.environ, TPU_LIBRARY_PATH=str(tmp_path / "none.so")))
   assert missing.returncode == 2
   assert missing.stderr.strip().splitlines()[-1].startswith("error: no TPU compiler (libtpu)")
+
+
+def test_v4_compiles_as_megacore_with_the_hbm_the_compiler_refuses_beyond():
+  """v4:2x2x4 is 16 chips, one device each (a v4 TPU VM's view), each with the HBM the
+  compiler states; a program too large for it is refused at that same figure."""
+  args = ("--config=configs/lm.py:tiny", "--config.mesh.data=16", "--config.mesh.fsdp=1",
+          "--config.train.batch_size=16", "--topology=v4:2x2x4", "--json")
+  figures = json.loads(runs.run_module("normstudy.compile", *args).stdout)
+  assert figures["chips"] == 16 and figures["device_kind"] == "TPU v4"
+  assert figures["hbm_source"] == "compiler" and figures["hbm_bytes"] == int(30.75 * 2**30)
+  oversize = runs.run_module("normstudy.compile", *args, "--config.train.batch_size=16384",
+                             "--config.model.max_len=2048", "--config.model.remat=none",
+                             check=False)
+  refused = json.loads(oversize.stdout)
+  assert oversize.returncode == 1 and not refused["fits"]
+  match = re.search(r"exceeds available HBM \(([\d.]+)G\)", refused["error"])
+  assert match and float(match.group(1)) * 2**30 == refused["hbm_bytes"]
 
 
 def test_a_topology_of_the_wrong_rank_for_its_chip_is_refused():

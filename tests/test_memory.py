@@ -103,3 +103,22 @@ def test_the_analytic_flop_count_is_what_xla_counts_on_an_unrolled_program(make_
   config.train.batch_size = 8
   ratio = memory.train_flops(config) / _compiled_flops(config)
   assert 0.9 <= ratio <= 1.02, ratio
+
+
+def test_at_merts_size_the_count_is_six_params_tokens_plus_attention():
+  """Issue 44's yardstick at MERT's size (benchmarks/pods.py's PAPER: 24 x 1024, 512-token
+  rows, vocab 32768, batch 64, 16 chips): the analytic count per chip is within 10% of
+  6 x params x tokens / chips plus attention's 12 L T S d / chips, the parameters counted from
+  the model's own initialised shapes (jax.eval_shape), not from normstudy.core.memory."""
+  from configs import seed_figure
+  config = seed_figure.get_config("pre_norm_clip1")
+  config.model.update(num_layers=24, d_model=1024, num_heads=16, d_ff=4096, max_len=512,
+                      vocab_size=32768)
+  config.train.batch_size = 64
+  cfg = model_lib.ModelConfig.create(config.model)
+  shapes = jax.eval_shape(lambda: model_lib.boxed_init(cfg)(jax.random.key(0)))
+  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+  tokens, chips = 64 * 512, 16
+  yardstick = (6 * params * tokens + 12 * 24 * tokens * 512 * 1024) / chips
+  ratio = memory.train_flops(config) / chips / yardstick
+  assert 0.9 <= ratio <= 1.1, ratio
