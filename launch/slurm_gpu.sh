@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Submit a normstudy run to SLURM: one process per node (all its GPUs) or one per GPU.
+# Submit a normstudy run to SLURM: one process per node (all its GPUs) or one per GPU. Before it
+# submits, jax[cuda12] is installed into the job's environment if it lacks a CUDA backend
+# (--no-install refuses instead); the job refuses to start when its python finds no GPU; its log
+# goes to logs/normstudy-JOBID.out (sbatch detaches it from this shell).
 usage="usage: launch/slurm_gpu.sh --config FILE[:VARIANT] --workdir DIR [--nodes 2]
        [--gpus-per-node 8] [--per-gpu] [--partition P] [--time 24:00:00] [--venv .venv]
-       [--dry-run] [-- --config.a.b=value ...]"
+       [--no-install] [--shared-workdir] [--dry-run] [-- --config.a.b=value ...]"
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
 config="" workdir="" nodes=1 gpus=8 per_gpu=0 partition="" time_limit="24:00:00" venv=".venv"
+install=1 shared=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --config) need_value "$@"; config="$2"; shift 2 ;;
@@ -17,6 +21,8 @@ while [ $# -gt 0 ]; do
     --partition) need_value "$@"; partition="$2"; shift 2 ;;
     --time) need_value "$@"; time_limit="$2"; shift 2 ;;
     --venv) need_value "$@"; venv="$2"; shift 2 ;;
+    --no-install) install=0; shift ;;
+    --shared-workdir) shared=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) echo "$usage"; exit 0 ;;
     --) shift; break ;;
@@ -29,16 +35,30 @@ done
 [ -f "${config%%:*}" ] || die "config file '${config%%:*}' does not exist"
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-# `make install` installs jax's CPU build: a GPU job with it trains on the CPU without a word.
-if [ "$DRY_RUN" = 0 ] && ! "$venv/bin/python" -c "import importlib.util as u, sys; sys.exit(0 if \
-    any(u.find_spec(m) for m in ('jax_cuda12_plugin', 'jax_cuda13_plugin')) else 1)"; then
-  die "$venv's jax has no CUDA backend: run $venv/bin/pip install -e '.[gpu]' first"
+# A workdir on several nodes must be one directory they all see: on node-local disks each node
+# would keep its own part of the checkpoints. gs:// is shared; a path is if its file system is
+# a network or cluster one (or the user says so).
+if [ "$nodes" -gt 1 ] && [ "$shared" = 0 ]; then
+  case "$workdir" in
+    gs://*) ;;
+    *)
+      existing="$workdir"
+      while [ ! -e "$existing" ]; do existing="$(dirname "$existing")"; done
+      fs="$(stat -f -c %T "$existing" 2>/dev/null || echo unknown)"
+      case "$fs" in
+        nfs*|lustre|gpfs|beegfs|cifs|smb*|ceph*|fuse*|panfs|wekafs|9p) ;;
+        *) die "--workdir=$workdir is on a node-local file system ($fs) and the job has $nodes" \
+             "nodes: use gs:// or a directory every node shares (or pass --shared-workdir)" ;;
+      esac ;;
+  esac
 fi
-case "$workdir" in
-  gs://*) ;;
-  *) [ "$nodes" -gt 1 ] && echo "warning: --workdir=$workdir is a local path on $nodes nodes: use a" \
-       "directory every node shares (or gs://), or each node keeps its own part of the checkpoints" >&2 ;;
-esac
+# `make install` installs jax's CPU build: a GPU job with it trains on the CPU without a word.
+if ! "$venv/bin/python" -c "import importlib.util as u, sys; sys.exit(0 if \
+    any(u.find_spec(m) for m in ('jax_cuda12_plugin', 'jax_cuda13_plugin')) else 1)" >/dev/null 2>&1; then
+  [ "$install" = 1 ] || die "$venv's jax has no CUDA backend: run $venv/bin/pip install -e '.[gpu]' first"
+  # The gpu extra: jax[cuda12] at the version this environment pins (setup.py).
+  run "$venv/bin/python" -m pip install -q -e "$repo[gpu]"
+fi
 tasks_per_node=1
 [ "$per_gpu" = 1 ] && tasks_per_node="$gpus"
 # The command's words, shell-quoted once, are positional parameters of each task's shell: no
@@ -49,8 +69,14 @@ quoted_args="$(printf '%q ' "${args[@]}")"
 # sees only its own device.
 visible=""
 [ "$per_gpu" = 1 ] && visible='export CUDA_VISIBLE_DEVICES=$SLURM_LOCALID; '
+logs="$repo/logs"
+[ "$DRY_RUN" = 1 ] || mkdir -p "$logs"
+# The job's python must find the GPUs before anything trains (a CPU jax trains on the CPU).
+gpu_check="$(printf '%q' "$venv/bin/python") -c 'import jax, sys; sys.exit(jax.default_backend() != \"gpu\")' \
+>/dev/null || { echo \"error: the job's python finds no GPU (jax.default_backend() is not gpu)\" >&2; exit 2; }"
 script="#!/bin/bash
 #SBATCH --job-name=normstudy
+#SBATCH --output=$logs/normstudy-%j.out
 #SBATCH --nodes=$nodes
 #SBATCH --ntasks-per-node=$tasks_per_node
 #SBATCH --gpus-per-node=$gpus
@@ -58,6 +84,7 @@ script="#!/bin/bash
 #SBATCH --signal=TERM@120
 ${partition:+#SBATCH --partition=$partition
 }cd $(printf "%q" "$repo")
+$gpu_check
 srun bash -c '${visible}exec \"\$@\"' normstudy $quoted_args
 "
 if [ "$DRY_RUN" = 1 ]; then
@@ -68,3 +95,4 @@ else
   echo "$script" | sed 's/^/#   /'
   sbatch <<<"$script"
 fi
+echo "the job runs detached; its log: $logs/normstudy-JOBID.out" >&2

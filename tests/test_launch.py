@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -14,30 +15,72 @@ def _launch(script, *args):
                         cwd=runs.REPO, capture_output=True, text=True, timeout=120)
 
 
+def _words(line):
+  """The argv a printed (shell-quoted) command line stands for, as bash reads it."""
+  out = subprocess.run(["bash", "-c", 'eval "words=($1)"; printf "%s\\0" "${words[@]}"', "_",
+                        line], capture_output=True, text=True, check=True).stdout
+  return out.split("\0")[:-1]
+
+
 def test_tpu_pod_dry_run_prints_every_step():
   result = _launch("tpu_pod.sh", "--name", "pod1", "--zone", "us-central2-b", "--config",
                    "configs/seed_figure.py:pre_norm_clip1", "--workdir", "gs://bucket/study",
-                   "--create", "--delete", "--collect", "runs/pod1", "--dry-run", "--",
-                   "--config.train.num_steps=100")
+                   "--create", "--follow", "--delete", "--collect", "runs/pod1", "--dry-run",
+                   "--", "--config.train.num_steps=100")
   assert result.returncode == 0, result.stderr
   lines = result.stdout.splitlines()
   assert lines[0].startswith("gcloud compute tpus tpu-vm create pod1 --zone=us-central2-b "
                              "--accelerator-type=v4-32")
   assert any(l.startswith("git -C ") and "archive" in l for l in lines)
-  ssh = [l for l in lines if " ssh pod1 " in l]
-  assert len(ssh) == 2 and all("--worker=all" in l for l in ssh)
-  assert "normstudy.main\\ --config=configs/seed_figure.py:pre_norm_clip1" in ssh[1]
-  assert "--config.train.num_steps=100" in ssh[1]
+  install, train, follow = [_words(l) for l in lines if " ssh pod1 " in l]
+  assert "--worker=all" in install and "--worker=all" in train and "--worker=0" in follow
+  assert "setsid nohup bash -c" in train[-1] and "> run.log 2>&1 < /dev/null &" in train[-1]
+  assert "normstudy.main --config=configs/seed_figure.py:pre_norm_clip1" in train[-1].replace(
+      "\\", "")
+  assert "tail -n +1 --pid=$(cat ~/normstudy/run.pid) -F ~/normstudy/run.log" == follow[-1]
   assert lines[-2].startswith("gcloud storage rsync") and lines[-2].endswith("runs/pod1")
   assert lines[-1] == "gcloud compute tpus tpu-vm delete pod1 --zone=us-central2-b --quiet"
+  assert "detached on every worker" in result.stderr
+
+
+def test_tpu_pod_workers_run_detached_with_every_argument_intact(tmp_path):
+  """The command each worker runs, run here by bash with a stand-in python: it returns at once,
+  the run goes on with its pid in run.pid and its output in run.log, labels with quotes and
+  spaces intact, and NORMSTUDY_TPU_POD set (every worker joins one distributed job)."""
+  label = "--config.label=a b's \"run\""
+  result = _launch("tpu_pod.sh", "--name", "pod1", "--zone", "z", "--config",
+                   "configs/seed_figure.py:pre_norm_clip1", "--workdir", "gs://b/s",
+                   "--dry-run", "--", label)
+  train = _words(next(l for l in result.stdout.splitlines() if "setsid" in l))[-1]
+  python = tmp_path / "normstudy" / ".venv" / "bin" / "python"
+  python.parent.mkdir(parents=True)
+  python.write_text('#!/bin/bash\nsleep 0.5\necho "pod=$NORMSTUDY_TPU_POD"\n'
+                    'printf "%s\\n" "$@"\n')
+  python.chmod(0o755)
+  subprocess.run(["bash", "-c", train], env=dict(os.environ, HOME=str(tmp_path)), check=True,
+                 timeout=10)
+  pid = int((tmp_path / "normstudy" / "run.pid").read_text())
+  while os.path.exists(f"/proc/{pid}"):  # the detached run, still going after bash returned
+    time.sleep(0.1)
+  assert (tmp_path / "normstudy" / "run.log").read_text().splitlines() == [
+      "pod=1", "-m", "normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
+      "--workdir=gs://b/s", label]
+
+
+def test_tpu_pod_waits_for_the_run_only_when_following_it():
+  result = _launch("tpu_pod.sh", "--name", "p", "--zone", "z", "--config", "c", "--workdir",
+                   "gs://b/s", "--delete", "--dry-run")
+  assert result.returncode == 2 and result.stdout == ""
+  assert result.stderr.strip() == ("error: --collect and --delete wait for the run to end: add "
+                                   "--follow")
 
 
 def test_slurm_dry_run_prints_the_batch_script():
   result = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
-                   "--nodes", "4", "--gpus-per-node", "8", "--per-gpu", "--dry-run")
+                   "--nodes", "4", "--gpus-per-node", "8", "--per-gpu", "--shared-workdir",
+                   "--dry-run")
   assert result.returncode == 0, result.stderr
-  out = result.stdout
-  assert out.startswith("sbatch <<'SCRIPT'")
+  out = result.stdout[result.stdout.index("sbatch <<'SCRIPT'"):]  # after the jax[cuda12] install
   assert "#SBATCH --nodes=4" in out and "#SBATCH --ntasks-per-node=8" in out
   assert "CUDA_VISIBLE_DEVICES=$SLURM_LOCALID" in out
   assert "-m normstudy.main --config=configs/lm.py:small --workdir=runs/lm" in out
@@ -55,7 +98,8 @@ def test_sweep_starts_one_job_per_variant():
     assert f"--config=configs/seed_figure.py:{variant} --workdir=runs/sweep/{variant} " \
            "--config.train.num_steps=10" in job
   slurm = _launch("sweep.sh", "--config", "configs/seed_figure.py", "--workdir", "runs/s",
-                  "--launcher", "slurm", "--dry-run", "--", "--nodes", "2")
+                  "--launcher", "slurm", "--dry-run", "--", "--nodes", "2",
+                  "--shared-workdir")
   assert slurm.stdout.count("sbatch <<'SCRIPT'") == 4 and "#SBATCH --nodes=2" in slurm.stdout
 
 
@@ -168,25 +212,48 @@ def test_slurm_batch_script_passes_arguments_with_quotes_and_spaces_intact(tmp_p
                                      "--workdir=runs/lm", label]
 
 
-def test_slurm_refuses_a_venv_without_cuda_and_warns_of_a_local_workdir_on_many_nodes():
+def test_slurm_installs_jax_cuda_or_refuses_and_refuses_a_node_local_workdir_on_many_nodes(
+    tmp_path):
   """make install installs jax's CPU build: a GPU job with it once trained on the CPU without a
   word; a local workdir on several nodes splits the checkpoints across their disks (issue 44)."""
   import importlib.util
   if importlib.util.find_spec("jax_cuda12_plugin") or importlib.util.find_spec("jax_cuda13_plugin"):
     pytest.skip("this environment's jax has a CUDA backend")
   venv = os.path.join(runs.REPO, ".venv")
-  refused = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
-                    "--venv", venv)
-  assert refused.returncode != 0
+  args = ("--config", "configs/lm.py:small", "--workdir", "runs/lm", "--venv", venv)
+  planned = _launch("slurm_gpu.sh", *args, "--dry-run")
+  assert planned.returncode == 0, planned.stderr
+  assert planned.stdout.splitlines()[0] == (
+      f"{venv}/bin/python -m pip install -q -e {runs.REPO}\\[gpu\\]")
+  assert "jax[cuda12]" in open(os.path.join(runs.REPO, "setup.py")).read()  # the gpu extra
+  assert f"#SBATCH --output={runs.REPO}/logs/normstudy-%j.out" in planned.stdout
+  assert "its log: " in planned.stderr
+  refused = _launch("slurm_gpu.sh", *args, "--no-install")
+  assert refused.returncode == 2 and refused.stdout == ""
   assert refused.stderr.strip().splitlines()[-1] == (
       f"error: {venv}'s jax has no CUDA backend: run {venv}/bin/pip install -e '.[gpu]' first")
-  warned = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
-                   "--nodes", "2", "--dry-run")
-  assert warned.returncode == 0, warned.stderr
-  assert "warning: --workdir=runs/lm is a local path on 2 nodes" in warned.stderr
-  single = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
-                   "--dry-run")
-  assert "warning" not in single.stderr
+  local = _launch("slurm_gpu.sh", *args, "--nodes", "2", "--dry-run",
+                  "--workdir", str(tmp_path / "runs" / "lm"))
+  assert local.returncode == 2 and local.stdout == ""
+  assert local.stderr.strip().startswith(f"error: --workdir={tmp_path}/runs/lm is on a "
+                                         "node-local file system")
+  assert local.stderr.strip().endswith("has 2 nodes: use gs:// or a directory every node "
+                                       "shares (or pass --shared-workdir)")
+  for ok in (("--workdir", "gs://b/lm"), ("--shared-workdir",)):
+    assert _launch("slurm_gpu.sh", *args, "--nodes", "2", "--dry-run", *ok).returncode == 0
+
+
+def test_the_slurm_job_refuses_to_start_when_its_python_finds_no_gpu(tmp_path):
+  """The batch script's first command, run here with this CPU environment's python: exit 2
+  and one line, before srun starts anything."""
+  result = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
+                   "--venv", os.path.join(runs.REPO, ".venv"), "--dry-run")
+  check = next(l for l in result.stdout.splitlines() if "default_backend" in l)
+  ran = subprocess.run(["bash", "-c", check], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert ran.returncode == 2
+  assert ran.stderr.strip().splitlines()[-1] == (
+      "error: the job's python finds no GPU (jax.default_backend() is not gpu)")
 
 
 @pytest.mark.parametrize("accelerator, runtime", [
@@ -202,8 +269,10 @@ def test_tpu_pod_installs_a_python_3_11_venv_with_this_stack_on_the_generations_
   assert result.returncode == 0, result.stderr
   lines = result.stdout.splitlines()
   assert lines[0].endswith(f"--accelerator-type={accelerator} --version={runtime}")
-  install, train = [l for l in lines if " ssh pod1 " in l]
-  assert "uv\\ venv\\ -q\\ --python\\ 3.11" in install and "-c\\ ~/normstudy-pod1-constraints.txt" in install
+  install, train = [_words(l)[-1] for l in lines if " ssh pod1 " in l]
+  assert "uv venv -q --python 3.11" in install and "-c ~/normstudy-pod1-constraints.txt" in install
+  import importlib.metadata
+  assert f"'jax[tpu]=={importlib.metadata.version('jax')}'" in install
   assert "NORMSTUDY_TPU_POD=1\\ .venv/bin/python\\ -m\\ normstudy.main" in train
 
 
