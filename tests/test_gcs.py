@@ -79,7 +79,7 @@ def test_a_run_killed_with_sigkill_resumes_bit_exactly_from_the_bucket(bucket, t
   assert any(k.startswith("checkpoints/") for k in written)
   assert 5 <= len(trajectory(written["metrics.jsonl"])) < 30  # the records of its checkpoints
   resumed = runs.run_module("normstudy.main", f"--workdir={url}", *args, env=env)
-  assert "resumed" in resumed.stderr
+  assert f"resumed {url}/checkpoints from the checkpoint at step " in resumed.stderr
   written = objects(env, url)
   assert trajectory(written["metrics.jsonl"]) == runs.trajectory(reference)
   assert json.loads(written["run.json"])["status"] == "finished"
@@ -159,3 +159,39 @@ def test_a_sweep_killed_with_sigkill_resumes_bit_exactly_from_the_bucket(bucket,
   for name in ("lr0.001_seed0", "lr0.002_seed0"):
     assert trajectory(written[f"{name}/metrics.jsonl"]) == runs.trajectory(reference / name)
   assert [r["status"] for r in json.loads(written["sweep.json"])["runs"]] == ["finished"] * 2
+
+
+def test_an_unreachable_endpoint_and_a_missing_bucket_are_one_line_each(bucket):
+  """Against the server: nothing of gcsfs's retry log on the terminal, the failure named."""
+  env, root = bucket
+  args = (f"--config={SEED}", *runs.tiny_args(root / "tfds", num_steps=4, every=2))
+  missing = runs.run_module("normstudy.main", "--workdir=gs://no-such-bucket/x", *args,
+                            env=env, check=False)
+  assert missing.returncode == 2
+  assert missing.stderr.strip().splitlines() == [
+      f"error: --workdir='gs://no-such-bucket/x': the bucket 'no-such-bucket' does not exist "
+      f"(at {env['STORAGE_EMULATOR_HOST']}); create it (gcloud storage buckets create "
+      "gs://no-such-bucket) or name another"]
+  down = "http://127.0.0.1:9"  # the discard port: nothing listens
+  unreachable = runs.run_module(
+      "normstudy.main", f"--workdir=gs://{gcs.BUCKET}/y", *args, check=False,
+      env=dict(env, STORAGE_EMULATOR_HOST=down, TENSORSTORE_GCS_HTTP_URL=down))
+  assert unreachable.returncode == 2
+  lines = unreachable.stderr.strip().splitlines()
+  assert len(lines) == 1, unreachable.stderr[-3000:]
+  assert lines[0].startswith(f"error: --workdir='gs://{gcs.BUCKET}/y': the storage endpoint "
+                             f"{down} cannot be reached (")
+
+
+def test_a_refusing_bucket_is_one_line_naming_the_credentials():
+  """gcsfs raises OSError("Forbidden: ...") for a 403 (gcsfs.retry.validate_response), an
+  HttpError for a 401; an error that is no storage failure keeps its traceback (None)."""
+  from gcsfs.retry import HttpError
+  from normstudy.records import storage
+  url = "gs://b1/run"
+  for error in (OSError("Forbidden: https://storage/b/b1/o\nno access"), PermissionError("no"),
+                HttpError({"code": 401, "message": "Invalid Credentials"})):
+    line = storage.failure_line(url, error)
+    assert line.startswith("--workdir='gs://b1/run': permission denied on the bucket 'b1'"), line
+    assert line.endswith("need read and write access to it") and "\n" not in line
+  assert storage.failure_line(url, KeyError("bug")) is None

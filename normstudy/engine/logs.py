@@ -25,11 +25,18 @@ _QUIET_MESSAGES = (
 )
 
 
+# Every line of these: gcsfs logs each retry of an unreachable or refusing bucket with chained
+# tracebacks before it raises; normstudy.records.storage reports the failure in one line.
+_SILENT_PACKAGES = ("/gcsfs/",)
+
+
 class _LibraryNoise(std_logging.Filter):
 
   def filter(self, record):
     path = record.pathname.replace("\\", "/")
     if record.levelno < std_logging.WARNING and any(p in path for p in _QUIET_PACKAGES):
+      return False
+    if any(p in path for p in _SILENT_PACKAGES):
       return False
     if record.exc_info and errors.environment_problem(record.exc_info[1]):
       # orbax reports a full disk from each of its background threads and asyncio tasks (logged

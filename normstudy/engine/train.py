@@ -61,6 +61,7 @@ from normstudy.records import keys
 from normstudy.records import metrics as metrics_lib
 from normstudy.records import rundir
 from normstudy.records import schema
+from normstudy.records import storage
 
 # Step metrics that steer the loop and are not recorded as such.
 CONTROL_KEYS = ("active", "status", "telemetry", "sites")
@@ -261,7 +262,8 @@ class Program:
       return
     restored = _from_configs(restored, [run.config for run in self.runs], self.mesh)
     self.state = self.steps.hold(restored)
-    logging.info("resumed %s from the checkpoint at step %d", self.checkpoint_dir, start_step)
+    logging.info("resumed %s from the checkpoint at step %d",  # the gs:// URL of a staged one
+                 storage.remote(self.checkpoint_dir), start_step)
     self.start_step = self.last_saved = start_step
     for k, code in enumerate(np.asarray(jax.device_get(restored.status))):
       if code != life.CODE_RUNNING:  # stopped before the checkpoint we resumed from

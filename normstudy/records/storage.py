@@ -243,6 +243,43 @@ class Lease:
         self.path.unlink(missing_ok=True)
 
 
+def _endpoint() -> str:
+  return os.environ.get("STORAGE_EMULATOR_HOST") or "https://storage.googleapis.com"
+
+
+def failure_line(url: str, error: BaseException) -> str | None:
+  """The one line that says why the bucket of `url` could not be used, from what gcsfs raised
+  (its HTTP status kept: gcsfs turns a 404 into a FileNotFoundError naming the request, a 403
+  into an OSError starting "Forbidden"); None for an error that is no storage failure (a bug,
+  whose traceback stays)."""
+  from gcsfs.retry import HttpError
+  bucket = url.split("://", 1)[1].split("/", 1)[0]
+  text = " ".join(str(error).split())
+  if isinstance(error, FileNotFoundError) and f"/b/{bucket}/" in text and not _bucket_exists(
+      bucket):
+    return (f"--workdir={url!r}: the bucket {bucket!r} does not exist (at {_endpoint()}); "
+            f"create it (gcloud storage buckets create gs://{bucket}) or name another")
+  if isinstance(error, PermissionError) or text.startswith("Forbidden") or (
+      isinstance(error, HttpError) and getattr(error, "code", None) in (401, 403)):
+    return (f"--workdir={url!r}: permission denied on the bucket {bucket!r} ({text[:120]}); "
+            "the credentials in use (application-default, or GOOGLE_APPLICATION_CREDENTIALS) "
+            "need read and write access to it")
+  if isinstance(error, (ConnectionError, TimeoutError)) or "Cannot connect to host" in text:
+    return (f"--workdir={url!r}: the storage endpoint {_endpoint()} cannot be reached "
+            f"({text[:160]}); check the network (or STORAGE_EMULATOR_HOST for a local server)")
+  if isinstance(error, (OSError, HttpError)):
+    return f"--workdir={url!r} cannot be read: {text[:300]}"
+  return None
+
+
+def _bucket_exists(bucket: str) -> bool:
+  """Whether the storage server knows the bucket (True when it cannot say)."""
+  try:
+    return _path(f"gs://{bucket}").exists()
+  except Exception:  # noqa: BLE001 (an answer only when the server gives one)
+    return True
+
+
 def _check_url(url: str) -> None:
   if not url.startswith("gs://"):
     scheme = url.split("://", 1)[0]
@@ -272,10 +309,14 @@ def staged(workdir: str, writer: bool = True):
       shutil.rmtree(local)  # the bucket is the record; an earlier session's leftovers are not
     os.makedirs(local)
     pull(url, local)
-  except OSError as e:
+  except Exception as e:  # noqa: BLE001 (storage's failures become one line; others re-raise)
     if lease is not None:
-      lease.release()
-    raise UserError(f"--workdir={url!r} cannot be read: {e}") from None
+      with contextlib.suppress(Exception):
+        lease.release()
+    line = failure_line(url, e)
+    if line is None:
+      raise
+    raise UserError(line) from None
   previous = os.environ.get(STAGES_ENV)
   os.environ[STAGES_ENV] = json.dumps({**_stages(), local: url})
   try:
