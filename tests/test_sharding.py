@@ -140,3 +140,26 @@ def test_a_tpu_vm_pod_started_by_the_launcher_joins_one_distributed_job(monkeypa
   monkeypatch.delenv("NORMSTUDY_TPU_POD")
   monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "w0,w1")
   assert sharding.initialize_distributed() is True and len(calls) == 2
+
+
+@pytest.mark.parametrize("cluster", ["GceTpuCluster", "GkeTpuCluster", "SlurmCluster"])
+def test_any_cluster_jax_detects_joins_one_distributed_job(monkeypatch, cluster):
+  """JAX's own detection (the registry jax.distributed.initialize() consults), stubbed to find
+  each kind in turn: a TPU VM, a GKE slice, a SLURM job of 2 tasks (of 1 task: no job)."""
+  import jax
+  from jax._src.clusters import ClusterEnv
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+  for name in ("SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "NORMSTUDY_TPU_POD"):
+    monkeypatch.delenv(name, raising=False)
+  kinds = {env.__name__: env for env in ClusterEnv._cluster_types}
+  for env in kinds.values():
+    monkeypatch.setattr(env, "is_env_present", classmethod(lambda cls: False))
+  assert sharding.detected_cluster() is None and sharding.initialize_distributed() is False
+  monkeypatch.setattr(kinds[cluster], "is_env_present", classmethod(lambda cls: True))
+  monkeypatch.setattr(kinds[cluster], "get_process_count", classmethod(lambda cls: 2))
+  assert sharding.detected_cluster() == cluster
+  assert sharding.initialize_distributed() is True and calls == [((), {})]
+  if cluster == "SlurmCluster":
+    monkeypatch.setattr(kinds[cluster], "get_process_count", classmethod(lambda cls: 1))
+    assert sharding.detected_cluster() is None

@@ -121,8 +121,10 @@ def state_shardings(config, mesh):
 def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
   """jax.distributed.initialize for multi-process runs.
 
-  Explicit flags win; with none, a TPU pod or a multi-task SLURM job is detected and JAX's
-  automatic configuration used; otherwise this is a single-process run and nothing happens.
+  Explicit flags win; with none, a TPU pod (launch/tpu_pod.sh's NORMSTUDY_TPU_POD, GKE's
+  worker list), a multi-task SLURM job or any multi-process cluster JAX's own detection finds
+  (detected_cluster) uses JAX's automatic configuration; otherwise this is a single-process run
+  and nothing happens.
   """
   import os
   explicit = [v is not None for v in (coordinator_address, num_processes, process_id)]
@@ -140,10 +142,35 @@ def initialize_distributed(coordinator_address=None, num_processes=None, process
   # from the metadata server.
   on_tpu_pod = ("," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
                 or os.environ.get("NORMSTUDY_TPU_POD") == "1")
-  if on_slurm or on_tpu_pod:
+  if on_slurm or on_tpu_pod or detected_cluster() is not None:
     jax.distributed.initialize()
     return True
   return False
+
+
+def detected_cluster() -> str | None:
+  """The name of the multi-process cluster JAX's own detection finds (the registry that
+  jax.distributed.initialize() with no arguments consults: a Cloud TPU VM or GKE TPU slice,
+  SLURM, Kubernetes), or None. A cluster of one process (a SLURM job of one task) is none;
+  opt-in kinds (MPI) and Kubernetes without its client package (whose check only warns) are
+  not asked. The registry is private to jax (jax._src.clusters, jax 0.10); without it, None."""
+  import importlib.util
+  try:
+    from jax._src.clusters import ClusterEnv
+  except ImportError:
+    return None
+  for env in ClusterEnv._cluster_types:  # pylint: disable=protected-access
+    if env.opt_in_only_method or (env.__name__ == "K8sCluster"
+                                  and importlib.util.find_spec("kubernetes") is None):
+      continue
+    try:
+      present = env.is_env_present()
+      many = present and (env.__name__ != "SlurmCluster" or env.get_process_count() > 1)
+    except Exception:  # noqa: BLE001 (a half-set environment is no cluster)
+      continue
+    if many:
+      return env.__name__
+  return None
 
 
 def global_batch(mesh, local_batch: dict, sharding: NamedSharding | None = None) -> dict:
