@@ -5,9 +5,15 @@
 
 MERT's encoder: 24 layers, d_model 1024, 16 heads, d_ff 4096, 512 tokens a row, vocab 32768,
 float16, batch 64, the parameters and optimizer state sharded over all 16 chips (mesh.fsdp=16).
-Prints a row per (arm, remat) and writes them as CSV (the README's pod table quotes it); then a
-125M causal LM (GPT-2 small's shape) on v5e:4x4 and on a tensor-parallel v4:2x2x4 mesh
-(docs/pods/lm_125m.csv).
+Prints a row per (arm, remat) and writes them as CSV (docs/reference.md's pod table quotes it);
+then a 125M causal LM (GPT-2 small's shape) on v5e:4x4 and on a tensor-parallel v4:2x2x4 mesh
+(docs/pods/lm_125m.csv; v4 as megacore: 16 chips, one device each).
+Columns: bytes per chip (arguments, temporaries, total) against the HBM the compiler states;
+the memory plan and compiled_over_plan (total / plan: normstudy.core.memory.COMPILED_OVER_PLAN); tflops_per_step_per_chip, counted from the model (every layer, the remat
+forward and attention; normstudy.core.memory.train_flops), beside compiler_tflops_per_chip
+(XLA's cost analysis, which counts a loop's body once: about 1/L of a scanned stack);
+collectives_per_step, each op times the trip counts of the loops around it, beside
+collective_ops, the ops the program holds (each once).
 """
 
 import argparse
@@ -32,8 +38,8 @@ GPT2_SMALL = {"model.num_layers": 12, "model.d_model": 768, "model.num_heads": 1
 LM_CASES = {
     "gpt2_small/v5e:4x4/fsdp16/batch256": ("v5e:4x4", {"train.batch_size": 256, "mesh.fsdp": 16,
                                                        "mesh.data": 1}),
-    "gpt2_small/v4:2x2x4/fsdp8_tensor4/batch64": ("v4:2x2x4", {
-        "train.batch_size": 64, "mesh.fsdp": 8, "mesh.tensor": 4, "mesh.data": 1}),
+    "gpt2_small/v4:2x2x4/fsdp4_tensor4/batch64": ("v4:2x2x4", {
+        "train.batch_size": 64, "mesh.fsdp": 4, "mesh.tensor": 4, "mesh.data": 1}),
 }
 
 
@@ -46,14 +52,21 @@ def compile_arm(arm: str, remat: str, topology: str, spec: str = "", overrides=N
   if result.returncode not in (0, 1):
     raise SystemExit(result.stderr[-3000:])
   figures = json.loads(result.stdout)
-  used = {op: v["count"] for op, v in figures["collectives"].items() if v["count"]}
+  def counts(found):
+    return "; ".join(f"{op} {v['count']}" for op, v in found.items()
+                     if op != "loops_unknown" and v["count"])
+
   return {"arm": f"{arm}/{remat}", "remat": remat, "fits": figures["fits"],
           "arguments_gib": figures["per_chip_bytes"]["arguments"] / GIB,
           "temporaries_gib": figures["per_chip_bytes"]["temporaries"] / GIB,
           "total_gib": figures["per_chip_bytes"]["total"] / GIB,
           "hbm_gib": figures["hbm_bytes"] / GIB, "plan_gib": figures["plan"]["total"] / GIB,
-          "tflops_per_chip": (figures["flops"] or float("nan")) / 1e12,
-          "collectives": "; ".join(f"{op} {n}" for op, n in used.items())}
+          # What the compiler allocates against the plan (normstudy.core.memory's band).
+          "compiled_over_plan": figures["per_chip_bytes"]["total"] / figures["plan"]["total"],
+          "tflops_per_step_per_chip": figures["flops_per_step"] / 1e12,
+          "compiler_tflops_per_chip": (figures["compiler_flops"] or float("nan")) / 1e12,
+          "collectives_per_step": counts(figures["collectives_per_step"]),
+          "collective_ops": counts(figures["collectives"])}
 
 
 def main():
@@ -68,7 +81,9 @@ def main():
       rows.append(row)
       print(f"{row['arm']:<38} fits {str(row['fits']):<5} total {row['total_gib']:6.2f} of "
             f"{row['hbm_gib']:.2f} GiB (plan {row['plan_gib']:.2f}), "
-            f"{row['tflops_per_chip']:.3g} TFLOP/step/chip; {row['collectives']}", flush=True)
+            f"{row['tflops_per_step_per_chip']:.3g} TFLOP/step/chip (compiler "
+            f"{row['compiler_tflops_per_chip']:.3g}); per step {row['collectives_per_step']}",
+            flush=True)
   _write(rows, args.out)
   lm_rows = []
   for name, (topology, overrides) in LM_CASES.items():
@@ -76,7 +91,8 @@ def main():
     row["arm"] = name
     lm_rows.append(row)
     print(f"{name:<42} fits {str(row['fits']):<5} total {row['total_gib']:6.2f} of "
-          f"{row['hbm_gib']:.2f} GiB; {row['collectives']}", flush=True)
+          f"{row['hbm_gib']:.2f} GiB; {row['tflops_per_step_per_chip']:.3g} TFLOP/step/chip; "
+          f"per step {row['collectives_per_step']}", flush=True)
   _write(lm_rows, os.path.join(os.path.dirname(args.out), "lm_125m.csv"))
 
 

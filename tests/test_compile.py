@@ -52,13 +52,14 @@ def test_remat_lowers_the_temporaries(compiled):
 
 
 def test_the_memory_plan_agrees_with_the_compiler(compiled):
-  # normstudy.core.memory's stated margin on a TPU: the compiled step needs 0.3-1.5x the plan (it
-  # counts the attention scores and probabilities a fused softmax partly avoids; at the
-  # paper's size 0.78-1.24x, docs/pods/paper_v5e_4x4.csv).
+  # normstudy.core.memory's stated shares on a TPU: at 4 x 256 the compiled step needs
+  # 0.39-0.65 of the plan (block remat lowest: the plan counts float32 scores a fused softmax
+  # partly avoids), never less than the least share the preflight allows for.
+  from normstudy.core import memory
   for name in ("fsdp4", "data4", "fsdp4_block"):
     figures = compiled[name]
     ratio = figures["per_chip_bytes"]["total"] / figures["plan"]["total"]
-    assert 0.3 <= ratio <= 1.5, (name, ratio)
+    assert memory.LEAST_COMPILED_OVER_PLAN <= ratio <= 0.66, (name, ratio)
   # Each term scales as the plan says it does: the state by the fsdp shards, the batch's
   # activations not at all (the same rows per chip under data=4 and fsdp=4).
   fsdp, data = compiled["fsdp4"]["plan"], compiled["data4"]["plan"]

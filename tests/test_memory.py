@@ -3,6 +3,8 @@ of what XLA compiles (within the margin its docstring states), scales with the m
 shardings do, and the entry commands refuse a run that cannot fit, in one line, before anything
 is written."""
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -122,3 +124,47 @@ def test_at_merts_size_the_count_is_six_params_tokens_plus_attention():
   yardstick = (6 * params * tokens + 12 * 24 * tokens * 512 * 1024) / chips
   ratio = memory.train_flops(config) / chips / yardstick
   assert 0.9 <= ratio <= 1.1, ratio
+
+
+def test_every_compiled_share_in_docs_pods_is_at_least_the_least_the_preflight_allows():
+  """The pods tables' compiled_over_plan (benchmarks/pods.py) re-derive from their own columns
+  and none goes below memory.LEAST_COMPILED_OVER_PLAN."""
+  import csv
+  shares = []
+  for name in ("paper_v5e_4x4.csv", "lm_125m.csv"):
+    with open(os.path.join(runs.REPO, "docs", "pods", name), encoding="utf-8") as f:
+      for row in csv.DictReader(f):
+        share = float(row["compiled_over_plan"])
+        assert share == pytest.approx(float(row["total_gib"]) / float(row["plan_gib"]))
+        shares.append(share)
+  assert len(shares) == 14 and min(shares) >= memory.LEAST_COMPILED_OVER_PLAN
+
+
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+def test_the_preflight_refuses_on_an_accelerator_only_what_the_least_share_cannot_fit(
+    make_config, monkeypatch, platform):
+  """On the CPU the plan is a floor (XLA:CPU needs 1.0-1.8x it): a device with 0.9 of it is
+  refused. On an accelerator a compiler may need as little as LEAST_COMPILED_OVER_PLAN of it:
+  0.5 of the plan is let through, 0.3 refused, in one line naming the share."""
+  from normstudy.errors import UserError
+  from normstudy.experiments import preflight
+
+  class Device:
+    pass
+
+  device = Device()
+  device.platform = platform
+  monkeypatch.setattr(preflight.jax, "local_devices", lambda: [device])
+  config = make_config(num_layers=2, d_model=64, num_heads=4, d_ff=256, max_len=64)
+  sizes = {"runs": 1, "data": 1, "fsdp": 1, "tensor": 1}
+  plan = memory.plan(config, sizes).total
+  refused = [0.9] if platform == "cpu" else [0.3]
+  allowed = [1.1] if platform == "cpu" else [0.5, 1.1]
+  for share in allowed:
+    preflight.check_memory(config, sizes, 1, (int(plan * share), "a device"))
+  for share in refused:
+    with pytest.raises(UserError) as refusal:
+      preflight.check_memory(config, sizes, 1, (int(plan * share), "a device"))
+    line = str(refusal.value)
+    assert "\n" not in line and "per device, more than the" in line
+    assert ("0.39 of the memory plan" in line) == (platform == "tpu")

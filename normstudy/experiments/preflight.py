@@ -96,18 +96,26 @@ def memory_limit() -> tuple[int | None, str]:
   return stats.get("bytes_limit"), f"the memory of one {device.device_kind}"
 
 
-def check_memory(config, sizes: dict, num_runs: int) -> None:
-  """UserError when the memory plan (normstudy.core.memory, a floor of what the step needs) of one
-  device exceeds what it has."""
-  limit, what = memory_limit()
+def check_memory(config, sizes: dict, num_runs: int, limit_and_what=None) -> None:
+  """UserError when one device cannot hold the step: on the CPU when the memory plan
+  (normstudy.core.memory, a floor there) exceeds its share of the host's memory; on an
+  accelerator, where a compiler may allocate less than the plan, only when the least share of
+  the plan any compiled step was measured to need (memory.LEAST_COMPILED_OVER_PLAN) exceeds the
+  device's memory. `limit_and_what`: memory_limit()'s answer (tests give their own)."""
+  limit, what = limit_and_what or memory_limit()
   one_at_a_time = execution.steps_one_at_a_time(jax.devices(), sizes["runs"], num_runs)
   needed = memory.plan(config, sizes, num_runs, one_at_a_time)
-  if limit is not None and needed.total > limit:
+  floor = needed.total if jax.local_devices()[0].platform == "cpu" else int(
+      needed.total * memory.LEAST_COMPILED_OVER_PLAN)
+  if limit is not None and floor > limit:
     m = config.model
+    at_least = (needed.describe() if floor == needed.total else
+                f"{memory.human(floor)} ({memory.LEAST_COMPILED_OVER_PLAN:g} of the memory plan "
+                f"{needed.describe()}, the least share a compiled step was measured to need)")
     raise UserError(
         f"a run of num_layers={m.num_layers}, d_model={m.d_model}, d_ff={m.d_ff}, "
         f"max_len={m.max_len}, vocab_size={m.vocab_size}, "
-        f"batch_size={config.train.batch_size} needs at least {needed.describe()} per device, "
+        f"batch_size={config.train.batch_size} needs at least {at_least} per device, "
         f"more than the {limit / memory.GIB:.3g} GiB of {what}; make the model, "
         "config.train.batch_size or config.model.max_len smaller, set config.model.remat, or "
         "use more devices")
