@@ -56,8 +56,11 @@ fi
 if ! "$venv/bin/python" -c "import importlib.util as u, sys; sys.exit(0 if \
     any(u.find_spec(m) for m in ('jax_cuda12_plugin', 'jax_cuda13_plugin')) else 1)" >/dev/null 2>&1; then
   [ "$install" = 1 ] || die "$venv's jax has no CUDA backend: run $venv/bin/pip install -e '.[gpu]' first"
-  # The gpu extra: jax[cuda12] at the version this environment pins (setup.py).
-  run "$venv/bin/python" -m pip install -q -e "$repo[gpu]"
+  # jax[cuda12] (setup.py's gpu extra) at the version this environment has, so the CUDA build
+  # computes what the CPU one was tested with.
+  jax_version="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("jax"))' \
+    2>/dev/null || true)"
+  run "$venv/bin/python" -m pip install -q "jax[cuda12]${jax_version:+==$jax_version}" -e "$repo"
 fi
 tasks_per_node=1
 [ "$per_gpu" = 1 ] && tasks_per_node="$gpus"

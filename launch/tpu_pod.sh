@@ -63,9 +63,10 @@ jax_version="$("$repo/.venv/bin/python" -c 'import importlib.metadata as m; prin
   2>/dev/null || true)"
 jax_tpu="jax[tpu]${jax_version:+==$jax_version}"
 if [ "$DRY_RUN" = 0 ]; then
+  # Every package pinned (constraints, so nothing extra installs): the workers resolve nothing
+  # of their own.
   "$repo/.venv/bin/python" -m pip freeze --exclude-editable 2>/dev/null \
-    | grep -iE '^(jax|flax|optax|orbax-checkpoint|ml[-_]collections|absl-py|numpy|clu)==' \
-    > "$constraints" || true
+    | grep -vE '^(-e |libtpu)' > "$constraints" || true
 fi
 run "${tpu[@]}" scp "$archive" "$constraints" "$name:~/" --zone="$zone" --worker=all
 # The runtime images' Python is 3.10 and normstudy needs >= 3.11: uv brings a 3.11 venv, then

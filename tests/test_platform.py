@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 
 from normstudy.core import steps as steps_lib
 from normstudy.engine import execution
@@ -54,9 +55,7 @@ def test_a_program_steps_its_runs_as_the_platform_or_the_caller_says(make_config
   assert not execution.ProgramSteps(config, mesh, 3, one_at_a_time=False).one_at_a_time
 
 
-def test_the_gpu_benchmark_knows_a_peak_only_for_the_card_it_names():
-  """Whole tokens of jax's device_kind: "L4" is not "L40S", an H100 PCIe card is not an SXM
-  one (issue 44: substring matching once gave both the wrong peak)."""
+def _gpu_benchmark():
   import importlib.util
   import os
   path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -64,6 +63,36 @@ def test_the_gpu_benchmark_knows_a_peak_only_for_the_card_it_names():
   spec = importlib.util.spec_from_file_location("gpu_benchmark", path)
   gpu = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(gpu)
+  return gpu
+
+
+def test_the_gpu_benchmark_fills_the_card_and_halves_the_batch_until_it_fits(monkeypatch):
+  """The 125M LM at 256 x 1024 tokens a step (issue 44: 16 x 1024 left an H100 idle), each
+  block recomputed; on an out-of-memory error the rows halve, and the rows used are recorded."""
+  gpu = _gpu_benchmark()
+  config = gpu.gpt_125m()
+  assert config.train.batch_size * config.model.max_len >= 256 * 1024
+  assert config.model.remat == "block"
+  tried = []
+
+  def timed(config, steps):
+    tried.append(config.train.batch_size)
+    if config.train.batch_size > 64:
+      raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
+    return {"tokens_per_s": 1.0}
+
+  monkeypatch.setattr(gpu, "timed", timed)
+  row = gpu.timed_fitting(gpu.gpt_125m, gpu.GPT_ROWS, 3)
+  assert tried == [256, 128, 64] and row["rows"] == 64 and row["tokens_per_step"] == 64 * 1024
+  monkeypatch.setattr(gpu, "timed", lambda c, s: (_ for _ in ()).throw(KeyError("bug")))
+  with pytest.raises(KeyError):
+    gpu.timed_fitting(gpu.gpt_125m, gpu.GPT_ROWS, 3)
+
+
+def test_the_gpu_benchmark_knows_a_peak_only_for_the_card_it_names():
+  """Whole tokens of jax's device_kind: "L4" is not "L40S", an H100 PCIe card is not an SXM
+  one (issue 44: substring matching once gave both the wrong peak)."""
+  gpu = _gpu_benchmark()
   expected = {"NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H100 PCIe": 756.0, "NVIDIA H100 NVL": 835.0,
               "NVIDIA L4": 121.0, "NVIDIA L40S": 362.0, "NVIDIA A100-SXM4-80GB": 312.0,
               "NVIDIA H200": 989.0, "NVIDIA A10G": None, "Tesla T4": None}
