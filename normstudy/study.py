@@ -1,13 +1,16 @@
 """Run every variant a config file lists, then the analysis.
 
-  python -m normstudy.study --config=configs/seed_figure.py --workdir=DIR [--config.a.b=value ...]
+  python -m normstudy.study --config=configs/seed_figure.py --workdir=DIR [--seeds=0,1,2]
+      [--config.a.b=value ...]
 
 A config file lists its variants as data, `VARIANTS = {name: (label, {dotted.field: value})}`;
 each trains into DIR/<variant> with its settings, then the command-line overrides, applied.
 Variants that differ only in per-run fields (learning rate, clip, seed, ...) train in one program
 (normstudy.experiments.planning). A variant that halts is a result: the others go on, the figure
 shows where it stopped, and the command exits 0. Finished and halted runs are skipped, unfinished
-ones resumed.
+ones resumed. With --seeds each variant trains once per seed (DIR/<variant>/seed<k>; an arm's
+seeds share one program), the figure draws each arm's median and range over its seeds, and
+arms.csv gives each arm's figures as median and range (sweep.json: each run's command).
 """
 
 import os
@@ -27,6 +30,9 @@ def define_flags():
   flags.DEFINE_string("workdir", None, "Study directory; one subdirectory per variant.")
   flags.DEFINE_bool("allow_config_change", False,
                     "Continue runs whose saved config differs in model, optimizer or data.")
+  flags.DEFINE_list("seeds", [], "Train each variant once per seed (e.g. 0,1,2): each arm drawn "
+                    "as the median and range over them. Default: each variant once, at its "
+                    "config's train.seed.")
   cli.define_workers_flag()
   cli.define_print_config_flag()
   flags.declare_key_flag("print_config")  # defined in normstudy.cli; listed in --help
@@ -48,10 +54,12 @@ def main(argv):
   if not getattr(module, "VARIANTS", None):
     raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
   cli.check_workers(FLAGS.workers)
+  seeds = _seeds(FLAGS.seeds)
   from normstudy import analysis
   from normstudy.experiments import planning  # the training stack, once the command line is good
   from normstudy.records import storage
-  spec = grid.Grid(path, None, {}, config_flags.get_override_values(FLAGS["config"]), module)
+  spec = grid.Grid(path, None, {"train.seed": seeds} if seeds else {},
+                   config_flags.get_override_values(FLAGS["config"]), module, study=True)
   if FLAGS.print_config:
     print(cli.runs_config_text(spec.runs(FLAGS.workdir)))
     return
@@ -62,6 +70,18 @@ def main(argv):
     outputs = {name: storage.remote(out) for name, out in outputs.items()}
   for name, out in outputs.items():
     print(f"{name}: {out}")
+
+
+def _seeds(values: list) -> list:
+  """--seeds as distinct integers >= 0; UserError otherwise."""
+  allowed = "allowed: distinct integers >= 0, e.g. --seeds=0,1,2"
+  try:
+    seeds = [int(v) for v in values]
+  except ValueError:
+    raise errors.UserError(f"--seeds={','.join(values)} is not allowed; {allowed}") from None
+  if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+    raise errors.UserError(f"--seeds={','.join(values)} is not allowed; {allowed}")
+  return seeds
 
 
 if __name__ == "__main__":

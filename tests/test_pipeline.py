@@ -4,6 +4,7 @@ the figure, the summary and the notebook."""
 import os
 import textwrap
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -192,3 +193,42 @@ def test_commands_keep_compiled_programs_on_disk_and_reuse_them_to_the_same_bits
   runs.run_module("normstudy.main", f"--workdir={tmp_path / 'second'}", *args, env=env)
   assert sorted(os.listdir(cache)) == written  # every program found, none compiled again
   assert runs.trajectory(tmp_path / "first") == runs.trajectory(tmp_path / "second")
+
+
+def test_a_study_over_seeds_draws_each_arm_as_median_and_range(tmp_path):
+  """normstudy.study --seeds (issue 45: one seed per arm in fp16 is chaotic across CPU kinds):
+  each variant once per seed in DIR/<variant>/seed<k>, each seed's records those normstudy.main
+  trains for it alone (sweep.json's command), arms.csv each arm's median, lowest and highest
+  over its seeds of the per-run summary, the figure drawn; bad --seeds refused in one line."""
+  data_dir = tmp_path / "tfds"
+  study = tmp_path / "study"
+  args = ("--config=configs/seed_figure.py", *runs.tiny_args(data_dir, num_steps=6))
+  result = runs.run_module("normstudy.study", f"--workdir={study}", "--seeds=0,2", "--workers=1",
+                           *args)
+  assert f"figure: {study}/loss_comparison.png" in result.stdout
+  arms = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
+          "pre_norm_attn_relax_clip1")
+  assert sorted(os.listdir(study / "pre_norm_clip1")) == ["seed0", "seed2"]
+  sweep = runs.read_json(study / "sweep.json")
+  command = next(r["command"] for r in sweep["runs"] if r["name"] == "pre_norm_clip1/seed2")
+  assert "--config=configs/seed_figure.py:pre_norm_clip1" in command
+  assert "--config.train.seed=2" in command
+  alone = tmp_path / "alone"
+  runs.run_module("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
+                  f"--workdir={alone}", "--config.train.seed=2", *args[1:])
+  assert runs.trajectory(alone) == runs.trajectory(study / "pre_norm_clip1" / "seed2")
+  summary = pd.read_csv(study / "summary.csv").set_index("run")
+  table = pd.read_csv(study / "arms.csv").set_index("arm")
+  assert list(table.index) == list(arms) and (table.seeds == 2).all()
+  for arm in arms:
+    losses = summary.loc[[f"{arm}/seed0", f"{arm}/seed2"], "final_eval_loss"]
+    assert table.loc[arm, "final_eval_loss"] == pytest.approx(float(np.median(losses)))
+    assert table.loc[arm, "final_eval_loss_min"] == pytest.approx(losses.min())
+    assert table.loc[arm, "final_eval_loss_max"] == pytest.approx(losses.max())
+  for bad in ("0,0", "-1", "a"):
+    refused = runs.run_module("normstudy.study", f"--workdir={tmp_path / 'bad'}",
+                              f"--seeds={bad}", *args, check=False)
+    assert refused.returncode == 2 and not (tmp_path / "bad").exists()
+    assert refused.stderr.strip().splitlines() == [
+        f"error: --seeds={bad} is not allowed; allowed: distinct integers >= 0, e.g. "
+        "--seeds=0,1,2"]

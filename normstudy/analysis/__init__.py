@@ -26,6 +26,8 @@ from normstudy.analysis.plots import DEFAULT_SMOOTHING
 from normstudy.analysis.plots import plot_comparison
 from normstudy.analysis.plots import plot_heads
 from normstudy.analysis.plots import plot_layers
+from normstudy.analysis import plots
+from normstudy.analysis.report import arm_spread
 from normstudy.analysis.report import compare_runs
 from normstudy.analysis.report import describe_run
 from normstudy.analysis.report import summarize
@@ -138,7 +140,9 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | N
   deaths.png, deaths.csv, runs.csv, survival.csv, survival_tests.csv, survival.png, and a
   per-arm summary.csv; seeds at one learning rate: speed.csv and speed.png). With few enough
   runs to read them, the per-step figures: loss_comparison.png (+ .svg) and, with telemetry,
-  layers_<metric>.png. `loaded`: the runs already loaded from `workdir`.
+  layers_<metric>.png; arms that differ only in their seeds (normstudy.study --seeds) also
+  arms.csv, each figure's median and range over the seeds. `loaded`: the runs already loaded
+  from `workdir`.
   """
   if not os.path.isdir(workdir):
     raise NoRunsError(f"{workdir!r} is not a directory")
@@ -151,6 +155,9 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | N
   if report is not None:
     outputs, sections, table = report.write(loaded, summary, workdir)
   table.to_csv(os.path.join(workdir, "summary.csv"), index=False)
+  if plots.seed_groups(loaded) is not None:  # arms over seeds: each figure with its spread
+    outputs["arms"] = os.path.join(workdir, "arms.csv")
+    arm_spread(summary, loaded).to_csv(outputs["arms"], index=False)
   spike_outputs, spike_text = spikes_lib.analyze(loaded, workdir)
   outputs.update(spike_outputs)
   if spike_text:

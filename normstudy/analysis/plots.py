@@ -91,14 +91,9 @@ def has_floor(facts: runs_lib.Run) -> bool:
                                             and info.masked_loss_floor is not None)
 
 
-def comparison_figure(loaded: runs_lib.Runs, smoothing: float = DEFAULT_SMOOTHING):
-  """The study's figure: training loss (with eval loss and the entropy floor), and, when any run
-  trained in float16, the dynamic loss scale (log2). A run that halted or diverged ends with an
-  X at its last finite point."""
+def _comparison_axes(loaded: runs_lib.Runs):
+  """(figure, loss axes, loss-scale axes or None when no run scaled its loss)."""
   from matplotlib.figure import Figure
-  from matplotlib.lines import Line2D
-  from matplotlib.ticker import FuncFormatter
-
   table = loaded.table
   scaled = loaded.has_metric("loss_scale") and bool(
       (table[table.metric == "loss_scale"].value > 1).any())
@@ -107,6 +102,61 @@ def comparison_figure(loaded: runs_lib.Runs, smoothing: float = DEFAULT_SMOOTHIN
     loss_ax, scale_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
   else:
     loss_ax, scale_ax = fig.subplots(1, 1), None
+  return fig, loss_ax, scale_ax
+
+
+def _finish_comparison(loss_ax, scale_ax, handles: list, floorless: bool, smoothing: float):
+  """The legend (`handles`, and a note when no floor is drawn), labels, scales and grids."""
+  from matplotlib.lines import Line2D
+  from matplotlib.ticker import FuncFormatter
+  if floorless:
+    handles.append(Line2D([], [], linestyle="none",
+                          label="no exact loss floor (real text): none drawn"))
+  loss_ax.legend(handles=handles, fontsize=8)
+  loss_ax.set_ylabel("Loss (nats/token)" + (f", EMA {smoothing:g}" if smoothing > 0 else ""))
+  loss_ax.set_title("Training Loss Comparison")
+  loss_ax.grid(alpha=0.3)
+  bottom = scale_ax if scale_ax is not None else loss_ax
+  if scale_ax is not None:
+    scale_ax.set_yscale("log", base=2)
+    scale_ax.set_ylabel("Loss Scale (fp16)")
+    scale_ax.grid(alpha=0.3)
+  bottom.set_xlabel("Training Step")
+  bottom.xaxis.set_major_formatter(FuncFormatter(_k_formatter))
+
+
+def seed_groups(loaded: runs_lib.Runs) -> dict | None:
+  """{arm: [run names]} when the runs differ only in their arm and seed and some arm has two or
+  more seeds (normstudy.study --seeds, a sweep of seeds alone), else None: such arms are drawn
+  as their median and range."""
+  groups, seeds = {}, {}
+  if any(set(facts.info.point) - {"train.seed"} for facts in loaded.runs.values()):
+    return None
+  for run, facts in loaded.runs.items():
+    groups.setdefault(facts.info.arm, []).append(run)
+    if "train.seed" in facts.info.point:
+      seeds.setdefault(facts.info.arm, set()).add(facts.info.point["train.seed"])
+  return groups if any(len(s) > 1 for s in seeds.values()) else None
+
+
+def _spread(series: list) -> pd.DataFrame:
+  """median, min and max over runs of their values at each step (the runs present there)."""
+  frame = pd.concat(series, axis=1)
+  return pd.DataFrame({"median": frame.median(axis=1), "low": frame.min(axis=1),
+                       "high": frame.max(axis=1)})
+
+
+def comparison_figure(loaded: runs_lib.Runs, smoothing: float = DEFAULT_SMOOTHING):
+  """The study's figure: training loss (with eval loss and the entropy floor), and, when any run
+  trained in float16, the dynamic loss scale (log2). A run that halted or diverged ends with an
+  X at its last finite point. Arms trained over several seeds (seed_groups) are drawn as the
+  median over their seeds at each step, with the range (lowest to highest seed) shaded."""
+  groups = seed_groups(loaded)
+  if groups is not None:
+    return _seeds_figure(loaded, groups, smoothing)
+  from matplotlib.lines import Line2D
+
+  fig, loss_ax, scale_ax = _comparison_axes(loaded)
   floors = set()
   any_stopped = floorless = False
   for i, (run, facts) in enumerate(loaded.runs.items()):
@@ -139,20 +189,57 @@ def comparison_figure(loaded: runs_lib.Runs, smoothing: float = DEFAULT_SMOOTHIN
   if any_stopped:
     handles.append(Line2D([], [], color="gray", linestyle="none", marker="X",
                           markeredgecolor="black", label="halted / diverged here"))
-  if floorless:
-    handles.append(Line2D([], [], linestyle="none",
-                          label="no exact loss floor (real text): none drawn"))
-  loss_ax.legend(handles=handles, fontsize=8)
-  loss_ax.set_ylabel("Loss (nats/token)" + (f", EMA {smoothing:g}" if smoothing > 0 else ""))
-  loss_ax.set_title("Training Loss Comparison")
-  loss_ax.grid(alpha=0.3)
-  bottom = scale_ax if scale_ax is not None else loss_ax
-  if scale_ax is not None:
-    scale_ax.set_yscale("log", base=2)
-    scale_ax.set_ylabel("Loss Scale (fp16)")
-    scale_ax.grid(alpha=0.3)
-  bottom.set_xlabel("Training Step")
-  bottom.xaxis.set_major_formatter(FuncFormatter(_k_formatter))
+  _finish_comparison(loss_ax, scale_ax, handles, floorless, smoothing)
+  return fig
+
+
+def _seeds_figure(loaded: runs_lib.Runs, groups: dict, smoothing: float):
+  """comparison_figure for arms over seeds: per arm the median (smoothed) training loss over its
+  seeds with their range shaded, the eval losses' median as circles, the loss scale's median
+  and range, and an X where a seed halted or diverged."""
+  from matplotlib.lines import Line2D
+
+  fig, loss_ax, scale_ax = _comparison_axes(loaded)
+  floors, any_stopped, floorless = set(), False, False
+  for i, (arm, members) in enumerate(groups.items()):
+    look = style(i)
+    facts = loaded.runs[members[0]]
+    losses = [runs_lib.smooth(loaded.series(run, "loss"), smoothing) for run in members]
+    spread = _spread(losses)
+    loss_ax.fill_between(spread.index, spread.low, spread.high, color=look["color"], alpha=0.15,
+                         linewidth=0)
+    loss_ax.plot(spread.index, spread["median"], linewidth=1.3,
+                 label=f"{facts.info.arm_label or facts.label} ({len(members)} seeds)", **look)
+    evals = [loaded.series(run, "eval_loss") for run in members]
+    if any(len(e) for e in evals):
+      eval_median = _spread([e for e in evals if len(e)])["median"]
+      loss_ax.plot(eval_median.index, eval_median.values, color=look["color"], linestyle="none",
+                   marker="o", markersize=4, markerfacecolor="white")
+    for run, loss in zip(members, losses):
+      raw = loaded.series(run, "loss")
+      stopped = (loaded.runs[run].status == schema.HALTED
+                 or not np.isfinite(raw.to_numpy(dtype=float)).all())
+      any_stopped |= stopped
+      _mark_end(loss_ax, loss, look["color"], stopped)
+    if scale_ax is not None:
+      scales = _spread([loaded.series(run, "loss_scale") for run in members])
+      scale_ax.fill_between(scales.index, scales.low, scales.high, color=look["color"],
+                            alpha=0.15, linewidth=0)
+      scale_ax.plot(scales.index, scales["median"], linewidth=1.0, **look)
+    for run in members:
+      floors.update(reference_lines(loaded.runs[run]))
+      floorless |= not has_floor(loaded.runs[run])
+  for value, label, linestyle in sorted(floors):
+    loss_ax.axhline(value, color="black", linestyle=linestyle, linewidth=1.0, label=label)
+  handles, _ = loss_ax.get_legend_handles_labels()
+  handles.append(Line2D([], [], color="gray", linestyle="none", marker="o",
+                        markerfacecolor="white", label="eval loss (median over seeds)"))
+  handles.append(Line2D([], [], color="gray", linewidth=6, alpha=0.3,
+                        label="range over seeds (line: median)"))
+  if any_stopped:
+    handles.append(Line2D([], [], color="gray", linestyle="none", marker="X",
+                          markeredgecolor="black", label="a seed halted / diverged here"))
+  _finish_comparison(loss_ax, scale_ax, handles, floorless, smoothing)
   return fig
 
 

@@ -21,6 +21,34 @@ def _last(values: pd.Series):
   return values.iloc[-1] if len(values) else np.nan
 
 
+# What arms.csv gives per arm over its seeds: the median, the lowest and the highest.
+ARM_SPREAD_COLUMNS = ("final_eval_loss", "loss_spikes", "scale_halvings", "clipped_fraction",
+                      "skipped_steps")
+
+
+def arm_spread(summary: pd.DataFrame, loaded: runs_lib.Runs) -> pd.DataFrame:
+  """One row per arm of runs over seeds (arms.csv): arm, label, seeds, runs that finished, and
+  for each of ARM_SPREAD_COLUMNS its median over the arm's runs with `<column>_min` and
+  `<column>_max` (a halted run's final eval loss is missing: the others' are used)."""
+  rows = []
+  by_run = summary.set_index("run")
+  arms = {}
+  for run, facts in loaded.runs.items():
+    arms.setdefault(facts.info.arm, []).append(run)
+  for arm, members in arms.items():
+    part = by_run.loc[members]
+    facts = loaded.runs[members[0]]
+    row = {"arm": arm, "label": facts.info.arm_label or facts.label, "seeds": len(members),
+           "finished": int((part.status == schema.FINISHED).sum())}
+    for column in ARM_SPREAD_COLUMNS:
+      values = pd.to_numeric(part[column], errors="coerce").dropna()
+      row[column] = values.median() if len(values) else np.nan
+      row[f"{column}_min"] = values.min() if len(values) else np.nan
+      row[f"{column}_max"] = values.max() if len(values) else np.nan
+    rows.append(row)
+  return pd.DataFrame(rows)
+
+
 def summarize(loaded: runs_lib.Runs) -> pd.DataFrame:
   """One row per run: label, status (finished | halted | diverged | preempted | running), outcome
   and recoveries by the failure rule (normstudy.records.outcomes), steps taken, halt step and reason, final/min loss, max loss after warm-up, final eval loss, skipped

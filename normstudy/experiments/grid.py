@@ -231,13 +231,16 @@ def _check_distinct(points_: list) -> None:
 class Grid:
   """What a study or sweep runs: the config file (`path`, its loaded `module`), the one variant
   or None (every arm), the axes and which of them the file declared, and the command line's
-  overrides. Without axes it is a study (the file's STUDY_VARIANTS)."""
+  overrides. Without axes it is a study (the file's STUDY_VARIANTS); `study`: a study over
+  axes all the same (normstudy.study --seeds: its variants as they are, no SWEEP_SETTINGS),
+  recorded as a sweep is (sweep.json: each run's command)."""
   path: str
   variant: str | None
   axes: dict
   overrides: dict
   module: object
   file_axes: tuple = ()
+  study: bool = False
 
   @property
   def spec(self) -> str:
@@ -246,12 +249,16 @@ class Grid:
   @property
   def settings(self) -> dict:
     """The file's SWEEP_SETTINGS, applied to every run of a sweep ({} for a study)."""
-    return dict(getattr(self.module, "SWEEP_SETTINGS", {})) if self.axes else {}
+    return dict(getattr(self.module, "SWEEP_SETTINGS", {})) if self.is_sweep else {}
+
+  @property
+  def is_sweep(self) -> bool:
+    return bool(self.axes) and not self.study
 
   def runs(self, workdir: str) -> list:
     """Every run of the grid, in `workdir`."""
     return points(self.path, self.variant, self.axes, self.overrides, self.module,
-                  sweep=bool(self.axes), workdir=workdir)
+                  sweep=self.is_sweep, workdir=workdir)
 
   def describe(self, runs: list, num_programs: int, side_by_side: int, cores: int) -> list:
     """What the grid will run, in lines for the terminal before anything trains: its axes (and
