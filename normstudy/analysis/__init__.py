@@ -26,7 +26,6 @@ from normstudy.analysis.plots import DEFAULT_SMOOTHING
 from normstudy.analysis.plots import plot_comparison
 from normstudy.analysis.plots import plot_heads
 from normstudy.analysis.plots import plot_layers
-from normstudy.analysis import plots
 from normstudy.analysis.report import arm_spread
 from normstudy.analysis.report import compare_runs
 from normstudy.analysis.report import describe_run
@@ -39,6 +38,7 @@ from normstudy.analysis.runs import layer_values
 from normstudy.analysis.runs import load_runs
 from normstudy.analysis.runs import localize
 from normstudy.analysis.runs import outcome_at
+from normstudy.analysis.runs import seed_groups
 from normstudy.analysis.runs import series
 from normstudy.analysis.runs import smooth
 from normstudy.analysis import critical_lr
@@ -155,9 +155,10 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | N
   if report is not None:
     outputs, sections, table = report.write(loaded, summary, workdir)
   table.to_csv(os.path.join(workdir, "summary.csv"), index=False)
-  if plots.seed_groups(loaded) is not None:  # arms over seeds: each figure with its spread
+  groups = seed_groups(loaded)
+  if groups is not None:  # arms over seeds: each figure with its spread
     outputs["arms"] = os.path.join(workdir, "arms.csv")
-    arm_spread(summary, loaded).to_csv(outputs["arms"], index=False)
+    arm_spread(summary, loaded, groups).to_csv(outputs["arms"], index=False)
   spike_outputs, spike_text = spikes_lib.analyze(loaded, workdir)
   outputs.update(spike_outputs)
   if spike_text:

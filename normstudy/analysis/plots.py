@@ -125,20 +125,6 @@ def _finish_comparison(loss_ax, scale_ax, handles: list, floorless: bool, smooth
   bottom.xaxis.set_major_formatter(FuncFormatter(_k_formatter))
 
 
-def seed_groups(loaded: runs_lib.Runs) -> dict | None:
-  """{arm: [run names]} when the runs differ only in their arm and seed and some arm has two or
-  more seeds (normstudy.study --seeds, a sweep of seeds alone), else None: such arms are drawn
-  as their median and range."""
-  groups, seeds = {}, {}
-  if any(set(facts.info.point) - {"train.seed"} for facts in loaded.runs.values()):
-    return None
-  for run, facts in loaded.runs.items():
-    groups.setdefault(facts.info.arm, []).append(run)
-    if "train.seed" in facts.info.point:
-      seeds.setdefault(facts.info.arm, set()).add(facts.info.point["train.seed"])
-  return groups if any(len(s) > 1 for s in seeds.values()) else None
-
-
 def _spread(series: list) -> pd.DataFrame:
   """median, min and max over runs of their values at each step (the runs present there)."""
   frame = pd.concat(series, axis=1)
@@ -149,9 +135,9 @@ def _spread(series: list) -> pd.DataFrame:
 def comparison_figure(loaded: runs_lib.Runs, smoothing: float = DEFAULT_SMOOTHING):
   """The study's figure: training loss (with eval loss and the entropy floor), and, when any run
   trained in float16, the dynamic loss scale (log2). A run that halted or diverged ends with an
-  X at its last finite point. Arms trained over several seeds (seed_groups) are drawn as the
+  X at its last finite point. Arms trained over several seeds (runs.seed_groups) are drawn as the
   median over their seeds at each step, with the range (lowest to highest seed) shaded."""
-  groups = seed_groups(loaded)
+  groups = runs_lib.seed_groups(loaded)
   if groups is not None:
     return _seeds_figure(loaded, groups, smoothing)
   from matplotlib.lines import Line2D

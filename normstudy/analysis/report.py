@@ -26,16 +26,14 @@ ARM_SPREAD_COLUMNS = ("final_eval_loss", "loss_spikes", "scale_halvings", "clipp
                       "skipped_steps")
 
 
-def arm_spread(summary: pd.DataFrame, loaded: runs_lib.Runs) -> pd.DataFrame:
-  """One row per arm of runs over seeds (arms.csv): arm, label, seeds, runs that finished, and
-  for each of ARM_SPREAD_COLUMNS its median over the arm's runs with `<column>_min` and
-  `<column>_max` (a halted run's final eval loss is missing: the others' are used)."""
+def arm_spread(summary: pd.DataFrame, loaded: runs_lib.Runs, groups: dict) -> pd.DataFrame:
+  """One row per arm of runs over seeds (arms.csv; `groups`: runs.seed_groups): arm, label,
+  seeds, runs that finished, and for each of ARM_SPREAD_COLUMNS its median over the arm's runs
+  with `<column>_min` and `<column>_max` (a halted run's final eval loss is missing: the
+  others' are used)."""
   rows = []
   by_run = summary.set_index("run")
-  arms = {}
-  for run, facts in loaded.runs.items():
-    arms.setdefault(facts.info.arm, []).append(run)
-  for arm, members in arms.items():
+  for arm, members in groups.items():
     part = by_run.loc[members]
     facts = loaded.runs[members[0]]
     row = {"arm": arm, "label": facts.info.arm_label or facts.label, "seeds": len(members),

@@ -212,6 +212,20 @@ def load_runs(workdir: str) -> Runs:
   return Runs(table[COLUMNS], facts, _sweep(workdir).search)
 
 
+def seed_groups(loaded: Runs) -> dict | None:
+  """{arm: [run names]} when the runs differ only in their arm and seed and some arm has two or
+  more seeds (normstudy.study --seeds, a sweep of seeds alone), else None: such arms are drawn
+  as their median and range."""
+  groups, seeds = {}, {}
+  if any(set(facts.info.point) - {"train.seed"} for facts in loaded.runs.values()):
+    return None
+  for run, facts in loaded.runs.items():
+    groups.setdefault(facts.info.arm, []).append(run)
+    if "train.seed" in facts.info.point:
+      seeds.setdefault(facts.info.arm, set()).add(facts.info.point["train.seed"])
+  return groups if any(len(s) > 1 for s in seeds.values()) else None
+
+
 def outcome_at(loaded: Runs, run: str, horizon: int) -> outcomes.Outcome:
   """How `run` ended by the failure rule at `horizon` steps: its records after it left out
   (normstudy.records.outcomes.judge)."""
