@@ -5,6 +5,7 @@ user got wrong. Each scenario first reproduces the failure a user met."""
 import contextlib
 import errno
 import os
+import re
 import signal
 import subprocess
 
@@ -267,13 +268,29 @@ def test_help_and_clip_none_and_a_quiet_start(tmp_path):
   helped = runs.run_module("normstudy.main", "--help")
   assert "--workdir" in helped.stdout
   workdir = tmp_path / "run"
+  # XLA's compiler logs each compilation natively (to fd 2) when asked to: what its "Very slow
+  # compile?" banner takes, and what no Python log filter can reach.
+  # (Compiled here, not loaded from the compile cache, so there is a compilation to log.)
+  xla_logging = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0", TF_CPP_VMODULE="cpu_compiler=1",
+                     JAX_ENABLE_COMPILATION_CACHE="false")
   result = runs.run_module("normstudy.main", f"--config={LM}", f"--workdir={workdir}",
                            *runs.tiny_args(tmp_path / "tfds", num_steps=2, every=2),
-                           "--config.optimizer.clip_norm=None")
+                           "--config.optimizer.clip_norm=None", env=xla_logging)
   assert runs.read_json(workdir / "config.json")["optimizer"]["clip_norm"] == 0.0
   assert not any(r["clipped"] for r in runs.records(workdir))
   assert "oneDNN" not in result.stderr and "absl::InitializeLog" not in result.stderr
   assert "Traceback" not in result.stderr and "deprecat" not in result.stderr.lower()
+  # Compilation is announced on the terminal with its time; XLA's own lines and the libraries'
+  # routine ones (orbax's checkpoint manager, tfds) are in the run's log file instead.
+  library_log = (workdir / schema.LIBRARY_LOG).read_text()
+  assert re.search(r"\] compiling the (block of \d+ train steps|train step) \(1 run\(s\)\) "
+                   r"\.\.\.\n", result.stderr), result.stderr
+  assert re.search(r"\(1 run\(s\)\): (compiled|loaded from the compile cache) in "
+                   r"\d+\.\ds\n", result.stderr), result.stderr
+  assert f"goes to {workdir / schema.LIBRARY_LOG} (--verbosity=1 shows it here)" in result.stderr
+  for library_line in ("cpu_compiler.cc", "checkpoint_manager.py"):
+    assert library_line in library_log
+    assert library_line not in result.stderr.split("goes to")[1]
 
 
 def test_a_field_the_saved_config_predates_is_no_difference_at_its_default():

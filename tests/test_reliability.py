@@ -18,6 +18,7 @@ from normstudy.core import placements
 from normstudy.experiments import validation
 from normstudy.records import metrics as metrics_lib
 from normstudy.records import rundir
+from normstudy.records import schema
 import runs
 
 SEED = "configs/seed_figure.py:pre_norm_clip1"
@@ -120,8 +121,11 @@ def _corrupt(step_dir):
 
 
 def _tree_listing(path):
+  """Every file with its size, but the libraries' log, which each process that trains here
+  appends to (a refused resume's orbax lines included)."""
   return sorted((os.path.relpath(os.path.join(r, f), path), os.path.getsize(os.path.join(r, f)))
-                for r, _, files in os.walk(path) for f in files)
+                for r, _, files in os.walk(path) for f in files
+                if os.path.join(r, f) != os.path.join(path, schema.LIBRARY_LOG))
 
 
 @pytest.mark.slow

@@ -1,49 +1,128 @@
-"""What a normstudy process prints: its own lines, not its libraries' routine ones.
+"""What a normstudy process prints: its own lines on the terminal, its libraries' in a log file.
 
-`quiet_library_logs()` (every command, and every worker process of a sweep) keeps INFO lines of
-the libraries off the terminal, and drops the tracebacks that background threads of orbax and
-tensorstore print for a failure the main thread reports in one line (a full disk, a damaged
-checkpoint).
+`quiet_library_logs()` (every command, and every worker process of a sweep) sorts the log
+records: normstudy's own lines (and those of the user's config files and scripts) reach the
+terminal; the libraries' (jax, orbax, tensorstore, gcsfs, tensorflow_datasets, asyncio, ...) at
+WARNING and below are kept for the log file (gcsfs's errors too), as are the tracebacks that background threads of
+orbax and tensorstore log for a failure the main thread reports in one line (a full disk, a
+damaged checkpoint). Their ERROR lines still reach the terminal.
+
+`library_output_to(path)` (around the training of a run or a sweep's program: normstudy.
+experiments.planning) opens that log file (`normstudy.log`, normstudy.records.schema.
+LIBRARY_LOG): the library records kept so far and those to come are appended to it, and so is
+everything native code writes to the process's stderr while training (XLA's "Very slow
+compile?" banner, tensorstore's and gRPC's own logging), which no Python filter can reach.
+
+`--verbosity=1` (absl's flag: debug) turns all of this off: every line on the terminal.
+
+`compiling(what)` wraps the call that compiles a program in two lines: when compilation starts,
+and when it ended, with its time and whether the compile cache supplied it.
 """
 
+import collections
+import contextlib
 import logging as std_logging
+import os
+import site
 import sys
 import threading
+import time
 
 from absl import logging
 
 from normstudy import errors
 
 
-# INFO lines from these packages drown the progress lines a researcher watches for.
-_QUIET_PACKAGES = ("/orbax/", "/jax/", "/jaxlib/", "/tensorflow_datasets/", "/grain/", "/etils/")
+# Library records logged before a log file is open (a gs:// workdir's staging, the data build),
+# kept for it; the newest of them if there are many.
+_EARLY_RECORDS = 2000
 _QUIET_MESSAGES = (
     "Using custom data configuration",
     # orbax reads a damaged checkpoint's arrays in parallel; after the first failure (which
     # normstudy reports in one line) the others end as unretrieved asyncio task errors.
     "Task exception was never retrieved",
 )
+# Every line of these goes to the file, errors too: gcsfs logs each retry of an unreachable or
+# refusing bucket, then its giving up, with chained tracebacks before it raises; normstudy.records
+# .storage reports the failure in one line.
+_FILE_ONLY_PACKAGES = ("/gcsfs/",)
+_OWN_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# Every line of these: gcsfs logs each retry of an unreachable or refusing bucket with chained
-# tracebacks before it raises; normstudy.records.storage reports the failure in one line.
-_SILENT_PACKAGES = ("/gcsfs/",)
+def _installed_prefixes() -> tuple:
+  """Where installed code lives: the standard library and site-packages (of a venv and of the
+  Python it was made from). normstudy's own package is not a library even when installed."""
+  prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+  try:
+    prefixes.update(site.getsitepackages())
+  except AttributeError:  # an old virtualenv's site module
+    pass
+  return tuple(os.path.abspath(p) + os.sep for p in prefixes if p)
 
 
-class _LibraryNoise(std_logging.Filter):
+class _State:
+  """The process's log file (None until library_output_to opens one) and the library records
+  kept until then."""
+
+  def __init__(self):
+    self.file = None
+    self.path = None
+    self.early = collections.deque(maxlen=_EARLY_RECORDS)
+    self.announced = set()  # the log files this process has named on the terminal
+    self.lock = threading.Lock()
+    self.prefixes = _installed_prefixes()
+
+
+_state = _State()
+
+
+def verbose() -> bool:
+  """Whether the user asked for every line on the terminal (`--verbosity=1` or more)."""
+  return logging.get_verbosity() >= logging.DEBUG
+
+
+def is_library_record(record) -> bool:
+  """Whether a log record comes from installed code (a library, the standard library) rather
+  than from normstudy or the user's own files (config files, scripts)."""
+  path = os.path.abspath(record.pathname)
+  if path.startswith(_OWN_PACKAGE + os.sep):
+    return False
+  return path.startswith(_state.prefixes)
+
+
+def _keep(line: str) -> None:
+  with _state.lock:
+    if _state.file is not None:
+      _state.file.write(line + "\n")
+    else:
+      _state.early.append(line)
+
+
+class _LibraryLines(std_logging.Filter):
+  """On the absl handler: passes the lines meant for the terminal, keeps the rest for the log
+  file (formatted as the terminal would have shown them)."""
+
+  def __init__(self, formatter):
+    super().__init__()
+    self.formatter = formatter
 
   def filter(self, record):
-    path = record.pathname.replace("\\", "/")
-    if record.levelno < std_logging.WARNING and any(p in path for p in _QUIET_PACKAGES):
-      return False
-    if any(p in path for p in _SILENT_PACKAGES):
-      return False
+    if verbose():
+      return True
+    to_file = False
     if record.exc_info and errors.environment_problem(record.exc_info[1]):
       # orbax reports a full disk from each of its background threads and asyncio tasks (logged
       # from orbax's or asyncio's modules), with a traceback; the same error reaches the main
       # thread, which reports it in one line.
-      return False
-    return not any(m in str(record.msg) for m in _QUIET_MESSAGES)
+      to_file = True
+    elif any(m in str(record.msg) for m in _QUIET_MESSAGES):
+      to_file = True
+    elif is_library_record(record) and (record.levelno <= std_logging.WARNING or any(
+        p in record.pathname.replace("\\", "/") for p in _FILE_ONLY_PACKAGES)):
+      to_file = True
+    if to_file:
+      _keep(self.formatter.format(record))
+    return not to_file
 
 
 def _ignore_closed_loop_callbacks(unraisable):
@@ -62,9 +141,121 @@ def _quiet_thread_environment_errors(args):
 
 
 def quiet_library_logs():
+  """Installs the sorting of log records (module docstring) on absl's handler, at INFO unless
+  the user asked for more."""
   sys.unraisablehook = _ignore_closed_loop_callbacks
   threading.excepthook = _quiet_thread_environment_errors
   handler = logging.get_absl_handler()
-  if not any(isinstance(f, _LibraryNoise) for f in handler.filters):
-    handler.addFilter(_LibraryNoise())
-  logging.set_verbosity(logging.INFO)
+  if not any(isinstance(f, _LibraryLines) for f in handler.filters):
+    handler.addFilter(_LibraryLines(handler.python_handler.formatter))
+  if not verbose():
+    logging.set_verbosity(logging.INFO)
+
+
+@contextlib.contextmanager
+def library_output_to(path: str):
+  """While inside: library records (the kept ones first) and the process's native stderr go
+  to `path` (appended, created if needed), and normstudy's lines to the terminal as before.
+  Nested or with --verbosity=1: does nothing. Names the file in one line the first time.
+  Yields the path written to, or None."""
+  if verbose() or _state.file is not None:
+    yield None
+    return
+  if path not in _state.announced:
+    _state.announced.add(path)
+    logging.info("the libraries' own output (XLA, orbax, tensorstore, gcsfs; warnings and below) "
+                 "goes to %s (--verbosity=1 shows it here)", path)
+  log = open(path, "a", encoding="utf-8", buffering=1)
+  handler = logging.get_absl_handler().python_handler
+  python_stderr, handler_stream = sys.stderr, handler.stream
+  for stream in (sys.stdout, sys.stderr, handler_stream):
+    _flush(stream)
+  terminal_fd = os.dup(2)
+  terminal = os.fdopen(terminal_fd, "w", buffering=1, encoding="utf-8",
+                       errors="backslashreplace")
+  with _state.lock:
+    _state.file, _state.path = log, path
+    for line in _state.early:
+      log.write(line + "\n")
+    _state.early.clear()
+  os.dup2(log.fileno(), 2)  # native code's stderr (fd 2) now writes to the log file
+  # Python's writes still reach the terminal: the streams that wrote to fd 2 write to its copy
+  # (a notebook's or a test's own stderr object is left as it is).
+  if _writes_to_fd2(python_stderr):
+    sys.stderr = terminal
+  if handler_stream is python_stderr:
+    handler.stream = sys.stderr
+  elif _writes_to_fd2(handler_stream):
+    handler.stream = terminal
+  try:
+    yield path
+  finally:
+    for stream in (sys.stderr, handler.stream):
+      _flush(stream)
+    os.dup2(terminal_fd, 2)
+    sys.stderr = python_stderr
+    handler.stream = handler_stream
+    with _state.lock:
+      _state.file = _state.path = None
+    terminal.close()
+    log.close()
+
+
+def _flush(stream) -> None:
+  try:
+    stream.flush()
+  except (AttributeError, OSError, ValueError):  # not a file, or closed
+    pass
+
+
+def _writes_to_fd2(stream) -> bool:
+  try:
+    return stream.fileno() == 2
+  except (AttributeError, OSError, ValueError):  # not a file, or detached
+    return False
+
+
+class _CompileCacheEvents:
+  """Counts jax's compile-cache hits and misses (jax.monitoring events, jax 0.10), from the
+  first use on."""
+
+  def __init__(self):
+    self.hits = self.misses = 0
+    self.registered = False
+
+  def listen(self, event, **unused_kwargs):
+    if event == "/jax/compilation_cache/cache_hits":
+      self.hits += 1
+    elif event == "/jax/compilation_cache/cache_misses":
+      self.misses += 1
+
+  def counts(self):
+    if not self.registered:
+      import jax  # pylint: disable=import-outside-toplevel
+      jax.monitoring.register_event_listener(self.listen)
+      self.registered = True
+    return self.hits, self.misses
+
+
+_cache_events = _CompileCacheEvents()
+
+
+@contextlib.contextmanager
+def compiling(what: str):
+  """A line before the call inside (which compiles `what`) and one after it: how long it took
+  and where the program came from (compiled, the compile cache, or both for a program of
+  several executables). Only the compilation is timed: jax dispatches the program's run
+  asynchronously."""
+  hits, misses = _cache_events.counts()
+  logging.info("compiling %s ...", what)
+  start = time.perf_counter()
+  yield
+  took = time.perf_counter() - start
+  new_hits, new_misses = _cache_events.hits - hits, _cache_events.misses - misses
+  if new_hits and not new_misses:
+    source = "loaded from the compile cache"
+  elif new_hits:
+    source = f"compiled ({new_hits} part(s) from the compile cache)"
+  else:
+    source = "compiled"
+  logging.info("%s: %s in %.1fs", what, source, took)

@@ -52,6 +52,7 @@ from normstudy.data import batches as batches_lib
 from normstudy.data import sources
 from normstudy.engine import checkpoints
 from normstudy.engine import execution
+from normstudy.engine import logs
 from normstudy.engine import recorder as recorder_lib
 from normstudy.engine import sharding
 from normstudy.errors import Preempted
@@ -151,8 +152,7 @@ def train_program(runs: list, checkpoint_dir: str, single: bool = False, tag: st
     program.restore()
     program.open_recorders()
     logging.info("training %d run(s) in one program: steps %d..%d, %d tokens/step, mesh %s; "
-                 "the first step compiles the program (or loads it from the compile cache), "
-                 "then progress every %d steps", len(runs), program.start_step + 1,
+                 "progress every %d steps", len(runs), program.start_step + 1,
                  program.num_steps, program.tokens_per_step, dict(program.mesh.shape),
                  max(1, program.num_steps // 20))
     with stop_signals() as stop:
@@ -216,6 +216,7 @@ class Program:
     self.recorders, self.pool = [], None
     self.pending: PendingStep | None = None
     self.halted_line = None  # set when the single run halts
+    self.announced_compile = False  # the first dispatch's compile lines (compiling_first)
     # The output logits on the first eval batch after the newest step, while update sizes are
     # measured (train.update_size_steps).
     self.outputs = None
@@ -379,11 +380,12 @@ class Program:
           break
       first, step, batch = work
       stopped = frozenset(self.stopped) | self.stopping(resolved)
-      if first is not None:
-        self.state, device_metrics = self.steps.step_block(self.state, batch, stopped)
-      else:
-        self.state, device_metrics = self.steps.step(self.state, batch, self.telemetry_due(step),
-                                                     stopped)
+      with self.compiling_first(first is not None):
+        if first is not None:
+          self.state, device_metrics = self.steps.step_block(self.state, batch, stopped)
+        else:
+          self.state, device_metrics = self.steps.step(self.state, batch,
+                                                       self.telemetry_due(step), stopped)
       if resolved is not None:
         self.record(resolved, progress=progress)
       self.pending = PendingStep(step, device_metrics, None if first is not None else batch,
@@ -401,6 +403,19 @@ class Program:
       if preempted_by and self.halted_line is None:
         return step, preempted_by
     return step, None
+
+  def compiling_first(self, block: bool):
+    """Around the loop's first dispatch, which compiles the train step (or block) or loads it
+    from the compile cache: a line before and one after with its time (normstudy.engine.logs
+    .compiling); nothing around the others."""
+    if self.announced_compile:
+      return contextlib.nullcontext()
+    self.announced_compile = True
+    runs = f"{len(self.runs)} run(s)" + (", stepped one at a time" if self.steps.one_at_a_time
+                                         else "")
+    what = (f"the block of {self.config.train.steps_per_dispatch} train steps" if block
+            else "the train step")
+    return logs.compiling(f"{what} ({runs})")
 
   def measure_update(self):
     """Each run's update size of the step just dispatched (normstudy.core.steps.update_size) on

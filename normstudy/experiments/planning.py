@@ -21,6 +21,7 @@ import jax
 from normstudy import errors
 from normstudy.core import per_run
 from normstudy.data import sources
+from normstudy.engine import logs
 from normstudy.engine import platform
 from normstudy.engine import train
 from normstudy.experiments import grid
@@ -43,9 +44,17 @@ def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) 
   run = grid.Run(os.path.basename(os.path.normpath(workdir)) or workdir, config, workdir)
   checkpoint_dir = rundir.RunDir(workdir).checkpoints
   preflight([run], checkpoint_dir, allow_config_change)
-  with rundir.made_for(workdir), lock(workdir):
+  with rundir.made_for(workdir), lock(workdir), library_log(workdir):
     recorder, = train.train_program([run], checkpoint_dir, single=True)
   return recorder.last_record
+
+
+def library_log(directory: str):
+  """The libraries' output (normstudy.engine.logs) into `directory`'s normstudy.log while a
+  program trains (process 0 of a multi-process run; the others' stay on their terminals)."""
+  if jax.process_index() != 0:
+    return contextlib.nullcontext()
+  return logs.library_output_to(os.path.join(directory, schema.LIBRARY_LOG))
 
 
 def program_key(config) -> str:
@@ -213,6 +222,7 @@ def _train_group(index: int, total: int, group: list, root: str) -> None:
     for run in group:  # the run's directory, once: normstudy.engine.train expects it
       locks.enter_context(rundir.made_for(run.directory))
       locks.enter_context(lock(run.directory))
+    locks.enter_context(library_log(root))
     train.train_program(group, program_checkpoints(root, group),
                         tag=f"[program {index}/{total}]" if total > 1 else "")
 

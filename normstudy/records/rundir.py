@@ -196,13 +196,13 @@ def made_for(path: str, what: str = "--workdir"):
   """`ensure_directory(path)` for what runs inside; if that fails while the directory, made by
   this call, holds nothing but its lock, the directory goes too: a run that stopped before it
   wrote anything leaves no trace (a dataset build that filled the disk once left a workdir
-  holding only its lock)."""
+  holding only its lock; a compile that fails leaves the libraries' log beside it)."""
   existed = os.path.isdir(path)
   ensure_directory(path, what)
   try:
     yield
   except BaseException:
-    if not existed and set(os.listdir(path)) <= {schema.LOCK}:
+    if not existed and set(os.listdir(path)) <= {schema.LOCK, schema.LIBRARY_LOG}:
       shutil.rmtree(path, ignore_errors=True)
     raise
 

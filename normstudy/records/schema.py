@@ -17,6 +17,9 @@ keys: they read as None (or empty), and keys this version does not know are kept
                                programs keep theirs under <dir>/checkpoints/<program>/)
   <study>/study.json           StudyRecord: a study's variants in legend order
   <sweep>/sweep.json           SweepRecord: a sweep's axes and its runs with their status
+  <run or sweep>/normstudy.log what the libraries said while it trained (their records at
+                               WARNING and below, XLA's and tensorstore's native stderr): kept
+                               off the terminal (normstudy.engine.logs), appended per process
 """
 
 import dataclasses
@@ -30,6 +33,7 @@ DAMAGED_CHECKPOINTS = "checkpoints_damaged"
 STUDY = "study.json"
 SWEEP = "sweep.json"
 LOCK = ".normstudy.lock"
+LIBRARY_LOG = "normstudy.log"
 EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's event files, beside metrics.jsonl
 # A size ladder's rungs (normstudy.experiments.ladder writes it, normstudy.analysis.ladder fits
 # it): per rung and arm the model's size and the critical learning rate with its interval.
