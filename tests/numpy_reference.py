@@ -138,6 +138,30 @@ def rezero(x, params, n, causal, eps, activation):
   return h + params["rezero"] * mlp(h, params["mlp"], activation)
 
 
+
+def unit(x, axis=-1):
+  """nGPT's Norm: x / ||x||_2."""
+  return x / np.sqrt((x**2).sum(axis, keepdims=True))
+
+
+def ngpt(x, params, n, causal, eps, activation):
+  """nGPT (Loshchilov et al. 2024, eqs. 10-11): h <- Norm(h + alpha_A (Norm(h_A) - h)), h_A the
+  attention's output on h, then the same with the MLP; alpha = stored * alpha_init / alpha_scale
+  with alpha_init = 0.05 and alpha_scale = 1/sqrt(d) (section 2.3, Table 1)."""
+  del n, eps
+  d = x.shape[-1]
+  a_att = params["attention_ngpt_alpha"] * 0.05 * np.sqrt(d)
+  h = unit(x + a_att * (unit(attention(x, params["attention"], causal)) - x))
+  a_mlp = params["mlp_ngpt_alpha"] * 0.05 * np.sqrt(d)
+  return unit(h + a_mlp * (unit(mlp(h, params["mlp"], activation)) - h))
+
+
+# nGPT's renormalisation after each update (section 2.6): every matrix along its embedding
+# (d_model) axis, written out per parameter: the axis each one's d_model is.
+NGPT_EMBED_AXES = {"embedding": 1, "head": 0, "query": 0, "key": 0, "value": 0, "out": -1,
+                   "fc1": 0, "fc2": -1, "kernel": -1}
+
+
 # placement -> (block(x, params, num_layers, causal, eps, activation), has a final norm)
 BLOCKS = {
     "pre_ln": (pre_ln, True),
@@ -149,4 +173,5 @@ BLOCKS = {
     "mix_ln": (mix_ln, True),
     "reordered_ln": (reordered_ln, True),
     "rezero": (rezero, False),
+    "ngpt": (ngpt, False),
 }

@@ -46,7 +46,8 @@ def configs(tmp, names):
   for i, name in enumerate(names):
     position = POSITIONS[i % len(POSITIONS)]
     config = tiny_config(placement=name, position_embedding=position, causal=position != "conv",
-                         dtype="float32", use_bias=i % 2 == 0, scan_layers=i % 2 == 0)
+                         dtype="float32", use_bias=i % 2 == 0,
+                         scan_layers=i % 2 == 0 or name == "pre_ln")  # Pre-LN's state moves
     config.data.update(data_dir=os.path.join(tmp, "tfds"), train_tokens=2**14,
                        validation_tokens=2**12, mask_prob=0.3, mask_length=2)
     config.train.batch_size = 8

@@ -343,9 +343,10 @@ def test_decay_mask_is_declared_by_role(make_config):
             for path, decays in jax.tree_util.tree_leaves_with_path(mask)}
     for path, decays in flat.items():
       leaf = path.split("/")[-1]
-      # Norm gains, biases and learned branch scales (ReZero, LayerScale) are not decayed.
-      is_gain_or_bias = leaf in ("scale", "bias") or leaf.endswith(
-          ("_bias", "_rezero", "_layer_scale")) or leaf == "rezero"
+      # Norm gains, biases and learned branch scales (ReZero, LayerScale, nGPT's alpha and
+      # logit scale) are not decayed.
+      is_gain_or_bias = leaf in ("scale", "bias", "rezero", "logit_scale") or leaf.endswith(
+          ("_bias", "_rezero", "_layer_scale", "_ngpt_alpha"))
       assert decays == (not is_gain_or_bias), (name, path)
 
 

@@ -16,6 +16,7 @@ float32, as fairseq runs them under --fp16.
 
 import dataclasses
 import functools
+import math
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -134,6 +135,8 @@ class Transformer(nn.Module):
       x = x + layers.ConvPositions(cfg, name="pos_conv")(x)
     if (placement.embedding_norm and cfg.peri_ln_embedding_norm) or cfg.input_norm:
       x = layers.make_norm(cfg, "embedding_norm")(x)
+    if placement.unit_sphere:  # nGPT: the hidden state starts on the unit sphere
+      x = placements.unit(x)
     telemetry.sow_site(self, self.probe, "embedding", x)
     x = nn.Dropout(cfg.dropout)(x, deterministic=self.deterministic)
 
@@ -158,19 +161,74 @@ class Transformer(nn.Module):
       head = layers.param(self, "head", layers.projection_init(cfg),
                           (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
     logits = jnp.einsum("bld,dv->blv", x, head.astype(dtype)).astype(jnp.float32)
+    if placement.unit_sphere:
+      # nGPT's s_z (Loshchilov et al. 2024, section 2.2.1): h and the head's columns are unit
+      # vectors, so each logit is a cosine in [-1, 1], scaled per vocabulary entry.
+      stored = layers.param(self, "logit_scale", nn.initializers.constant(
+          1.0 / math.sqrt(cfg.d_model)), (cfg.vocab_size,), ("vocab",), decay=False)
+      logits = logits * placements.ngpt_scaled(stored, placements.NGPT_LOGIT_SCALE_INIT,
+                                               cfg.d_model)
     logits = layers.boundary(cfg, logits)
     logits = layers.constrain(logits, ("batch", "length", "act_vocab"))
     telemetry.sow_site(self, self.probe, "logits", logits)
     return layers.softcap(logits, cfg.output_softcap)
 
 
-def boxed_init(cfg):
-  """A function key -> boxed params (logical axis names and decay roles), for sharded init."""
+def _flax_init(cfg):
   def init(key):
     tokens = jnp.zeros((1, cfg.max_len), jnp.int32)
     mask = None if cfg.causal else jnp.zeros((1, cfg.max_len), bool)
     return Transformer(cfg).init(key, tokens, mask)["params"]
   return init
+
+
+def boxed_init(cfg):
+  """A function key -> boxed params (logical axis names and decay roles), for sharded init.
+  A unit-sphere placement's (nGPT's) matrices start on the sphere (onto_sphere)."""
+  init = _flax_init(cfg)
+  if not placements.get(cfg.placement).unit_sphere:
+    return init
+
+  def on_sphere(key):
+    return jax.tree.map(lambda box: box.replace_boxed(_onto_sphere(box.value, _embed_axis(box))),
+                        init(key), is_leaf=_is_box)
+  return on_sphere
+
+
+_NO_AXIS = -1  # a leaf that onto_sphere leaves alone (None would be an empty subtree)
+
+
+def _embed_axis(box) -> int:
+  """The axis of a matrix that its logical name calls "embed" (d_model), or _NO_AXIS for a
+  vector (gains, biases, nGPT's own scales; a scanned stack's layer axis does not count) or a
+  parameter without one."""
+  names = tuple(box.names)
+  own = [n for n in names if n != "layers"]  # nn.scan's axis (model.Transformer)
+  return names.index("embed") if len(own) >= 2 and "embed" in own else _NO_AXIS
+
+
+def _onto_sphere(value, axis: int):
+  if axis == _NO_AXIS:
+    return value
+  v32 = value.astype(jnp.float32)
+  return (v32 * jax.lax.rsqrt(jnp.sum(v32 * v32, axis=axis, keepdims=True))).astype(value.dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def _embed_axes(cfg):
+  boxed = jax.eval_shape(_flax_init(cfg), jax.random.key(0))
+  return jax.tree.map(_embed_axis, boxed, is_leaf=_is_box)
+
+
+def onto_sphere(model_cfg: Any, params):
+  """nGPT's renormalisation (Loshchilov et al. 2024, section 2.6: after each update "all
+  matrices are normalized along their embedding dimension"): every matrix parameter divided by
+  its L2 norm along its "embed" axis, so each embedding row, each column of W_q, W_k, W_v and
+  fc1 (over d_model in), each row of W_o and fc2 (over d_model out), each head column (and the
+  position conv's kernel over its output channels) is a unit vector. Vectors (biases, nGPT's
+  alpha and s_z) are left as they are."""
+  cfg = ModelConfig.create(model_cfg)
+  return jax.tree.map(_onto_sphere, params, _embed_axes(cfg))
 
 
 @functools.lru_cache(maxsize=32)

@@ -58,6 +58,11 @@ class Placement:
   residual_alpha: Callable[[int], float] = lambda num_layers: 1.0
   # num_layers -> init gain of value, out, fc1 and fc2 (query and key keep 1).
   branch_gain: Callable[[int], float] = lambda num_layers: 1.0
+  # nGPT's hypersphere (Loshchilov et al. 2024): the model puts the embedding output on the unit
+  # sphere and scales the logits by a learned s_z (normstudy.core.model), and every matrix is
+  # renormalised along its embedding axis at init and after each update
+  # (normstudy.core.model.onto_sphere, normstudy.core.steps).
+  unit_sphere: bool = False
   description: str = ""
 
 
@@ -121,6 +126,38 @@ def _rezero(x, f, norm, ctx):
   return x + ctx.layer_param("rezero", (), 0.0).astype(x.dtype) * f(x)
 
 
+# nGPT's eigen learning rates (Loshchilov et al. 2024, section 2.3 and Table 1): alpha is stored
+# as a parameter initialised to alpha_scale = 1/sqrt(d_model) and used times
+# alpha_init / alpha_scale, so its value starts at alpha_init = 0.05 while Adam's steps on it
+# are scaled by that factor. The logit scale s_z the same way (s_z_init = 1).
+NGPT_ALPHA_INIT = 0.05
+NGPT_LOGIT_SCALE_INIT = 1.0
+
+
+def unit(x: Array) -> Array:
+  """x / ||x|| over the last axis (nGPT's Norm), computed in float32; x's dtype."""
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True))).astype(x.dtype)
+
+
+def ngpt_scaled(stored: Array, init: float, d_model: int) -> Array:
+  """An nGPT scaling parameter's value from its stored form: stored * init / scale, with
+  scale = 1/sqrt(d_model) (what the stored form is initialised to)."""
+  return stored * (init * math.sqrt(d_model))
+
+
+def _ngpt(x, f, norm, ctx):
+  """h <- Norm(h + alpha (Norm(F(h)) - h)), Norm onto the unit sphere, alpha a learned
+  per-channel eigen learning rate (Loshchilov et al. 2024, "nGPT", eqs. 10-11); no LayerNorm
+  anywhere: F sees h itself, already on the sphere. OLMo-core's `normalized` block. The
+  sphere's arithmetic is float32 (as the norms' statistics); the stream keeps x's dtype."""
+  del norm
+  d = x.shape[-1]
+  alpha = ngpt_scaled(ctx.param("ngpt_alpha", (d,), 1.0 / math.sqrt(d)), NGPT_ALPHA_INIT, d)
+  x32 = x.astype(jnp.float32)
+  return unit(x32 + alpha * (unit(f(x)).astype(jnp.float32) - x32)).astype(x.dtype)
+
+
 def sub_ln_gain(num_layers: int) -> float:
   """Magneto's init gain for value, out, fc1 and fc2: sqrt(log(2N)) (Wang et al. 2022,
   "Foundation Transformers", section 2.2)."""
@@ -178,6 +215,12 @@ register(Placement(
     name="rezero", wrap=_rezero, final_norm=False, label="ReZero",
     description="x + a F(x), a learned scalar per sublayer initialised to 0, no norms "
                 "(ReZero, Bachlechner et al. 2020)."))
+register(Placement(
+    name="ngpt", wrap=_ngpt, final_norm=False, label="nGPT", identity_residual=False,
+    unit_sphere=True,
+    description="h <- Norm(h + alpha (Norm(F(h)) - h)) on the unit sphere, matrices "
+                "renormalised after each update, a learned logit scale (nGPT, Loshchilov et "
+                "al. 2024)."))
 
 
 def where_layer(condition, a: Array, b: Array) -> Array:

@@ -21,6 +21,7 @@ from normstudy.core import life
 from normstudy.core import loss as loss_lib
 from normstudy.core import model as model_lib
 from normstudy.core import optimizer as optimizer_lib
+from normstudy.core import placements
 from normstudy.core import precision
 from normstudy.core import telemetry
 from normstudy.records import keys
@@ -167,6 +168,7 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
   model = _model(cfg, telemetry.Probe(stats=telemetry_on))
   opt_cfg, loss_cfg = config.optimizer, config.loss
   qk_clip_on = config.model.qk_clip > 0
+  on_sphere = placements.get(config.model.placement).unit_sphere
 
   gradients = _gradients(cfg, model, loss_cfg, telemetry_on, qk_clip_on)
 
@@ -181,6 +183,8 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
     new_params = optax.apply_updates(state.params, updates)
     if qk_clip_on:
       new_params = qk_clip(cfg, new_params, heads, config.model.qk_clip)
+    if on_sphere:  # nGPT: the updated matrices back onto the unit sphere
+      new_params = model_lib.onto_sphere(cfg, new_params)
     loss_scale, scale_underflow = precision.update(state.loss_scale, finite)
     step, opt_step, consecutive, status, halt = _advance_life(state, finite, scale_underflow)
     updated = state.replace(

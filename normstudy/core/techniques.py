@@ -86,10 +86,12 @@ TECHNIQUES = (
                     accepts=lambda v: v >= 0),
               _scale("LayerScale"), "Touvron et al. 2021 (CaiT)",
               conflicts=(Conflict(
-                  lambda c: c.model.placement == "rezero",
+                  lambda c: c.model.placement in ("rezero", "ngpt"),
                   lambda c: f"config.model.layer_scale={c.model.layer_scale:g} scales the "
-                            "branches that config.model.placement='rezero' already scales by a "
-                            "learned scalar; use one of them"),)),
+                            f"branches that config.model.placement={c.model.placement!r} "
+                            "already scales by a learned "
+                            f"{'scalar' if c.model.placement == 'rezero' else 'alpha'}; use "
+                            "one of them"),)),
     Technique(Field("model.emb_grad_shrink", 1.0, "embedding gradient shrink: the embedding's "
                     "gradient times this, its value unchanged", "a number in (0, 1]; 1 = off",
                     accepts=lambda v: 0 < v <= 1),
@@ -118,9 +120,9 @@ TECHNIQUES = (
               lambda v, c: "LN Scaling", "Sun et al. 2025 (\"The Curse of Depth in Large "
               "Language Models\"); OLMo-core's default_scaled block",
               conflicts=(Conflict(
-                  lambda c: c.model.placement == "rezero",
+                  lambda c: c.model.placement in ("rezero", "ngpt"),
                   lambda c: "config.model.layernorm_scaling=True scales the norms' outputs; "
-                            "config.model.placement='rezero' has no norms"),)),
+                            f"config.model.placement={c.model.placement!r} has no norms"),)),
     Technique(Field("model.qk_clip", 0.0, "QK-clip: after each update, each head's W_q and W_k "
                     "(and their biases) times sqrt(min(1, tau / S_max)), S_max the head's "
                     "largest logit in the step (Kimi K2: tau = 100)", "0 (off) or a number > 0",
@@ -134,7 +136,12 @@ TECHNIQUES = (
                          Conflict(
                   lambda c: c.model.attention == "none",
                   lambda c: f"config.model.qk_clip={c.model.qk_clip:g} clips attention logits; "
-                            "config.model.attention='none' has none"))),
+                            "config.model.attention='none' has none"),
+                         Conflict(
+                  lambda c: c.model.placement == "ngpt",
+                  lambda c: f"config.model.qk_clip={c.model.qk_clip:g} rescales W_q and W_k, "
+                            "which config.model.placement='ngpt' puts back on the unit sphere "
+                            "after every update; use one of them"))),
     Technique(Field("loss.z_loss", 0.0, "z-loss: this times the mean (log Z)^2 added to the loss",
                     "0 (off) or a number > 0", accepts=lambda v: v >= 0),
               _scale("z-loss"), "Chowdhery et al. 2022 (PaLM)"),
