@@ -9,6 +9,8 @@ import sys
 import time
 import urllib.request
 
+import runs
+
 BUCKET = "normstudy-test"  # tensorstore refuses bucket names under 3 characters
 
 
@@ -29,7 +31,7 @@ def emulator(log_path):
                                       "gcs_server.py"), str(port), BUCKET],
         stdout=log, stderr=subprocess.STDOUT)
   try:
-    deadline = time.time() + 60
+    deadline = time.time() + runs.bound(60)
     while True:
       try:
         urllib.request.urlopen(f"{url}/storage/v1/b/{BUCKET}", timeout=1)
@@ -42,4 +44,4 @@ def emulator(log_path):
            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "EPATH_USE_TF": "false"}
   finally:
     server.terminate()
-    server.wait(timeout=30)
+    server.wait(timeout=runs.bound(30))

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def compiled():
   result = subprocess.run([sys.executable, os.path.join(runs.REPO, "tests", "tpu_compile.py")],
-                          cwd=runs.REPO, capture_output=True, text=True, timeout=600)
+                          cwd=runs.REPO, capture_output=True, text=True, timeout=runs.bound(600))
   assert result.returncode == 0, result.stderr[-4000:]
   return json.loads(result.stdout.strip().splitlines()[-1])
 

@@ -259,7 +259,7 @@ names = ["lm1b", "c4/en", "lm1b:1.1.0", "no_such_dataset", "lm1b:not a version"]
 print(*[data.is_catalog_dataset(n) for n in names], "tensorflow" in sys.modules)
 """
   result = subprocess.run([sys.executable, "-c", code], cwd=runs.REPO, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=runs.bound(120))
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.split() == ["True", "True", "True", "False", "False", "False"]
 

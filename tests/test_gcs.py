@@ -46,7 +46,7 @@ def objects(env, url):
   import subprocess
   import sys
   result = subprocess.run([sys.executable, "-c", _LIST, url], env=env, capture_output=True,
-                          text=True, timeout=120, check=True)
+                          text=True, timeout=runs.bound(120), check=True)
   listing = json.loads(result.stdout.strip().splitlines()[-1])
   return {k: base64.b64decode(v) for k, v in listing.items()}
 
@@ -71,7 +71,7 @@ def test_a_run_killed_with_sigkill_resumes_bit_exactly_from_the_bucket(bucket, t
     if runs.wait_for_records(proc, stage, kill_at):
       proc.send_signal(signal.SIGKILL)
       kills += 1
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=runs.bound(120))
     assert kills or "Traceback" not in stderr, stderr[-3000:]
   assert kills == 2, stderr[-3000:]
   written = objects(env, url)
@@ -128,7 +128,7 @@ def test_a_workdir_in_use_and_a_bad_url_are_one_line(bucket):
     assert line.startswith(f"error: {url} is in use by process {first.pid} on "), line
   finally:
     first.send_signal(signal.SIGTERM)
-    first.communicate(timeout=120)
+    first.communicate(timeout=runs.bound(120))
   assert first.returncode == 0
   for bad, allowed in ((f"s3://{gcs.BUCKET}/x", "s3:// is not supported"),
                        ("gs:///x", "names no bucket")):
@@ -151,7 +151,7 @@ def test_a_sweep_killed_with_sigkill_resumes_bit_exactly_from_the_bucket(bucket,
   killed = runs.wait_for_records(proc, os.path.join(storage.stage_dir(url), "lr0.001_seed0"), 30)
   if killed:
     proc.send_signal(signal.SIGKILL)
-  _, stderr = proc.communicate(timeout=120)
+  _, stderr = proc.communicate(timeout=runs.bound(120))
   assert killed, stderr[-3000:]
   resumed = runs.run_module("normstudy.sweep", f"--workdir={url}", *args, env=env)
   assert "resumed" in resumed.stderr  # from the bucket's checkpoint, not from the start

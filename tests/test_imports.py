@@ -102,7 +102,7 @@ def _is_command(module: str) -> bool:
 def test_every_module_imports_in_one_process():
   code = "import importlib\n" + "\n".join(f"importlib.import_module({m!r})" for m in _modules())
   result = subprocess.run([sys.executable, "-c", code], cwd=runs.REPO, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=runs.bound(300))
   assert result.returncode == 0, result.stderr[-3000:]
 
 
@@ -179,7 +179,7 @@ outputs = analysis.analyze({str(tmp_path)!r})
 print(sorted(outputs))
 """
   result = subprocess.run([sys.executable, "-c", code], cwd=runs.REPO, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=runs.bound(300))
   assert result.returncode == 0, result.stderr[-3000:]
   assert "layers_attn_logit_max" in result.stdout
 

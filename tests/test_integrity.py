@@ -107,7 +107,7 @@ def test_a_second_run_on_a_busy_workdir_is_refused_and_touches_nothing(tmp_path)
     assert {name: (workdir / name).read_bytes() for name in before} == before
   finally:
     first.send_signal(signal.SIGTERM)
-    _, stderr = first.communicate(timeout=120)
+    _, stderr = first.communicate(timeout=runs.bound(120))
   assert first.returncode == 0, stderr[-2000:]
   steps = [r["step"] for r in runs.records(workdir)]
   assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 5
@@ -314,3 +314,15 @@ def test_an_unstaged_url_workdir_is_refused_in_one_line_and_nothing_is_made(tmp_
                                                r"workdir is written through its local stage"):
       rundir.check_writable(url, "--workdir")
   assert list(tmp_path.iterdir()) == []
+
+
+def test_hang_bounds_scale_with_the_load(monkeypatch):
+  # A subprocess timeout bounds a hang: on a machine loaded 15x per core it waits 15x as long.
+  monkeypatch.delenv("NORMSTUDY_TEST_TIMEOUT_SCALE", raising=False)
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+  monkeypatch.setattr(os, "getloadavg", lambda: (30.0, 20.0, 10.0))
+  assert runs.bound(600) == 600 * 15
+  monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+  assert runs.bound(600) == 600
+  monkeypatch.setenv("NORMSTUDY_TEST_TIMEOUT_SCALE", "3")
+  assert runs.bound(120) == 360

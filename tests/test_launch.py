@@ -12,7 +12,7 @@ import runs
 
 def _launch(script, *args):
   return subprocess.run(["bash", os.path.join(runs.REPO, "launch", script), *args],
-                        cwd=runs.REPO, capture_output=True, text=True, timeout=120)
+                        cwd=runs.REPO, capture_output=True, text=True, timeout=runs.bound(120))
 
 
 def _words(line):
@@ -58,7 +58,7 @@ def test_tpu_pod_workers_run_detached_with_every_argument_intact(tmp_path):
                     'printf "%s\\n" "$@"\n')
   python.chmod(0o755)
   subprocess.run(["bash", "-c", train], env=dict(os.environ, HOME=str(tmp_path)), check=True,
-                 timeout=10)
+                 timeout=runs.bound(10))
   pid = int((tmp_path / "normstudy" / "run.pid").read_text())
   while os.path.exists(f"/proc/{pid}"):  # the detached run, still going after bash returned
     time.sleep(0.1)
@@ -204,7 +204,7 @@ def test_slurm_batch_script_passes_arguments_with_quotes_and_spaces_intact(tmp_p
   script = "\n".join(result.stdout.splitlines()[1:-1])  # between the heredoc markers
   check = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
   assert check.returncode == 0, check.stderr
-  ran = subprocess.run(["bash"], input=script, capture_output=True, text=True, timeout=60,
+  ran = subprocess.run(["bash"], input=script, capture_output=True, text=True, timeout=runs.bound(60),
                        env=dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}",
                                 SLURM_LOCALID="0"))
   assert ran.returncode == 0, ran.stderr
@@ -250,7 +250,7 @@ def test_the_slurm_job_refuses_to_start_when_its_python_finds_no_gpu(tmp_path):
   result = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
                    "--venv", os.path.join(runs.REPO, ".venv"), "--dry-run")
   check = next(l for l in result.stdout.splitlines() if "default_backend" in l)
-  ran = subprocess.run(["bash", "-c", check], capture_output=True, text=True, timeout=60,
+  ran = subprocess.run(["bash", "-c", check], capture_output=True, text=True, timeout=runs.bound(60),
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert ran.returncode == 2
   assert ran.stderr.strip().splitlines()[-1] == (

@@ -42,7 +42,7 @@ def test_sigkill_at_several_points_then_resume_is_bit_exact(tmp_path):
     if runs.wait_for_records(proc, killed, kill_at):
       proc.send_signal(signal.SIGKILL)
       kills += 1
-    proc.communicate(timeout=120)
+    proc.communicate(timeout=runs.bound(120))
   assert kills >= 2  # the run was really interrupted mid-way
   runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={killed}", *args)
   expected = runs.trajectory(reference)
@@ -60,7 +60,7 @@ def test_signal_checkpoints_current_step_and_exits_cleanly(tmp_path, signum):
   assert runs.wait_for_records(proc, workdir, 5)
   sent = time.time()
   proc.send_signal(signum)
-  _, stderr = proc.communicate(timeout=60)
+  _, stderr = proc.communicate(timeout=runs.bound(60))
   assert time.time() - sent < 20
   assert proc.returncode == 0, stderr[-2000:]
   assert f"preempted: {signal.Signals(signum).name} at step" in stderr

@@ -58,7 +58,7 @@ def test_meshes_give_the_single_device_trajectory_and_checkpoints_move_between_t
   # cache would only cost (about 5% of this test).
   result = subprocess.run(
       [sys.executable, os.path.join(runs.REPO, "tests", "sharded_run.py"), str(tmp_path)],
-      cwd=os.path.join(runs.REPO, "tests"), capture_output=True, text=True, timeout=600,
+      cwd=os.path.join(runs.REPO, "tests"), capture_output=True, text=True, timeout=runs.bound(600),
       env=dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false"))
   assert result.returncode == 0, result.stderr[-4000:]
   out = json.loads(result.stdout.strip().splitlines()[-1])
@@ -114,7 +114,7 @@ def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
   procs = [runs.start_module("normstudy.main", *args, f"--workdir={tmp_path / 'two'}",
                              f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                              f"--process_id={i}", env=env2) for i in range(2)]
-  outputs = [p.communicate(timeout=300) for p in procs]
+  outputs = [p.communicate(timeout=runs.bound(300)) for p in procs]
   for p, (_, err) in zip(procs, outputs):
     assert p.returncode == 0, err[-3000:]
   one, two = runs.records(tmp_path / "one"), runs.records(tmp_path / "two")

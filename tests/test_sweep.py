@@ -286,7 +286,7 @@ def test_sweep_command_resumes_bit_exactly_after_sigkill(tmp_path):
   first = killed / "lr0.003_seed1"
   if runs.wait_for_records(proc, first, 9):
     proc.send_signal(signal.SIGKILL)
-  proc.communicate(timeout=120)
+  proc.communicate(timeout=runs.bound(120))
   runs.run_module("normstudy.sweep", *args, f"--workdir={killed}")
   for name in ("lr0.001_seed0", "lr0.001_seed1", "lr0.003_seed0", "lr0.003_seed1"):
     assert runs.trajectory(killed / name) == runs.trajectory(reference / name), name
@@ -387,7 +387,7 @@ def test_sigterm_to_a_sweep_in_one_process_records_its_runs_as_preempted(tmp_pat
   proc = runs.start_module("normstudy.sweep", *args)
   assert runs.wait_for_records(proc, tmp_path / "sweep" / "lr0.001_seed0_placement-pre_ln", 3)
   proc.send_signal(signal.SIGTERM)
-  _, stderr = proc.communicate(timeout=120)
+  _, stderr = proc.communicate(timeout=runs.bound(120))
   assert proc.returncode == 0, stderr[-3000:]
   assert re.match(r"preempted: SIGTERM at step \d+", stderr.strip().splitlines()[-1])
   # sweep.json says so (it once stayed at "running"); the program not started stays unrun.

@@ -64,7 +64,7 @@ def test_a_run_sends_its_records_to_wandb_offline_and_a_resume_continues_the_sam
   proc = runs.start_module("normstudy.main", *args, env=env)
   assert runs.wait_for_records(proc, workdir, 150)
   proc.send_signal(signal.SIGTERM)  # preempted: checkpoint, then stop
-  proc.communicate(timeout=120)
+  proc.communicate(timeout=runs.bound(120))
   runs.run_module("normstudy.main", *args, env=env)
   records = runs.records(workdir)
   history, ids = wandb_history(workdir)

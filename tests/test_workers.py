@@ -102,7 +102,7 @@ def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(t
                            env=worker_env)
   assert runs.wait_for_records(proc, stopped / names[0], 3)  # records every 5 steps
   proc.send_signal(signal.SIGTERM)
-  stdout, stderr = proc.communicate(timeout=120)
+  stdout, stderr = proc.communicate(timeout=runs.bound(120))
   assert proc.returncode == 0, stderr[-3000:]
   assert "programs: 2 at a time, each in a worker process" in stdout
   assert "SIGTERM received: passing it to the workers" in stderr
