@@ -39,6 +39,7 @@ VARIANTS = {
     "mix_ln": ("{auto}", {"model.placement": "mix_ln"}),
     "reordered_ln": ("{auto}", {"model.placement": "reordered_ln"}),  # OLMo 2
     "rezero": ("{auto}", {"model.placement": "rezero"}),
+    "ngpt": ("{auto}", {"model.placement": "ngpt"}),  # nGPT's block, sphere and logit scale
     "dyt": ("{auto}", {"model.norm": "dyt"}),  # alpha 0.5
     "layernorm_scaling": ("{auto}", {"model.layernorm_scaling": True}),
     "layer_scale": ("{auto}", {"model.layer_scale": 0.1}),  # CaiT: 0.1 for shallow stacks
