@@ -97,7 +97,7 @@ def execute_notebook(workdir, tmp_path):
   os.environ["NORMSTUDY_WORKDIR"] = str(workdir)
   os.environ["JUPYTER_PATH"] = kernel(directory, python)
   try:
-    nbclient.NotebookClient(nb, kernel_name="fresh", timeout=runs.bound(600),
+    nbclient.NotebookClient(nb, kernel_name="fresh", timeout=int(runs.bound(600)),
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
   finally:
     for key, value in saved.items():
