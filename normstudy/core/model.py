@@ -208,10 +208,7 @@ def _embed_axis(box) -> int:
 
 
 def _onto_sphere(value, axis: int):
-  if axis == _NO_AXIS:
-    return value
-  v32 = value.astype(jnp.float32)
-  return (v32 * jax.lax.rsqrt(jnp.sum(v32 * v32, axis=axis, keepdims=True))).astype(value.dtype)
+  return value if axis == _NO_AXIS else placements.unit(value, axis)
 
 
 @functools.lru_cache(maxsize=32)

@@ -134,10 +134,10 @@ NGPT_ALPHA_INIT = 0.05
 NGPT_LOGIT_SCALE_INIT = 1.0
 
 
-def unit(x: Array) -> Array:
-  """x / ||x|| over the last axis (nGPT's Norm), computed in float32; x's dtype."""
+def unit(x: Array, axis: int = -1) -> Array:
+  """x / ||x|| over `axis` (nGPT's Norm), computed in float32; x's dtype."""
   x32 = x.astype(jnp.float32)
-  return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True))).astype(x.dtype)
+  return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=axis, keepdims=True))).astype(x.dtype)
 
 
 def ngpt_scaled(stored: Array, init: float, d_model: int) -> Array:

@@ -66,7 +66,6 @@ class _State:
 
   def __init__(self):
     self.file = None
-    self.path = None
     self.early = collections.deque(maxlen=_EARLY_RECORDS)
     self.announced = set()  # the log files this process has named on the terminal
     self.lock = threading.Lock()
@@ -174,7 +173,7 @@ def library_output_to(path: str):
   terminal = os.fdopen(terminal_fd, "w", buffering=1, encoding="utf-8",
                        errors="backslashreplace")
   with _state.lock:
-    _state.file, _state.path = log, path
+    _state.file = log
     for line in _state.early:
       log.write(line + "\n")
     _state.early.clear()
@@ -196,7 +195,7 @@ def library_output_to(path: str):
     sys.stderr = python_stderr
     handler.stream = handler_stream
     with _state.lock:
-      _state.file = _state.path = None
+      _state.file = None
     terminal.close()
     log.close()
 
