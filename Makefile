@@ -37,6 +37,8 @@ DEPTH_DIR ?= runs/depth
 LADDER_DIR ?= runs/ladder
 # e.g. LADDER_ARGS=--dtypes=float16 (one dtype), --sweep_arg=--workers=1
 LADDER_ARGS ?=
+LADDER_SENSITIVITY_DIR ?= runs/ladder_sensitivity
+SPIKE_HANDLING_DIR ?= runs/spike_handling
 # Almost all of the suite's time is XLA compilation, which runs on one core per process: one
 # test worker per core (pytest-xdist); an idle worker takes tests queued for a busy one.
 PYTEST_ARGS ?= -n auto --dist worksteal
@@ -49,7 +51,7 @@ LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0]
 
 .PHONY: install corpora tpu-aot study study-text sensitivity techniques survival survival-depth survival-grid speed \
 	survival-bf16 survival-fp32 survival-context speed-context attention depth test test-fast \
-	ladder benchmark clean
+	ladder ladder-sensitivity spike-handling benchmark clean
 
 install: $(STAMP)
 
@@ -151,6 +153,21 @@ depth: install
 # held-out largest rung and the extrapolation to MERT's 24 x 1024 (normstudy.ladder).
 ladder: corpora
 	$(PY) -m normstudy.ladder --config=configs/ladder.py --workdir=$(LADDER_DIR) $(LADDER_ARGS)
+
+# Wortsman's learning-rate sensitivity on the ladder's rungs (configs/ladder_sensitivity.py): a
+# grid of learning rates x seeds per rung and arm on Shakespeare's plays, then
+# ladder_sensitivity.csv, its tests and figure (normstudy.ladder).
+ladder-sensitivity: corpora
+	$(PY) -m normstudy.ladder --config=configs/ladder_sensitivity.py \
+		--workdir=$(LADDER_SENSITIVITY_DIR) $(LADDER_ARGS)
+
+# Skip-step and update clipping on runs that spike and recover (configs/spike_handling.py): the
+# seed figure's Pre-LN on Shakespeare for the recipe's 1000 steps, each technique against the
+# baseline at the same rate and seed, then spike_handling.csv (normstudy.techniques).
+spike-handling: corpora
+	$(PY) -m normstudy.sweep --config=configs/spike_handling.py --workdir=$(SPIKE_HANDLING_DIR)
+	$(PY) -m normstudy.techniques --config=configs/spike_handling.py \
+		--workdir=$(SPIKE_HANDLING_DIR)
 
 test: corpora tpu-aot
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

@@ -17,6 +17,12 @@ d_model, params, the critical learning rate and its interval), ladder_fit.csv (p
 and axis: the slope of log critical rate on log size, the held-out largest rung, the
 extrapolation to the target size), ladder_tests.csv (whether two arms' ratio changes with size)
 and ladder.png (normstudy.analysis.ladder has the statistics).
+
+A ladder file that declares LADDER_LEARNING_RATES instead of LADDER_SEARCH
+(configs/ladder_sensitivity.py) trains each rung as a sweep over that learning-rate grid; every
+directory below DIR holding an analysed grid (runs.csv and sweep.json, no critical_lr.csv) is
+then a rung of Wortsman's LR sensitivity: ladder_sensitivity.csv, ladder_sensitivity_tests.csv,
+ladder_sensitivity.png and ladder_sensitivity.md (normstudy.analysis.ladder_sensitivity).
 """
 
 from absl import flags
@@ -54,19 +60,26 @@ def main(argv):
     raise errors.UserError("--dtypes and --sweep_arg need --config=FILE (the ladder to train)")
   if not os.path.isdir(FLAGS.workdir):
     raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory")
-  from normstudy.analysis import ladder as analysis
   table = ladder.ladder_table(FLAGS.workdir)
-  if table.empty:
+  sensitive = ladder.sensitivity_rungs(FLAGS.workdir)
+  if table.empty and not sensitive:
     raise errors.UserError(f"--workdir={FLAGS.workdir} holds no analysed search (a directory "
-                           "with critical_lr.csv and sweep.json): run the rungs' searches and "
-                           "normstudy.analyze first (make ladder)")
-  model = ladder.first_model(FLAGS.workdir)
-  model.update(num_layers=FLAGS.target_layers, d_model=FLAGS.target_d_model,
-               d_ff=4 * FLAGS.target_d_model)
-  targets = {"num_layers": FLAGS.target_layers, "d_model": FLAGS.target_d_model,
-             "params": ladder.parameters(model)}
-  for name, path in analysis.analyze(table, targets, FLAGS.workdir).items():
-    print(f"{name}: {path}")
+                           "with critical_lr.csv and sweep.json) and no analysed learning-rate "
+                           "grid (runs.csv and sweep.json): run the rungs and normstudy.analyze "
+                           "first (make ladder, make ladder-sensitivity)")
+  if not table.empty:
+    from normstudy.analysis import ladder as analysis
+    model = ladder.first_model(FLAGS.workdir)
+    model.update(num_layers=FLAGS.target_layers, d_model=FLAGS.target_d_model,
+                 d_ff=4 * FLAGS.target_d_model)
+    targets = {"num_layers": FLAGS.target_layers, "d_model": FLAGS.target_d_model,
+               "params": ladder.parameters(model)}
+    for name, path in analysis.analyze(table, targets, FLAGS.workdir).items():
+      print(f"{name}: {path}")
+  if sensitive:
+    from normstudy.analysis import ladder_sensitivity
+    for name, path in ladder_sensitivity.analyze(sensitive, FLAGS.workdir).items():
+      print(f"{name}: {path}")
 
 
 def _train(ladder) -> None:

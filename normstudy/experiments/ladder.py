@@ -55,6 +55,34 @@ def ladder_table(workdir: str) -> pd.DataFrame:
   return table.sort_values(["dtype", "arm", "num_layers", "d_model"], kind="stable")
 
 
+def sensitivity_directories(workdir: str) -> list:
+  """Every directory below `workdir` holding an analysed learning-rate grid that is not a search
+  (runs.csv and sweep.json without critical_lr.csv: a rung of a sensitivity ladder), in name
+  order."""
+  found = []
+  for root, dirs, files in os.walk(workdir):
+    dirs.sort()
+    if "sweep.json" in files:
+      if schema.RUN_TABLE in files and "critical_lr.csv" not in files:
+        found.append(root)
+      dirs[:] = []  # a sweep's runs are not rungs
+  return found
+
+
+def sensitivity_rungs(workdir: str) -> list:
+  """[(size, runs)] for every sensitivity rung below `workdir`: size {dtype, num_layers,
+  d_model, params} from a run's config, runs its runs.csv."""
+  out = []
+  for rung in sensitivity_directories(workdir):
+    model = _model_of(rung)
+    runs = pd.read_csv(os.path.join(rung, schema.RUN_TABLE))
+    if "learning_rate" not in runs or runs.learning_rate.nunique() < 2:
+      continue  # a sweep of something else
+    out.append(({"dtype": model["dtype"], "num_layers": model["num_layers"],
+                 "d_model": model["d_model"], "params": parameters(model)}, runs))
+  return out
+
+
 def first_model(workdir: str) -> dict:
   """The model section of the first rung's first run (what an extrapolation keeps besides its
   size: vocabulary, positions, biases)."""
@@ -84,14 +112,22 @@ class Rung:
 
 def ladder_spec(module, path: str) -> dict:
   """What a ladder config file declares, checked (UserError naming the file and the field):
-  LADDER_RUNGS [(num_layers, d_model)], LADDER_DTYPES, LADDER_SEARCH {field, low, high, rounds,
-  probe_decades} and rung_overrides(num_layers, d_model) -> {dotted field: value}."""
+  LADDER_RUNGS [(num_layers, d_model)], LADDER_DTYPES, rung_overrides(num_layers, d_model) ->
+  {dotted field: value}, and what each rung measures, one of: LADDER_SEARCH {field, low, high,
+  rounds, probe_decades} (the critical learning rate by search, configs/ladder.py) or
+  LADDER_LEARNING_RATES [lr, ...] (a grid for the LR sensitivity,
+  configs/ladder_sensitivity.py). Returns {"rungs", "dtypes", "search" (or None),
+  "learning_rates" (or None)}."""
   from normstudy.core import search as search_lib
-  missing = [name for name in ("LADDER_RUNGS", "LADDER_DTYPES", "LADDER_SEARCH",
-                               "rung_overrides") if not hasattr(module, name)]
+  missing = [name for name in ("LADDER_RUNGS", "LADDER_DTYPES", "rung_overrides")
+             if not hasattr(module, name)]
+  measures = [name for name in ("LADDER_SEARCH", "LADDER_LEARNING_RATES")
+              if hasattr(module, name)]
+  if len(measures) != 1:
+    missing.append("exactly one of LADDER_SEARCH and LADDER_LEARNING_RATES")
   if missing:
     raise UserError(f"--config={path} is not a ladder: it does not define {', '.join(missing)} "
-                    "(configs/ladder.py shows them)")
+                    "(configs/ladder.py and configs/ladder_sensitivity.py show them)")
   rungs = [tuple(r) for r in module.LADDER_RUNGS]
   bad = [r for r in rungs if len(r) != 2 or not all(isinstance(v, int) and v >= 1 for v in r)]
   if not rungs or bad:
@@ -104,25 +140,39 @@ def ladder_spec(module, path: str) -> dict:
   if not dtypes or wrong or len(set(dtypes)) != len(dtypes):
     raise UserError(f"{path}: LADDER_DTYPES={module.LADDER_DTYPES!r} is not allowed; allowed: "
                     "distinct names among float16, bfloat16, float32")
+  if measures == ["LADDER_LEARNING_RATES"]:
+    lrs = list(module.LADDER_LEARNING_RATES)
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                  for v in lrs)
+    if len(lrs) < 2 or not numbers or len(set(lrs)) != len(lrs):
+      raise UserError(f"{path}: LADDER_LEARNING_RATES={module.LADDER_LEARNING_RATES!r} is not "
+                      "allowed; allowed: at least 2 distinct learning rates > 0")
+    return {"rungs": rungs, "dtypes": dtypes, "search": None, "learning_rates": sorted(lrs)}
   s = dict(module.LADDER_SEARCH)
   search_ = search_lib.Search.parse(f"{s.get('field')}:{s.get('low')},{s.get('high')}",
                                     int(s.get("rounds", search_lib.DEFAULT_ROUNDS)),
                                     float(s.get("probe_decades", 0.0)))
-  return {"rungs": rungs, "dtypes": dtypes, "search": search_}
+  return {"rungs": rungs, "dtypes": dtypes, "search": search_, "learning_rates": None}
 
 
 def plan_rungs(path: str, module, dtypes=None) -> list:
   """Every rung of the ladder file `path` (its loaded `module`), dtype by dtype, in the file's
-  order: each a Rung whose argv trains its search into `<dtype>/L<layers>_d<width>`."""
+  order: each a Rung whose argv trains its search (or its learning-rate grid, as an axis of
+  the sweep) into `<dtype>/L<layers>_d<width>`."""
   spec = ladder_spec(module, path)
   search_ = spec["search"]
+  if search_ is not None:
+    measure = (f"--search={search_.field}:{search_.low:g},{search_.high:g}",
+               f"--rounds={search_.rounds}", f"--probe_decades={search_.probe_decades:g}")
+  else:
+    measure = ("--axis=optimizer.learning_rate="
+               + ",".join(f"{lr:g}" for lr in spec["learning_rates"]),)
   out = []
   for dtype in dtypes or spec["dtypes"]:
     for num_layers, d_model in spec["rungs"]:
       directory = os.path.join(dtype, f"L{num_layers}_d{d_model}")
       overrides = {"model.dtype": dtype, **module.rung_overrides(num_layers, d_model)}
-      argv = (f"--config={path}", f"--search={search_.field}:{search_.low:g},{search_.high:g}",
-              f"--rounds={search_.rounds}", f"--probe_decades={search_.probe_decades:g}",
+      argv = (f"--config={path}", *measure,
               *(f"--config.{k}={v}" for k, v in overrides.items()))
       out.append(Rung(dtype, num_layers, d_model, directory, argv))
   return out

@@ -40,6 +40,16 @@ EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's event files, beside metr
 LADDER = "ladder.csv"
 LADDER_COLUMNS = ("arm", "dtype", "num_layers", "d_model", "params", "critical_lr",
                   "critical_lr_low", "critical_lr_high")
+# A ladder's learning-rate sensitivity (normstudy.analysis.ladder_sensitivity writes it from
+# each rung's grid): per rung and arm Wortsman et al.'s LR sensitivity, the mean over seeds with
+# its 95% t interval, and the best learning rate and loss of the seeds' mean curve.
+LADDER_SENSITIVITY = "ladder_sensitivity.csv"
+LADDER_SENSITIVITY_COLUMNS = ("arm", "dtype", "num_layers", "d_model", "params", "seeds",
+                              "lr_sensitivity", "lr_sensitivity_low", "lr_sensitivity_high",
+                              "best_lr", "best_loss", "unigram_entropy", "failed_runs", "runs")
+# A learning-rate sweep's per-run table (normstudy.analysis writes it; a ladder's sensitivity
+# rungs are read from it).
+RUN_TABLE = "runs.csv"
 # normstudy.context_gap's measurement, one row per evaluation row of each run (normstudy.
 # experiments.context_gap writes it, normstudy.analysis.context_gap reads it).
 CONTEXT_GAP_ROWS = "context_gap_rows.csv"
