@@ -8,6 +8,11 @@ DIR holds one analysed search per dtype (any subdirectory with critical_lr.csv: 
 runs) and, optionally, DIR/recipe: the arms at the recipe's learning rate (their eval loss and
 step time). Each technique's baseline comes from the config file's BASELINES. Writes
 DIR/techniques.csv and DIR/techniques.png (normstudy.analysis.techniques has the statistics).
+
+With a config that declares SPIKE_HANDLING (configs/spike_handling.py) and a DIR that is an
+analysed grid rather than searches (runs.csv, `make spike-handling`), it writes
+DIR/spike_handling.csv alone: each technique against its baseline on runs of the same learning
+rate and seed.
 """
 
 from absl import flags
@@ -60,13 +65,19 @@ def main(argv):
     raise errors.UserError(f"--config={FLAGS.config} declares no BASELINES ({{technique: "
                            "baseline arm}}, configs/techniques.py shows it)")
   found = searches(FLAGS.workdir)
+  handlers = tuple(getattr(module, "SPIKE_HANDLING", ()))
+  from normstudy.analysis import techniques
+  if not found and handlers and os.path.isfile(os.path.join(FLAGS.workdir, "runs.csv")):
+    # A grid of long runs (configs/spike_handling.py): the spike-handling comparison alone.
+    for name, path in techniques.analyze_spike_grid(FLAGS.workdir, baselines, handlers,
+                                                    FLAGS.workdir).items():
+      print(f"{name}: {path}")
+    return
   if not found:
     raise errors.UserError(f"--workdir={FLAGS.workdir} holds no analysed search (a "
                            "subdirectory with critical_lr.csv): run make techniques")
   recipe = os.path.join(FLAGS.workdir, RECIPE)
   recipe = recipe if os.path.isfile(os.path.join(recipe, "speed.csv")) else None
-  from normstudy.analysis import techniques
-  handlers = tuple(getattr(module, "SPIKE_HANDLING", ()))
   for name, path in techniques.analyze(found, recipe, baselines, FLAGS.workdir,
                                        handlers).items():
     print(f"{name}: {path}")

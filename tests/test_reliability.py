@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import pandas as pd
 import pytest
 
 from normstudy import errors
@@ -555,3 +556,7 @@ def test_optimizer_side_techniques_resume_bit_exactly_in_float16(tmp_path):
     assert sum(r["loss_scale"] != 1 for r in half) == len(half)  # float16's scaler on
   skips = [r["spike_skips"] for r in whole]
   assert skips[19] < skips[-1]  # skip-step judged after the resume too
+  # The analysis reports how many updates skip-step withheld (spike_handling.csv compares it).
+  runs.run_module("normstudy.analyze", f"--workdir={tmp_path / 'whole'}")
+  summary = pd.read_csv(tmp_path / "whole" / "summary.csv")
+  assert summary.spike_skips.tolist() == [skips[-1]]

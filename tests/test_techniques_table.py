@@ -161,3 +161,43 @@ def test_spike_handling_pairs_runs_by_rate_and_seed_and_tests_each_measure():
   assert final.pairs == 3 and final.difference == pytest.approx(np.mean([-0.1, -0.2, -0.05]))
   np.testing.assert_allclose(table.p_holm, _holm(list(table.p)))
   assert all(v.startswith("not separated") for v in table.verdict)
+
+
+def test_a_grid_of_long_runs_gets_the_spike_handling_table_with_recovery_measures(tmp_path):
+  """configs/spike_handling.py's grid (no search): normstudy.techniques writes spike_handling.csv
+  alone, with the recovery measures, each an exact paired permutation test checked here by
+  enumerating the sign patterns."""
+  import itertools
+  import runs as runs_lib
+  rng = np.random.default_rng(5)
+  rows = []
+  for arm in ("baseline", "skip_spikes", "update_clip"):
+    for lr in (3e-3, 1e-2):
+      for seed in range(4):
+        rows.append({"arm": arm, "learning_rate": lr, "seed": seed, "dtype": "float16",
+                     "status": "finished", "outcome": "alive", "failed_at": math.nan,
+                     "loss_spikes": int(rng.integers(0, 4)), "final_loss": rng.normal(2.6, .1),
+                     "largest_spike": rng.uniform(0, 6), "final_eval_loss": rng.normal(2.5, .1),
+                     "spike_skips": int(rng.integers(0, 3)) if arm == "skip_spikes" else 0})
+  runs = pd.DataFrame(rows)
+  runs.to_csv(tmp_path / "runs.csv", index=False)
+  result = runs_lib.run_module("normstudy.techniques", f"--workdir={tmp_path}",
+                               "--config=configs/spike_handling.py")
+  assert "spike_handling:" in result.stdout
+  table = pd.read_csv(tmp_path / "spike_handling.csv")
+  assert set(table.measure) == {m for m, _, _ in techniques.RECOVERY_MEASURES}
+  row = table[(table.technique == "update_clip")
+              & (table.measure == "final eval loss of survivors")].iloc[0]
+  mine = runs[runs.arm == "update_clip"].sort_values(["learning_rate", "seed"])
+  base = runs[runs.arm == "baseline"].sort_values(["learning_rate", "seed"])
+  d = mine.final_eval_loss.to_numpy() - base.final_eval_loss.to_numpy()
+  assert row.pairs == 8 and row.difference == pytest.approx(d.mean())
+  sums = [abs(np.dot(signs, d)) for signs in itertools.product((1, -1), repeat=len(d))]
+  assert row.p == pytest.approx(np.mean([s >= abs(d.sum()) * (1 - 1e-9) for s in sums]))
+  withheld = table[(table.technique == "skip_spikes")
+                   & (table.measure == "updates skip-step withheld")].iloc[0]
+  assert withheld.technique_mean == pytest.approx(
+      runs[runs.arm == "skip_spikes"].spike_skips.mean()) and withheld.baseline_mean == 0
+  assert table[table.measure == "time to failure (step)"].pairs.eq(0).all()  # nothing failed
+  tested = table.p.notna()  # no pair failed, so time to failure has no p and no Holm count
+  np.testing.assert_allclose(table.p_holm[tested], _holm(list(table.p[tested])))

@@ -5,6 +5,7 @@ import pandas as pd
 
 from normstudy.analysis import detectors
 from normstudy.analysis import runs as runs_lib
+from normstudy.records import keys
 from normstudy.records import schema
 
 
@@ -51,7 +52,8 @@ def summarize(loaded: runs_lib.Runs) -> pd.DataFrame:
   """One row per run: label, status (finished | halted | diverged | preempted | running), outcome
   and recoveries by the failure rule (normstudy.records.outcomes), steps taken, halt step and reason, final/min loss, max loss after warm-up, final eval loss, skipped
   steps, lowest loss scale from its first fall on (detectors.lowest_scale_after_first_fall) and final
-  loss scale, and the observation counts (detectors.observe)."""
+  loss scale, updates skip-step withheld (spike_skips), and the observation counts
+  (detectors.observe)."""
   rows = []
   for run, facts in loaded.runs.items():
     loss = loaded.series(run, "loss")
@@ -59,6 +61,7 @@ def summarize(loaded: runs_lib.Runs) -> pd.DataFrame:
     after_warmup = finite_loss[finite_loss.index > facts.warmup_steps]
     scale = loaded.series(run, "loss_scale")
     skipped = loaded.series(run, "skipped_total")
+    spike_skips = loaded.series(run, keys.SPIKE_SKIPS)
     seen = detectors.observe(loaded, run)
     rows.append({
         "run": run,
@@ -75,6 +78,8 @@ def summarize(loaded: runs_lib.Runs) -> pd.DataFrame:
         "max_loss_after_warmup": after_warmup.max() if len(after_warmup) else np.nan,
         "final_eval_loss": _last(loaded.series(run, "eval_loss")),
         "skipped_steps": int(_last(skipped) or 0) if len(skipped) else 0,
+        # Updates skip-step (optimizer.skip_spikes) withheld as spikes; 0 without it.
+        "spike_skips": int(_last(spike_skips) or 0) if len(spike_skips) else 0,
         "min_loss_scale": detectors.lowest_scale_after_first_fall(scale),
         "final_loss_scale": _last(scale),
         "entropy_floor": facts.info.entropy_floor,

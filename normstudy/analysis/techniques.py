@@ -138,17 +138,25 @@ SPIKE_MEASURES = (
     ("loss spikes", "loss_spikes", "all"),
     ("final loss of survivors", "final_loss", "both finished"),
 )
+# A run long enough to spike and recover (configs/spike_handling.py) answers more: how large the
+# spikes are, the held-out loss after recovery, and whether skip-step acted at all.
+RECOVERY_MEASURES = SPIKE_MEASURES + (
+    ("largest loss spike (nats above trend)", "largest_spike", "all"),
+    ("final eval loss of survivors", "final_eval_loss", "both finished"),
+    ("updates skip-step withheld", "spike_skips", "all"),
+)
 SPIKE_COLUMNS = ["technique", "baseline", "dtype", "measure", "pairs", "technique_mean",
                  "baseline_mean", "difference", "test", "p", "p_holm", "verdict"]
 
 
 def spike_handling(runs: pd.DataFrame, techniques_: list, baselines: dict,
-                   dtype: str) -> list:
+                   dtype: str, measures=SPIKE_MEASURES) -> list:
   """Rows of spike_handling.csv for one search's runs (runs.csv): each technique of
   `techniques_` (skip-step, update clipping) against its baseline on the runs both trained at the
   same learning rate and seed (every search's first round trains LOW and HIGH for every arm and
-  seed), per SPIKE_MEASURES: the means, their difference and the exact paired permutation
-  test (n pairs; counts and steps are not normal)."""
+  seed), per `measures` (SPIKE_MEASURES; RECOVERY_MEASURES for a grid of long runs): the means,
+  their difference and the exact paired permutation test (n pairs; counts and steps are not
+  normal). A measure the runs did not record (an older runs.csv) is left out."""
   rows = []
   keys_ = ["learning_rate", "seed"]
   for technique in techniques_:
@@ -161,7 +169,9 @@ def spike_handling(runs: pd.DataFrame, techniques_: list, baselines: dict,
     # Failed by the failure rule (halted or diverged); a run that survived but did not learn
     # ("not learning") is a survivor here.
     failed_t, failed_b = (pairs[f"status_{s}"].isin(schema.FAILED) for s in ("t", "b"))
-    for measure, column, which in SPIKE_MEASURES:
+    for measure, column, which in measures:
+      if f"{column}_t" not in pairs:
+        continue
       if which == "both failed":
         chosen = pairs[ended & failed_t & failed_b]
       elif which == "both finished":
@@ -271,3 +281,17 @@ def analyze(searches: dict, recipe_dir: str | None, baselines: dict, workdir: st
   spike_table(spikes).to_csv(outputs["spike_handling"], index=False)
   save(figure(result), outputs["techniques_figure"])
   return outputs
+
+
+def analyze_spike_grid(directory: str, baselines: dict, spike_handlers, workdir: str) -> dict:
+  """A grid of long runs (configs/spike_handling.py: every arm at the same learning rates and
+  seeds, analysed by normstudy.sweep into `directory`): spike_handling.csv with
+  RECOVERY_MEASURES, per dtype of its runs.csv, into `workdir`; returns its path."""
+  runs = pd.read_csv(os.path.join(directory, "runs.csv"))
+  rows = []
+  for dtype in runs.dtype.dropna().unique():
+    rows += spike_handling(runs[runs.dtype == dtype], list(spike_handlers), baselines, dtype,
+                           RECOVERY_MEASURES)
+  path = os.path.join(workdir, "spike_handling.csv")
+  spike_table(rows).to_csv(path, index=False)
+  return {"spike_handling": path}
