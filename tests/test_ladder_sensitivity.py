@@ -108,19 +108,25 @@ def test_the_tests_are_paired_t_permutation_and_slope_with_holm():
         sum(s >= abs(d.sum()) * (1 - 1e-9) for s in sums) / len(sums))
     expected_p.append(row.p)
   np.testing.assert_allclose(against.p_holm, _holm(expected_p))
+  # Size: the slope over the rungs' means (n = rungs), and over every seed's value beside it.
   trend = tested[tested.test == "size trend"].set_index("arm")
+  x_rungs = [math.log10(70 * w * w) for w in WIDTHS]
+  x_seeds = [x for x in x_rungs for _ in SEEDS]
   for arm in ARMS:
-    x = [math.log10(70 * w * w) for w in WIDTHS for _ in SEEDS]
-    y = [value[(w, arm, s)] for w in WIDTHS for s in SEEDS]
-    line = scipy_stats.linregress(x, y)
+    means = [np.mean([value[(w, arm, s)] for s in SEEDS]) for w in WIDTHS]
+    line = scipy_stats.linregress(x_rungs, means)
     assert trend.loc[arm, "estimate"] == pytest.approx(line.slope)
     assert trend.loc[arm, "p"] == pytest.approx(line.pvalue)
+    assert trend.loc[arm, "n"] == len(WIDTHS) and trend.loc[arm, "n_seeds"] == len(x_seeds)
+    y = [value[(w, arm, s)] for w in WIDTHS for s in SEEDS]
+    assert trend.loc[arm, "p_seeds"] == pytest.approx(scipy_stats.linregress(x_seeds, y).pvalue)
   np.testing.assert_allclose(trend.p_holm, _holm(list(trend.p)))
   interaction = tested[tested.test == "size x arm"].set_index("arm")
   assert list(interaction.index) == list(ARMS[1:])
-  x = [math.log10(70 * w * w) for w in WIDTHS for _ in SEEDS]
-  d = [value[(w, ARMS[1], s)] - value[(w, ARMS[0], s)] for w in WIDTHS for s in SEEDS]
-  assert interaction.loc[ARMS[1], "estimate"] == pytest.approx(scipy_stats.linregress(x, d).slope)
+  d = [np.mean([value[(w, ARMS[1], s)] - value[(w, ARMS[0], s)] for s in SEEDS]) for w in WIDTHS]
+  line = scipy_stats.linregress(x_rungs, d)
+  assert interaction.loc[ARMS[1], "estimate"] == pytest.approx(line.slope)
+  assert interaction.loc[ARMS[1], "p"] == pytest.approx(line.pvalue)
 
 
 def _write_grid_rung(directory, model, runs):

@@ -18,10 +18,12 @@ Tests (n = seeds; paired by seed, since seed s of every arm at a rung sees the s
             the paired t-test and, beside it, the exact paired permutation test (with 3 seeds
             its smallest p is 0.25, so only the t-test can separate anything); Holm over every
             arm x rung comparison, on the t-test's p
-  with size  each arm's per-seed sensitivity against log10 parameters over the rungs (n = rungs
-            x seeds): the least-squares slope with its t-test (n - 2 degrees of freedom), and
-            the same for each arm's paired difference from the baseline (the size x arm
-            interaction); Holm over the arms, per family
+  with size  each arm's sensitivity against log10 parameters: the least-squares slope of the
+            rungs' means with its t-test (n = rungs, n - 2 degrees of freedom: the rung is what
+            carries the size), and the same for each arm's paired difference from the baseline
+            (the size x arm interaction); Holm over the arms, per family. Beside it, p_seeds:
+            the same slope's test on every seed's value (n = rungs x seeds), valid only if each
+            rung's seeds scatter around the line, which 3 rungs cannot check
 """
 
 import math
@@ -37,7 +39,7 @@ from normstudy.records import schema
 
 COLUMNS = list(schema.LADDER_SENSITIVITY_COLUMNS)
 TEST_COLUMNS = ["dtype", "test", "arm", "baseline", "num_layers", "d_model", "n", "estimate",
-                "p", "p_permutation", "p_holm"]
+                "p", "p_permutation", "p_holm", "p_seeds", "n_seeds"]
 
 
 def per_seed(runs: pd.DataFrame) -> pd.DataFrame:
@@ -89,6 +91,19 @@ def _slope_test(x, y) -> tuple[float, float]:
   return float(fitted.slope), float(fitted.pvalue)
 
 
+def _size_row(dtype: str, test: str, arm: str, baseline: str, pairs: list) -> dict:
+  """A size test from [(log10 params, value)] of every seed at every rung: the slope and its
+  t-test on the rungs' means (n = rungs: the rung is the unit that carries the size), with the
+  same test on every seed's value beside it (p_seeds, n = rungs x seeds: it holds only if each
+  rung's seeds scatter around the line, which 3 rungs cannot check)."""
+  table = pd.DataFrame(pairs, columns=["x", "y"])
+  means = table.groupby("x").y.mean()
+  slope, p = _slope_test(means.index, means.to_numpy())
+  _, p_seeds = _slope_test(table.x, table.y)
+  return {"dtype": dtype, "test": test, "arm": arm, "baseline": baseline, "n": len(means),
+          "estimate": slope, "p": p, "p_seeds": p_seeds, "n_seeds": len(table)}
+
+
 def tests(rungs: list) -> pd.DataFrame:
   """ladder_sensitivity_tests.csv from [(size dict, per_seed table)], the rungs in size order;
   the first arm of each rung is the baseline. One row per test (the module's docstring):
@@ -122,20 +137,15 @@ def tests(rungs: list) -> pd.DataFrame:
                       "estimate": float(np.mean(a - b)) if len(shared) else math.nan, "p": p,
                       "p_permutation": stats.paired_permutation(a, b)})
     for arm in arms:
-      slope, p = _slope_test(xs[arm], ys[arm])
-      trend.append({"dtype": dtype, "test": "size trend", "arm": arm, "baseline": "",
-                    "n": len(ys[arm]), "estimate": slope, "p": p})
+      trend.append(_size_row(dtype, "size trend", arm, "", list(zip(xs[arm], ys[arm]))))
       if arm != baseline:
-        x, d = zip(*ds[arm]) if ds[arm] else ((), ())
-        slope, p = _slope_test(x, d)
-        interaction.append({"dtype": dtype, "test": "size x arm", "arm": arm,
-                            "baseline": baseline, "n": len(d), "estimate": slope, "p": p})
+        interaction.append(_size_row(dtype, "size x arm", arm, baseline, ds[arm]))
     for family in (pairs, trend, interaction):
       for row, p_holm in zip(family, stats.holm([r["p"] for r in family])):
         row["p_holm"] = p_holm
       rows += family
   tested = pd.DataFrame(rows, columns=TEST_COLUMNS)
-  for column in ("num_layers", "d_model", "n"):
+  for column in ("num_layers", "d_model", "n", "n_seeds"):
     tested[column] = tested[column].astype("Int64")
   return tested
 
@@ -200,10 +210,13 @@ def observations(table: pd.DataFrame, tested: pd.DataFrame) -> str:
                      ("size x arm", "its difference from the baseline changes with size")):
     rows = tested[tested.test == kind]
     if len(rows):
-      parts.append(f"Whether {what} (slope per decade of parameters): " + "; ".join(
+      parts.append(f"Whether {what} (slope per decade of parameters, on the rungs' means): "
+                   + "; ".join(
           f"{r.arm} ({r.dtype}) {r.estimate:+.3f}, "
           + stats.verdict_holm("least-squares slope t-test", str(r.n), r.p, r.p_holm,
-                               "separated from 0") for r in rows.itertuples()) + ".")
+                               "separated from 0")
+          + f" (on every seed's value, n = {r.n_seeds}: p = {stats.format_p(r.p_seeds)})"
+          for r in rows.itertuples()) + ".")
   return "\n\n".join(parts)
 
 
