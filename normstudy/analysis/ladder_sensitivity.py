@@ -43,20 +43,18 @@ TEST_COLUMNS = ["dtype", "test", "arm", "baseline", "num_layers", "d_model", "n"
 
 
 def per_seed(runs: pd.DataFrame) -> pd.DataFrame:
-  """One row per arm and seed of one rung's runs.csv: the seed's LR sensitivity, best loss and
-  best learning rate (sensitivity.lr_sensitivity of that seed's curve, with the arm's mean loss
-  at initialisation as l0). Seeds that did not run the whole grid are left out."""
+  """One row per arm and seed of one rung's runs.csv: the seed's LR sensitivity
+  (sensitivity.lr_sensitivity of that seed's curve, with the arm's mean loss at initialisation
+  as l0). Seeds that did not run the whole grid are left out."""
   rows = []
   grid = runs.learning_rate.nunique()
   for arm, curve in runs.groupby("arm", sort=False):
     loss_init = float(curve.loss_init.mean())
     for seed, rows_ in curve.groupby("seed"):
-      if rows_.learning_rate.nunique() != grid:
-        continue
-      metric = sensitivity.lr_sensitivity(rows_.learning_rate, rows_.effective_loss, loss_init)
-      rows.append({"arm": arm, "seed": seed, "lr_sensitivity": metric["lr_sensitivity"],
-                   "best_loss": metric["best_loss"], "best_lr": metric["best_lr"]})
-  return pd.DataFrame(rows, columns=["arm", "seed", "lr_sensitivity", "best_loss", "best_lr"])
+      if rows_.learning_rate.nunique() == grid:
+        rows.append({"arm": arm, "seed": seed, "lr_sensitivity": sensitivity.lr_sensitivity(
+            rows_.learning_rate, rows_.effective_loss, loss_init)["lr_sensitivity"]})
+  return pd.DataFrame(rows, columns=["arm", "seed", "lr_sensitivity"])
 
 
 def rung_rows(runs: pd.DataFrame, size: dict) -> list:
@@ -116,15 +114,15 @@ def tests(rungs: list) -> pd.DataFrame:
     baseline = mine[0][1].arm.iloc[0]
     arms = list(dict.fromkeys(a for _, seeds in mine for a in seeds.arm))
     pairs, trend, interaction = [], [], []
-    xs = {arm: [] for arm in arms}
-    ys = {arm: [] for arm in arms}
+    # [(log10 params, value)] per arm: its seeds' sensitivities, and their paired differences
+    # from the baseline's.
+    values_at = {arm: [] for arm in arms}
     ds = {arm: [] for arm in arms}
     for size, seeds in mine:
       base = seeds[seeds.arm == baseline].set_index("seed").lr_sensitivity
       for arm in arms:
         values = seeds[seeds.arm == arm].set_index("seed").lr_sensitivity
-        xs[arm] += [math.log10(size["params"])] * len(values)
-        ys[arm] += list(values)
+        values_at[arm] += [(math.log10(size["params"]), v) for v in values]
         if arm == baseline:
           continue
         shared = sorted(set(values.index) & set(base.index))
@@ -137,7 +135,7 @@ def tests(rungs: list) -> pd.DataFrame:
                       "estimate": float(np.mean(a - b)) if len(shared) else math.nan, "p": p,
                       "p_permutation": stats.paired_permutation(a, b)})
     for arm in arms:
-      trend.append(_size_row(dtype, "size trend", arm, "", list(zip(xs[arm], ys[arm]))))
+      trend.append(_size_row(dtype, "size trend", arm, "", values_at[arm]))
       if arm != baseline:
         interaction.append(_size_row(dtype, "size x arm", arm, baseline, ds[arm]))
     for family in (pairs, trend, interaction):
@@ -233,9 +231,10 @@ def analyze(rungs: list, workdir: str) -> dict:
       ("ladder_sensitivity_figure", ".png"), ("ladder_sensitivity_observations", ".md"))}
   table.to_csv(paths["ladder_sensitivity"], index=False)
   tested.to_csv(paths["ladder_sensitivity_tests"], index=False)
-  fig = figure(rungs)
-  fig.savefig(paths["ladder_sensitivity_figure"], dpi=120)
   from matplotlib import pyplot as plt
+  from normstudy.analysis.plots import save
+  fig = figure(rungs)
+  save(fig, paths["ladder_sensitivity_figure"])  # and the same name as .svg
   plt.close(fig)
   with open(paths["ladder_sensitivity_observations"], "w", encoding="utf-8") as f:
     f.write("# Learning-rate sensitivity along the ladder\n\n" + observations(table, tested)
