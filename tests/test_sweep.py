@@ -145,6 +145,46 @@ def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path):
   assert len(finals) == 4
 
 
+@pytest.mark.slow
+def test_programs_of_one_structure_in_one_process_share_their_compiled_steps(tmp_path,
+                                                                             monkeypatch):
+  # A search trains each arm's program again every round; the process (or pool worker) keeps
+  # the compiled steps by the program's structure (execution.ProgramSteps._key), so a program
+  # of the same structure builds nothing, and records bit for bit what it records with steps
+  # built afresh. A structural difference builds its own.
+  path = os.path.join(runs.REPO, "configs", "seed_figure.py")
+
+  def program(root, learning_rates, **model):
+    sweep_runs = []
+    for p in grid.points(path, "pre_norm_clip1", {"optimizer.learning_rate": learning_rates,
+                                                  "train.seed": [0, 1]}, {}):
+      with p.config.unlocked():
+        _tiny(p.config, tmp_path, steps=12)
+        p.config.model.update(model)
+      sweep_runs.append(grid.Run(p.name, p.config, str(tmp_path / root / p.name), p.arm,
+                                 point=p.point))
+    return sweep_runs
+
+  built = []
+  monkeypatch.setattr(execution.ProgramSteps, "_build", _counted(
+      execution.ProgramSteps._build, built))
+  execution._KEPT.clear()
+  inprocess.train_programs(program("first", [1e-3]), str(tmp_path / "first"))
+  assert len(built) == 1
+  kept = program("kept", [3e-3])
+  inprocess.train_programs(kept, str(tmp_path / "kept"))
+  assert len(built) == 1  # another learning rate: per-run data, the same program
+  inprocess.train_programs(program("deeper", [3e-3], num_layers=3), str(tmp_path / "deeper"))
+  assert len(built) == 2
+  execution._KEPT.clear()
+  fresh = program("fresh", [3e-3])
+  inprocess.train_programs(fresh, str(tmp_path / "fresh"))
+  assert len(built) == 3
+  for a, b in zip(kept, fresh):
+    assert runs.trajectory(a.directory) == runs.trajectory(b.directory), a.name
+    assert len(runs.trajectory(a.directory)) == 12
+
+
 def _counted(method, calls: list):
   def counted(*args, **kwargs):
     calls.append(1)

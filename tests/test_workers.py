@@ -41,6 +41,36 @@ def test_calls_larger_than_a_pipe_buffer_reach_the_workers(tmp_path):
   assert sorted(out.read_text().split()) == ["200000"] * 4
 
 
+def test_a_pool_keeps_its_workers_across_runs(tmp_path):
+  # A search's rounds run in one pool: the second run's calls go to the processes of the first,
+  # which keep what they compiled.
+  out = tmp_path / "pids"
+  with workers.Pool() as pool:
+    pool.run(_record_pid, [(str(out), "round1")] * 4, 2)
+    after_first = list(pool.processes)
+    pool.run(_record_pid, [(str(out), "round2")] * 3, 2)
+    assert pool.processes == after_first and all(p.is_alive() for p in after_first)
+  lines = [line.split() for line in out.read_text().split("\n") if line]
+  pids = {str(p.pid) for p in after_first}
+  assert sorted(name for name, _ in lines) == ["round1"] * 4 + ["round2"] * 3
+  assert {pid for _, pid in lines} <= pids and len(pids) == 2
+  assert not any(p.is_alive() for p in after_first)  # closed: none left
+
+
+def test_a_failure_in_a_pool_run_is_raised_and_its_later_calls_do_not_start(tmp_path):
+  started = tmp_path / "started"
+  with workers.Pool() as pool:
+    pool.run(_record_pid, [(str(tmp_path / "pids"), "warm")], 1)
+    with pytest.raises(ValueError, match="first"):
+      pool.run(_fail, [(str(started), "first"), (str(started), "second")], 1)
+  assert started.read_text() == "first"
+
+
+def _record_pid(out, name):
+  with open(out, "a", encoding="utf-8") as f:
+    f.write(f"{name} {os.getpid()}\n")
+
+
 def _record_size(out, payload):
   with open(out, "a", encoding="utf-8") as f:
     f.write(f"{len(payload)}\n")

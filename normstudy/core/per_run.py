@@ -13,6 +13,7 @@ continued from its checkpoint may change without --allow_config_change (`config_
 """
 
 import dataclasses
+import json
 from typing import Any, Callable
 
 import jax
@@ -79,6 +80,17 @@ FIELDS = (
 
 # Config fields that are data in the state, so they may differ between the runs of one program.
 RUN_DATA_FIELDS = tuple(dict.fromkeys(f.field for f in FIELDS if f.field is not None))
+
+
+def program_key(config) -> str:
+  """What must be equal for runs to share one compiled program: the config without its per-run
+  fields (RUN_DATA_FIELDS) and label. normstudy.experiments.planning groups a grid's runs into
+  programs by it, and normstudy.engine.execution keeps a process's compiled steps under it."""
+  flat = rundir.flatten(rundir.config_json(config))
+  for field in RUN_DATA_FIELDS + ("label",):
+    flat.pop(field, None)
+  return json.dumps(flat, sort_keys=True, default=str)
+
 
 # Config fields a continued run may change: they do not alter the trajectory already recorded (the
 # mesh included: a checkpoint restores onto any layout, and results do not depend on it).

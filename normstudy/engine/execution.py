@@ -35,6 +35,15 @@ from normstudy.engine import platform
 from normstudy.engine import sharding
 
 
+# The compiled steps of the programs this process trained last, by ProgramSteps._key: a search
+# trains each arm's program again every round, and a sweep's worker several programs of one
+# structure; kept, the next one's steps are neither traced again nor loaded from the compile
+# cache (about 8 s a program at the seed size on 2 CPU cores: docs/throughput.md). Same
+# executables, same bits.
+KEPT_PROGRAMS = 16
+_KEPT = {}
+
+
 def _join(parts):
   return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
@@ -132,21 +141,44 @@ class ProgramSteps:
     self.one_at_a_time = bool(one_at_a_time) and num_runs > 1
     self.shardings = sharding.state_shardings(config, mesh)
     self._batch_sharding = sharding.batch_sharding(mesh)
-    boundaries = self.choices.fusion_boundaries
-    self.train = self._compile(steps_lib.make_train_step(config, False, boundaries),
-                               self.shardings, updates_state=True)
-    self.telemetry = self._compile(steps_lib.make_train_step(config, True, boundaries),
-                                   self.shardings, updates_state=True)
-    self.eval = self._compile(steps_lib.make_eval_step(config, boundaries),
-                              self.shardings.params, updates_state=False)
     self._work_sharding = {"batches": sharding.block_sharding(mesh),
                            "count": sharding.runs_sharding(mesh)}
-    self.block = self._compile(steps_lib.make_train_block(config, boundaries), self.shardings,
-                               updates_state=True, work_sharding=self._work_sharding)
-    self._compiled_on_use = {}
-    if self.one_at_a_time:
-      self._take = jax.jit(_take, out_shardings=self.shardings)
-      self._join = jax.jit(_join, out_shardings=self.shardings)
+    key = self._key()
+    kept = _KEPT.pop(key, None)
+    if kept is None:
+      kept = self._build()
+    _KEPT[key] = kept  # the newest last: the least recently used goes first
+    while len(_KEPT) > KEPT_PROGRAMS:
+      del _KEPT[next(iter(_KEPT))]
+    (self.train, self.telemetry, self.eval, self.block, self._compiled_on_use, self._init,
+     self._take, self._join) = kept
+
+  def _key(self) -> tuple:
+    """What the compiled steps depend on: the program's structure (per_run.program_key: its
+    config without per-run fields), the mesh's devices and axes, the stepping mode and K when
+    the runs are vmapped, and the platform's choices."""
+    mesh = (self.mesh.axis_names, self.mesh.devices.shape,
+            tuple(d.id for d in self.mesh.devices.flat))
+    runs = 1 if self.one_at_a_time else self.num_runs
+    choices = (self.choices.fusion_boundaries,
+               tuple(sorted((k, str(v)) for k, v in self.choices.compiler_options.items())))
+    return (per_run.program_key(self.config), mesh, self.one_at_a_time, runs, choices)
+
+  def _build(self) -> tuple:
+    """The compiled steps (jitted: traced and compiled on their first call) of this program."""
+    boundaries = self.choices.fusion_boundaries
+    train = self._compile(steps_lib.make_train_step(self.config, False, boundaries),
+                          self.shardings, updates_state=True)
+    telemetry = self._compile(steps_lib.make_train_step(self.config, True, boundaries),
+                              self.shardings, updates_state=True)
+    eval_ = self._compile(steps_lib.make_eval_step(self.config, boundaries),
+                          self.shardings.params, updates_state=False)
+    block = self._compile(steps_lib.make_train_block(self.config, boundaries), self.shardings,
+                          updates_state=True, work_sharding=self._work_sharding)
+    init = jax.jit(_initializer(self.config), out_shardings=self.shardings)
+    take = jax.jit(_take, out_shardings=self.shardings) if self.one_at_a_time else None
+    join = jax.jit(_join, out_shardings=self.shardings) if self.one_at_a_time else None
+    return train, telemetry, eval_, block, {}, init, take, join
 
   def _compile(self, fn, first_sharding, updates_state: bool, work_sharding=None):
     """fn(first, batch) of one run as a step of the program's K runs. `updates_state`: fn
@@ -191,7 +223,7 @@ class ProgramSteps:
   def initial(self, configs) -> Any:
     """The held initial state of runs whose configs share this program, created in its shards:
     each run's values are those of the run alone on one device."""
-    init = jax.jit(_initializer(self.config), out_shardings=self.shardings)
+    init = self._init
     with jax.set_mesh(self.mesh):
       if self.one_at_a_time:  # each run from the one-run initialiser, as alone
         return [init(per_run.stacked_values([c])) for c in configs]

@@ -11,7 +11,6 @@ the caller's (`run_grid`'s `analyze`): the commands that draw pass it.
 import contextlib
 import dataclasses
 import hashlib
-import json
 import os
 import time
 
@@ -57,13 +56,9 @@ def library_log(directory: str):
   return logs.library_output_to(os.path.join(directory, schema.LIBRARY_LOG))
 
 
-def program_key(config) -> str:
-  """What must be equal for runs to share one compiled program: the config without its per-run
-  fields (normstudy.core.per_run.RUN_DATA_FIELDS) and label."""
-  flat = rundir.flatten(rundir.config_json(config))
-  for field in per_run.RUN_DATA_FIELDS + ("label",):
-    flat.pop(field, None)
-  return json.dumps(flat, sort_keys=True, default=str)
+# What must be equal for runs to share one compiled program (the config without its per-run
+# fields and label), defined beside the per-run fields.
+program_key = per_run.program_key
 
 
 def group_runs(runs: list, max_runs: int = grid.MAX_RUNS_PER_PROGRAM) -> list:
@@ -153,9 +148,11 @@ def train_share(plan_: Plan) -> dict:
                                         runs=[run for _, group in plan_.todo for run in group]))
 
 
-def train_plan(plan_: Plan) -> dict:
+def train_plan(plan_: Plan, pool: workers_lib.Pool | None = None) -> dict:
   """Trains the plan's programs that need it; returns {run name: status} as their training
-  left them (normstudy.core.life: finished, halted, preempted, running)."""
+  left them (normstudy.core.life: finished, halted, preempted, running). Programs side by side
+  train in `pool`'s workers when given (a search's rounds: the workers keep what they compiled),
+  else in workers started for this plan."""
   todo = {i for i, _ in plan_.todo}
   for i, group in enumerate(plan_.programs, start=1):
     if i not in todo:
@@ -165,8 +162,12 @@ def train_plan(plan_: Plan) -> dict:
   overall = _OverallProgress(calls)
   if plan_.workers > 1:
     _prepare_data([group for _, group in plan_.todo])
-    workers_lib.run(_train_group, calls, plan_.workers, describe=_describe_call,
-                    on_done=overall.done)
+    if pool is not None:
+      pool.run(_train_group, calls, plan_.workers, describe=_describe_call,
+               on_done=overall.done)
+    else:
+      workers_lib.run(_train_group, calls, plan_.workers, describe=_describe_call,
+                      on_done=overall.done)
   else:
     for i, call in enumerate(calls):
       _train_group(*call)

@@ -17,6 +17,7 @@ from normstudy.core import search as search_lib
 from normstudy.errors import UserError
 from normstudy.experiments import grid
 from normstudy.experiments import planning
+from normstudy.experiments import workers as workers_lib
 from normstudy.records import outcomes
 from normstudy.records import rundir
 from normstudy.records import schema
@@ -96,7 +97,7 @@ def run_search(spec: grid.Grid, search_, workdir: str, analyze, allow_config_cha
     with planning.recorded_on_stop(lambda: grid.write_sweep(  # this round's runs too, as they
         workdir, spec, all_runs, {**statuses, **planning.recorded_statuses(all_runs)},  # stopped
         search=recorded["search"])):
-      statuses.update(planning.train_plan(plan_))
+      statuses.update(planning.train_plan(plan_, pool))
     return round_outcomes(round_runs)
 
   def record(history):  # sweep.json after every round: a killed search shows how far it got
@@ -104,8 +105,11 @@ def run_search(spec: grid.Grid, search_, workdir: str, analyze, allow_config_cha
     return grid.write_sweep(workdir, spec, all_runs, statuses, search=recorded["search"])
 
   rundir.ensure_directory(workdir)
+  # One pool of workers for every round: each round trains every arm's program again, and a
+  # worker that trained it before steps it without tracing or loading it again.
   with planning.lock(workdir):
-    history = search_lib.run(search_, list(points), train_round, after_round=record)
+    with workers_lib.Pool() as pool:
+      history = search_lib.run(search_, list(points), train_round, after_round=record)
     outputs = analyze(workdir)
     outputs["sweep"] = record(history)
   return statuses, outputs

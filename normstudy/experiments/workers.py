@@ -89,26 +89,26 @@ def _sendable(error: BaseException) -> BaseException:
   return error
 
 
-def _worker(cores, fn, calls, tasks, results, stop, verbosity):
-  """A worker's life: set-up, then calls[i] for each i from `tasks` until its None, each
-  reported on its own pipe `results` as ("start", index) and ("done", index, error or None). A
-  pipe's send is complete when it returns, so a worker killed mid-call has already said which
-  call it was."""
+def _worker(cores, tasks, results, stop, verbosity):
+  """A worker's life: set-up, then each task (run, index, fn, args) from `tasks` until its
+  None, each reported on its own pipe `results` as ("start", run, index) and ("done", run,
+  index, error or None). A pipe's send is complete when it returns, so a worker killed mid-call
+  has already said which call it was. The process lives as long as its pool: what it keeps
+  between calls (XLA's client, the compiled steps of its programs) serves the next ones."""
   _start(cores, verbosity)
-  for index in iter(tasks.get, None):
-    args = calls[index]
+  for run_id, index, fn, args in iter(tasks.get, None):
     if stop.is_set():
-      results.send(("done", index, NotStarted(
+      results.send(("done", run_id, index, NotStarted(
           "stopped before this program started; run the same command to continue")))
       continue
-    results.send(("start", index))
+    results.send(("start", run_id, index))
     try:
       fn(*args)
     except BaseException as e:  # noqa: BLE001 (every failure goes to the sweep)
       stop.set()  # before this worker takes the next call
-      results.send(("done", index, _sendable(e)))
+      results.send(("done", run_id, index, _sendable(e)))
     else:
-      results.send(("done", index, None))
+      results.send(("done", run_id, index, None))
 
 
 def _killed(slot: int, process, index, calls, describe) -> WorkerKilled:
@@ -124,54 +124,112 @@ def _killed(slot: int, process, index, calls, describe) -> WorkerKilled:
 
 def run(fn, calls: list, num_workers: int, describe=repr, on_done=None) -> None:
   """fn(*args) for every args in `calls`, in `num_workers` spawned processes, each pinned to
-  its own share of len(cores) // num_workers cores. After a failure or a stop signal no further
-  call starts; once every started call has returned, raises Preempted after a signal, else the
-  first failure (WorkerKilled for a worker that died: `describe(args)` names its call).
-  `on_done(i)` is called here after each call (calls[i]) that returns without failing."""
-  cores = available_cores()
-  share = len(cores) // num_workers
-  context = multiprocessing.get_context("spawn")
-  # The queue carries call indices only: it is a pipe, and the calls themselves (each program's
-  # runs and configs) outgrow its buffer (64 KiB on Linux; a search's round of 72 runs did),
-  # which would block this put with no worker yet reading. Each worker gets `calls` at start.
-  tasks, stop = context.SimpleQueue(), context.Event()
-  for item in list(range(len(calls))) + [None] * num_workers:
-    tasks.put(item)
-  pipes = [context.Pipe(duplex=False) for _ in range(num_workers)]
-  processes = [context.Process(
-      target=_worker, name=f"normstudy-worker-{slot + 1}",
-      args=(cores[slot * share:(slot + 1) * share], fn, calls, tasks, pipes[slot][1], stop,
-            logging.get_verbosity())) for slot in range(num_workers)]
-  signalled = []
+  its own share of len(cores) // num_workers cores (a Pool used once). After a failure or a
+  stop signal no further call starts; once every started call has returned, raises Preempted
+  after a signal, else the first failure (WorkerKilled for a worker that died: `describe(args)`
+  names its call). `on_done(i)` is called here after each call (calls[i]) that returns without
+  failing."""
+  with Pool() as pool:
+    pool.run(fn, calls, num_workers, describe, on_done)
 
-  def forward(signum, frame):
-    del frame
-    signalled.append(signum)
-    if len(signalled) == 1:
-      logging.warning("%s received: passing it to the workers", signal.Signals(signum).name)
-    stop.set()
-    for process in processes:
-      if process.is_alive():
-        os.kill(process.pid, signal.SIGTERM)
 
-  previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-  try:
-    for process, (_, sender) in zip(processes, pipes):
+class Pool:
+  """Worker processes kept across several `run`s, e.g. a search's rounds:
+
+    with Pool() as pool:
+      pool.run(fn, calls, num_workers)   # starts num_workers processes on its first use
+      pool.run(fn, more_calls, ...)      # the same processes
+
+  Each worker starts XLA once and keeps the compiled steps of the programs it trained
+  (normstudy.engine.execution), so a later round's program of the same structure is neither
+  traced nor loaded from the compile cache again: on 2 CPU cores, about 8 s a program at the
+  seed size (docs/throughput.md). Which worker trains a call does not change its bits (each
+  computes what one process computes). Closing puts an end to the workers: an idle one exits,
+  one still in a call is stopped after a grace period."""
+
+  def __init__(self):
+    self.processes, self.readers, self.started_runs = [], [], 0
+    self._context = multiprocessing.get_context("spawn")
+    self._tasks = self._stop = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  def _start(self, num_workers: int) -> None:
+    cores = available_cores()
+    share = len(cores) // num_workers
+    # A Queue, not a pipe written here: its feeder thread sends each call (its runs and configs,
+    # which outgrow a pipe's 64 KiB buffer: a search's round of 72 runs did) while this process
+    # goes on to read the workers' reports.
+    self._tasks, self._stop = self._context.Queue(), self._context.Event()
+    pipes = [self._context.Pipe(duplex=False) for _ in range(num_workers)]
+    self.processes = [self._context.Process(
+        target=_worker, name=f"normstudy-worker-{slot + 1}",
+        args=(cores[slot * share:(slot + 1) * share], self._tasks, pipes[slot][1], self._stop,
+              logging.get_verbosity())) for slot in range(num_workers)]
+    for process, (_, sender) in zip(self.processes, pipes):
       process.start()
       sender.close()  # the worker's end: a worker's exit then ends its pipe here
-    failures = _collect(processes, [reader for reader, _ in pipes], stop, calls, describe,
-                        on_done)
-  finally:
-    for process in processes:
-      process.join()
-    for s, handler in previous.items():
-      signal.signal(s, handler)
-  if signalled and any(isinstance(e, Preempted) for _, e in failures):
-    raise _stopped(signal.Signals(signalled[0]).name, failures, calls, describe)
-  # The first real failure; a NotStarted only if nothing else failed.
-  errors_ = sorted((e for _, e in failures), key=lambda e: isinstance(e, NotStarted))
-  if errors_:
-    raise errors_[0]
+    self.readers = [reader for reader, _ in pipes]
+
+  def run(self, fn, calls: list, num_workers: int, describe=repr, on_done=None) -> None:
+    """fn(*args) for every args in `calls` in the pool's workers (`num_workers` of them start
+    on the first run; later runs use those), with `run`'s semantics."""
+    if not self.processes:
+      self._start(num_workers)
+    for slot, process in enumerate(self.processes):
+      if not process.is_alive():  # it died while the pool waited between runs
+        raise _killed(slot, process, None, calls, describe)
+    self.started_runs += 1
+    run_id = self.started_runs
+    self._stop.clear()
+    for index, args in enumerate(calls):
+      self._tasks.put((run_id, index, fn, args))
+    signalled = []
+
+    def forward(signum, frame):
+      del frame
+      signalled.append(signum)
+      if len(signalled) == 1:
+        logging.warning("%s received: passing it to the workers", signal.Signals(signum).name)
+      self._stop.set()
+      for process in self.processes:
+        if process.is_alive():
+          os.kill(process.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+      failures = _collect(self.processes, self.readers, self._stop, run_id, calls, describe,
+                          on_done)
+    finally:
+      for s, handler in previous.items():
+        signal.signal(s, handler)
+    if signalled and any(isinstance(e, Preempted) for _, e in failures):
+      raise _stopped(signal.Signals(signalled[0]).name, failures, calls, describe)
+    # The first real failure; a NotStarted only if nothing else failed.
+    errors_ = sorted((e for _, e in failures), key=lambda e: isinstance(e, NotStarted))
+    if errors_:
+      raise errors_[0]
+
+  def close(self, grace_s: float = 60.0) -> None:
+    """Ends the workers: each takes a None after its last call and exits; one that has not
+    exited after `grace_s` seconds (it was in a call when the sweep stopped on an error of its
+    own) is terminated."""
+    if not self.processes:
+      return
+    for _ in self.processes:
+      self._tasks.put(None)
+    for process in self.processes:
+      process.join(grace_s)
+      if process.is_alive():
+        process.terminate()
+        process.join()
+    self._tasks.close()
+    self._tasks.join_thread()
+    self.processes = []
 
 
 def _stopped(name: str, failures: list, calls: list, describe) -> Preempted:
@@ -189,28 +247,33 @@ def _stopped(name: str, failures: list, calls: list, describe) -> Preempted:
       f"above), {waiting} not started; run the same command to continue")
 
 
-def _collect(processes, readers, stop, calls, describe, on_done=None) -> list:
-  """Every call's outcome, until each worker's pipe has ended (it exited): the failures as
-  (call index, error), in the order they came (a worker that ended without reporting its call
-  done, or with a non-zero exit, is a WorkerKilled)."""
-  running, failures, open_ = {}, [], dict(enumerate(readers))
-  while open_:
+def _collect(processes, readers, stop, run_id, calls, describe, on_done=None) -> list:
+  """Every call's outcome, until each call of this run has reported done or no worker is left:
+  the failures as (call index, error), in the order they came (a worker that exits during a run
+  was killed: a WorkerKilled for the call it was in, if any)."""
+  running, failures, done = {}, [], 0
+  open_ = {slot: reader for slot, reader in enumerate(readers) if processes[slot].is_alive()}
+  while open_ and done < len(calls):
     for reader in connection.wait(list(open_.values())):
       slot = readers.index(reader)
       try:
-        kind, index, *error = reader.recv()
+        kind, from_run, index, *error = reader.recv()
       except EOFError:  # the worker has exited: everything it sent was read before this
         del open_[slot]
         processes[slot].join()
-        if processes[slot].exitcode != 0 or slot in running:
-          index = running.pop(slot, None)
-          failures.append((index, _killed(slot, processes[slot], index, calls, describe)))
-          stop.set()
+        index = running.pop(slot, None)
+        failures.append((index, _killed(slot, processes[slot], index, calls, describe)))
+        done += index is not None
+        stop.set()
         continue
+      if from_run != run_id:
+        raise RuntimeError(f"worker {slot + 1} reported call {index} of run {from_run} during "
+                           f"run {run_id}")
       if kind == "start":
         running[slot] = index
       else:
         running.pop(slot, None)
+        done += 1
         if error[0] is not None:
           failures.append((index, error[0]))
         elif on_done is not None:
