@@ -39,6 +39,7 @@ LADDER_DIR ?= runs/ladder
 LADDER_ARGS ?=
 LADDER_SENSITIVITY_DIR ?= runs/ladder_sensitivity
 SPIKE_HANDLING_DIR ?= runs/spike_handling
+SPIKE_FAILURE_DIR ?= runs/spike_failure
 # Almost all of the suite's time is XLA compilation, which runs on one core per process: one
 # test worker per core (pytest-xdist); an idle worker takes tests queued for a busy one.
 PYTEST_ARGS ?= -n auto --dist worksteal
@@ -51,7 +52,7 @@ LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0]
 
 .PHONY: install corpora tpu-aot study study-text sensitivity techniques survival survival-depth survival-grid speed \
 	survival-bf16 survival-fp32 survival-context speed-context attention depth test test-fast \
-	ladder ladder-sensitivity spike-handling benchmark clean
+	ladder ladder-sensitivity spike-handling spike-failure benchmark clean
 
 install: $(STAMP)
 
@@ -168,6 +169,14 @@ spike-handling: corpora
 	$(PY) -m normstudy.sweep --config=configs/spike_handling.py --workdir=$(SPIKE_HANDLING_DIR)
 	$(PY) -m normstudy.techniques --config=configs/spike_handling.py \
 		--workdir=$(SPIKE_HANDLING_DIR)
+
+# The same on runs that spike and then fail (configs/spike_failure.py): the rate held constant
+# after a warm-up, so time to failure can be compared (steps each run lasted, survivors to their
+# end), then spike_handling.csv with the failure measures.
+spike-failure: corpora
+	$(PY) -m normstudy.sweep --config=configs/spike_failure.py --workdir=$(SPIKE_FAILURE_DIR)
+	$(PY) -m normstudy.techniques --config=configs/spike_failure.py \
+		--workdir=$(SPIKE_FAILURE_DIR)
 
 test: corpora tpu-aot
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

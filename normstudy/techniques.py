@@ -12,7 +12,8 @@ DIR/techniques.csv and DIR/techniques.png (normstudy.analysis.techniques has the
 With a config that declares SPIKE_HANDLING (configs/spike_handling.py) and a DIR that is an
 analysed grid rather than searches (runs.csv, `make spike-handling`), it writes
 DIR/spike_handling.csv alone: each technique against its baseline on runs of the same learning
-rate and seed.
+rate and seed (the measures the file's SPIKE_MEASURES names: "recovery" by default,
+"failure" for runs that spike and fail, configs/spike_failure.py).
 """
 
 from absl import flags
@@ -67,10 +68,16 @@ def main(argv):
   found = searches(FLAGS.workdir)
   handlers = tuple(getattr(module, "SPIKE_HANDLING", ()))
   from normstudy.analysis import techniques
+  measure_set = getattr(module, "SPIKE_MEASURES", "recovery")
+  if measure_set not in techniques.MEASURE_SETS:
+    raise errors.UserError(f"--config={FLAGS.config}: SPIKE_MEASURES={measure_set!r} is not "
+                           f"allowed; allowed: {', '.join(techniques.MEASURE_SETS)}")
   if not found and handlers and os.path.isfile(os.path.join(FLAGS.workdir, "runs.csv")):
-    # A grid of long runs (configs/spike_handling.py): the spike-handling comparison alone.
-    for name, path in techniques.analyze_spike_grid(FLAGS.workdir, baselines, handlers,
-                                                    FLAGS.workdir).items():
+    # A grid of long runs (configs/spike_handling.py, configs/spike_failure.py): the
+    # spike-handling comparison alone, with the measures the file names.
+    for name, path in techniques.analyze_spike_grid(
+        FLAGS.workdir, baselines, handlers, FLAGS.workdir,
+        techniques.MEASURE_SETS[measure_set]).items():
       print(f"{name}: {path}")
     return
   if not found:

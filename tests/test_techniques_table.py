@@ -3,6 +3,7 @@ the likelihood-ratio test of one 50% point, Holm over the family, margins only w
 separated, and the costs read from the recipe sweep; checked against plain recomputations."""
 
 import math
+import os
 import types
 
 import numpy as np
@@ -161,6 +162,52 @@ def test_spike_handling_pairs_runs_by_rate_and_seed_and_tests_each_measure():
   assert final.pairs == 3 and final.difference == pytest.approx(np.mean([-0.1, -0.2, -0.05]))
   np.testing.assert_allclose(table.p_holm, _holm(list(table.p)))
   assert all(v.startswith("not separated") for v in table.verdict)
+
+
+def test_runs_that_fail_are_compared_by_steps_survived_with_survivors_counted_to_their_end(
+    tmp_path):
+  """configs/spike_failure.py's measures: every pair's steps before failure (a survivor's are
+  its steps), whether it failed, and the time to failure of pairs that both failed; checked
+  against the pairs written out by hand and the permutation p by enumeration."""
+  import itertools
+  import runs as runs_lib
+  # (status, failed_at, steps) per seed at one rate: baseline, then update_clip.
+  baseline = [("halted", 100, 104), ("halted", 150, 152), ("finished", None, 400),
+              ("diverged", 300, 400)]
+  clipped = [("halted", 130, 131), ("finished", None, 400), ("finished", None, 400),
+             ("halted", 250, 260)]
+  rows = []
+  for arm, runs_ in (("baseline", baseline), ("update_clip", clipped)):
+    for seed, (status, failed_at, steps) in enumerate(runs_):
+      rows.append({"arm": arm, "learning_rate": 0.05, "seed": seed, "dtype": "float16",
+                   "status": status, "outcome": "alive" if status == "finished" else status,
+                   "failed_at": math.nan if failed_at is None else failed_at, "steps": steps,
+                   "loss_spikes": seed, "largest_spike": 1.0, "spike_skips": 0})
+  pd.DataFrame(rows).to_csv(tmp_path / "runs.csv", index=False)
+  result = runs_lib.run_module("normstudy.techniques", f"--workdir={tmp_path}",
+                               "--config=configs/spike_failure.py")
+  assert "spike_handling:" in result.stdout
+  table = pd.read_csv(tmp_path / "spike_handling.csv").set_index("measure")
+  assert list(table.index) == [m for m, _, _ in techniques.FAILURE_MEASURES]
+  lasted = table.loc["steps before failure, survivors to their end"]
+  d = np.array([130 - 100, 400 - 150, 400 - 400, 250 - 300], float)
+  assert lasted.pairs == 4 and lasted.difference == pytest.approx(d.mean())
+  assert lasted.baseline_mean == pytest.approx(np.mean([100, 150, 400, 300]))
+  sums = [abs(np.dot(signs, d)) for signs in itertools.product((1, -1), repeat=len(d))]
+  assert lasted.p == pytest.approx(np.mean([x >= abs(d.sum()) * (1 - 1e-9) for x in sums]))
+  share = table.loc["runs that failed (share)"]
+  assert share.technique_mean == pytest.approx(2 / 4) and share.baseline_mean == pytest.approx(3 / 4)
+  both = table.loc["time to failure (step)"]
+  assert both.pairs == 2 and both.difference == pytest.approx(np.mean([30, -50]))
+  written = (tmp_path / "spike_handling.csv").read_bytes()
+  config = tmp_path / "failure.py"
+  config.write_text(open(os.path.join(runs_lib.REPO, "configs", "spike_failure.py")).read()
+                    .replace('SPIKE_MEASURES = "failure"', 'SPIKE_MEASURES = "fail"'))
+  refused = runs_lib.run_module("normstudy.techniques", f"--workdir={tmp_path}",
+                                f"--config={config}", check=False)
+  assert refused.returncode != 0 and refused.stderr.strip().count("\n") == 0
+  assert (tmp_path / "spike_handling.csv").read_bytes() == written  # nothing overwritten
+  assert "SPIKE_MEASURES='fail' is not allowed; allowed: recovery, failure" in refused.stderr
 
 
 def test_a_grid_of_long_runs_gets_the_spike_handling_table_with_recovery_measures(tmp_path):

@@ -145,6 +145,21 @@ RECOVERY_MEASURES = SPIKE_MEASURES + (
     ("final eval loss of survivors", "final_eval_loss", "both finished"),
     ("updates skip-step withheld", "spike_skips", "all"),
 )
+# Runs that spike and then fail (configs/spike_failure.py) answer the first question for every
+# pair, not only for pairs where both failed: the steps each run lasted with a survivor counted to
+# its end (the restricted mean time to failure, which a censored run does not bias), and
+# whether it failed at all.
+FAILURE_MEASURES = (
+    SPIKE_MEASURES[0],
+    ("steps before failure, survivors to their end", "steps_survived", "all"),
+    ("runs that failed (share)", "failed", "all"),
+    SPIKE_MEASURES[1],
+    RECOVERY_MEASURES[3],
+    RECOVERY_MEASURES[5],
+)
+# What a config file's SPIKE_MEASURES may name (configs/spike_handling.py: "recovery", the
+# default; configs/spike_failure.py: "failure").
+MEASURE_SETS = {"recovery": RECOVERY_MEASURES, "failure": FAILURE_MEASURES}
 SPIKE_COLUMNS = ["technique", "baseline", "dtype", "measure", "pairs", "technique_mean",
                  "baseline_mean", "difference", "test", "p", "p_holm", "verdict"]
 
@@ -159,6 +174,11 @@ def spike_handling(runs: pd.DataFrame, techniques_: list, baselines: dict,
   normal). A measure the runs did not record (an older runs.csv) is left out."""
   rows = []
   keys_ = ["learning_rate", "seed"]
+  failed = runs.status.isin(schema.FAILED)
+  runs = runs.assign(failed=failed.astype(float))
+  if "steps" in runs:  # a failed run lasted to its failure, a survivor to its end
+    runs = runs.assign(steps_survived=runs.failed_at.where(
+        failed & runs.failed_at.notna(), runs.steps).astype(float))
   for technique in techniques_:
     baseline = baselines.get(technique)
     mine, base = runs[runs.arm == technique], runs[runs.arm == baseline]
@@ -283,15 +303,17 @@ def analyze(searches: dict, recipe_dir: str | None, baselines: dict, workdir: st
   return outputs
 
 
-def analyze_spike_grid(directory: str, baselines: dict, spike_handlers, workdir: str) -> dict:
+def analyze_spike_grid(directory: str, baselines: dict, spike_handlers, workdir: str,
+                       measures=RECOVERY_MEASURES) -> dict:
   """A grid of long runs (configs/spike_handling.py: every arm at the same learning rates and
-  seeds, analysed by normstudy.sweep into `directory`): spike_handling.csv with
-  RECOVERY_MEASURES, per dtype of its runs.csv, into `workdir`; returns its path."""
+  seeds, analysed by normstudy.sweep into `directory`): spike_handling.csv with `measures`
+  (RECOVERY_MEASURES; FAILURE_MEASURES for runs that spike and fail), per dtype of its
+  runs.csv, into `workdir`; returns its path."""
   runs = pd.read_csv(os.path.join(directory, "runs.csv"))
   rows = []
   for dtype in runs.dtype.dropna().unique():
     rows += spike_handling(runs[runs.dtype == dtype], list(spike_handlers), baselines, dtype,
-                           RECOVERY_MEASURES)
+                           measures)
   path = os.path.join(workdir, "spike_handling.csv")
   spike_table(rows).to_csv(path, index=False)
   return {"spike_handling": path}
