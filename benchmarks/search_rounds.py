@@ -27,12 +27,12 @@ import time
 from ab import export
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from configs import ladder  # noqa: E402 (this tree's ladder: the rung both trees search)
 
 
 def search(tree: str, workdir: str, rung: tuple, dtype: str, workers: int) -> float:
   """Seconds of one `normstudy.sweep --search` of the ladder rung in `tree` into `workdir`."""
-  sys.path.insert(0, ROOT)
-  from configs import ladder  # pylint: disable=import-outside-toplevel
   spec = ladder.LADDER_SEARCH
   argv = [sys.executable, "-m", "normstudy.sweep", "--config=configs/ladder.py",
           f"--search={spec['field']}:{spec['low']:g},{spec['high']:g}",

@@ -133,29 +133,33 @@ def table(rows: list, costs: pd.DataFrame | None) -> pd.DataFrame:
 
 # What spike handling is asked to change (marin #1368/#1390, OLMo-core's StabilityMonitor): per
 # pair of runs at the same learning rate and seed, (measure, runs.csv column, which pairs count).
+TIME_TO_FAILURE = ("time to failure (step)", "failed_at", "both failed")
+LOSS_SPIKES = ("loss spikes", "loss_spikes", "all")
+LARGEST_SPIKE = ("largest loss spike (nats above trend)", "largest_spike", "all")
+SKIPS_WITHHELD = ("updates skip-step withheld", "spike_skips", "all")
 SPIKE_MEASURES = (
-    ("time to failure (step)", "failed_at", "both failed"),
-    ("loss spikes", "loss_spikes", "all"),
+    TIME_TO_FAILURE,
+    LOSS_SPIKES,
     ("final loss of survivors", "final_loss", "both finished"),
 )
 # A run long enough to spike and recover (configs/spike_handling.py) answers more: how large the
 # spikes are, the held-out loss after recovery, and whether skip-step acted at all.
 RECOVERY_MEASURES = SPIKE_MEASURES + (
-    ("largest loss spike (nats above trend)", "largest_spike", "all"),
+    LARGEST_SPIKE,
     ("final eval loss of survivors", "final_eval_loss", "both finished"),
-    ("updates skip-step withheld", "spike_skips", "all"),
+    SKIPS_WITHHELD,
 )
 # Runs that spike and then fail (configs/spike_failure.py) answer the first question for every
 # pair, not only for pairs where both failed: the steps each run lasted with a survivor counted to
 # its end (the restricted mean time to failure, which a censored run does not bias), and
 # whether it failed at all.
 FAILURE_MEASURES = (
-    SPIKE_MEASURES[0],
+    TIME_TO_FAILURE,
     ("steps before failure, survivors to their end", "steps_survived", "all"),
     ("runs that failed (share)", "failed", "all"),
-    SPIKE_MEASURES[1],
-    RECOVERY_MEASURES[3],
-    RECOVERY_MEASURES[5],
+    LOSS_SPIKES,
+    LARGEST_SPIKE,
+    SKIPS_WITHHELD,
 )
 # What a config file's SPIKE_MEASURES may name (configs/spike_handling.py: "recovery", the
 # default; configs/spike_failure.py: "failure").

@@ -22,7 +22,7 @@ program's runs step in one of two ways, chosen once here:
 The loop never asks which: it holds whatever `initial`/`hold` return and hands it back.
 """
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from flax import linen as nn
 import jax
@@ -42,6 +42,20 @@ from normstudy.engine import sharding
 # executables, same bits.
 KEPT_PROGRAMS = 16
 _KEPT = {}
+
+
+class _Compiled(NamedTuple):
+  """What ProgramSteps keeps of a program: its jitted steps (each traced and compiled on its
+  first call), the steps compiled on first use, the initialiser, and the one-at-a-time
+  program's take and join (None when its runs are vmapped)."""
+  train: Any
+  telemetry: Any
+  eval: Any
+  block: Any
+  on_use: dict
+  init: Any
+  take: Any
+  join: Any
 
 
 def _join(parts):
@@ -150,8 +164,10 @@ class ProgramSteps:
     _KEPT[key] = kept  # the newest last: the least recently used goes first
     while len(_KEPT) > KEPT_PROGRAMS:
       del _KEPT[next(iter(_KEPT))]
-    (self.train, self.telemetry, self.eval, self.block, self._compiled_on_use, self._init,
-     self._take, self._join) = kept
+    self.train, self.telemetry, self.eval, self.block = (kept.train, kept.telemetry, kept.eval,
+                                                         kept.block)
+    self._compiled_on_use, self._init, self._take, self._join = (kept.on_use, kept.init,
+                                                                 kept.take, kept.join)
 
   def _key(self) -> tuple:
     """What the compiled steps depend on: the program's structure (per_run.program_key: its
@@ -164,7 +180,7 @@ class ProgramSteps:
                tuple(sorted((k, str(v)) for k, v in self.choices.compiler_options.items())))
     return (per_run.program_key(self.config), mesh, self.one_at_a_time, runs, choices)
 
-  def _build(self) -> tuple:
+  def _build(self) -> _Compiled:
     """The compiled steps (jitted: traced and compiled on their first call) of this program."""
     boundaries = self.choices.fusion_boundaries
     train = self._compile(steps_lib.make_train_step(self.config, False, boundaries),
@@ -178,7 +194,7 @@ class ProgramSteps:
     init = jax.jit(_initializer(self.config), out_shardings=self.shardings)
     take = jax.jit(_take, out_shardings=self.shardings) if self.one_at_a_time else None
     join = jax.jit(_join, out_shardings=self.shardings) if self.one_at_a_time else None
-    return train, telemetry, eval_, block, {}, init, take, join
+    return _Compiled(train, telemetry, eval_, block, {}, init, take, join)
 
   def _compile(self, fn, first_sharding, updates_state: bool, work_sharding=None):
     """fn(first, batch) of one run as a step of the program's K runs. `updates_state`: fn

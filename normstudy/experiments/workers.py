@@ -227,8 +227,10 @@ class Pool:
       if process.is_alive():
         process.terminate()
         process.join()
+    # Calls still queued (a run whose workers all died) have no reader left: drop them rather
+    # than wait for the feeder thread to push them into a full pipe.
+    self._tasks.cancel_join_thread()
     self._tasks.close()
-    self._tasks.join_thread()
     self.processes = []
 
 
