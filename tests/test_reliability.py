@@ -123,8 +123,11 @@ def _corrupt(step_dir):
 
 def _tree_listing(path):
   """Every file with its size, but the libraries' log, which each process that trains here
-  appends to (a refused resume's orbax lines included)."""
-  return sorted((os.path.relpath(os.path.join(r, f), path), os.path.getsize(os.path.join(r, f)))
+  appends to (a refused resume's orbax lines included), and the lock's size: each process that
+  takes the lock writes its pid there, one digit longer past pid 9999 (a clean clone's CI run
+  met it)."""
+  return sorted((os.path.relpath(os.path.join(r, f), path),
+                 None if f == schema.LOCK else os.path.getsize(os.path.join(r, f)))
                 for r, _, files in os.walk(path) for f in files
                 if os.path.join(r, f) != os.path.join(path, schema.LIBRARY_LOG))
 
