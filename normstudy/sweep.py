@@ -106,6 +106,11 @@ def main(argv):
   if search_ is not None and search_.field in overrides:
     raise errors.UserError(f"--config.{search_.field}={overrides[search_.field]!r} would be "
                            f"overwritten by --search={FLAGS.search}; drop one")
+  # A get_config that builds no config is refused before the training stack loads (seconds of
+  # imports); grid.points checks every config it builds again. Without axes a grid is a study.
+  from normstudy.core import config as config_lib
+  for build in grid.arms_of(path, variant or None, module, sweep=bool(axes)).values():
+    config_lib.check_is_config(build(), repr(path))
   from normstudy import analysis
   from normstudy.experiments import planning  # the training stack, once the command line is good
   from normstudy.experiments import search_runner

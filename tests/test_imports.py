@@ -205,12 +205,15 @@ def test_no_function_is_longer_than_a_screen():
 
 def test_the_commands_import_no_heavy_stack_before_their_flags_parse():
   """`--help` must not wait for jax, pandas or matplotlib (once 4-12 s for analyze, sweep and
-  study; issue 45): the commands import them inside main(). The constants their flags need
-  agree with the modules that own them."""
+  study; issue 45): the commands import them inside main(). Nor must the grid module that a sweep
+  or study checks its command line with (a mistyped config once took 4 s to refuse: the legend
+  labels imported the placements, and they JAX). The constants their flags need agree with the
+  modules that own them."""
   import subprocess
   import sys
   code = ("import sys, normstudy.main, normstudy.study, normstudy.sweep, normstudy.analyze, "
-          "normstudy.ladder, normstudy.techniques, normstudy.compile, normstudy.context_gap; "
+          "normstudy.ladder, normstudy.techniques, normstudy.compile, normstudy.context_gap, "
+          "normstudy.experiments.grid; "
           "print(sorted(m for m in ('jax', 'pandas', 'matplotlib', 'scipy') if m in sys.modules))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -213,6 +213,7 @@ def _stepped_batches(n):
   return [{"tokens": np.asarray(_batch(seed)["tokens"])[None]} for seed in range(n)]
 
 
+@pytest.mark.slow  # compiles at XLA's full optimization, as a user's process does
 @pytest.mark.parametrize("scenario", ["overflows then learns", "halts inside the block"])
 def test_a_block_of_steps_is_the_same_steps_one_at_a_time(make_config, monkeypatch, scenario):
   """make_train_block against train_step's own compiled program stepped one at a time: every

@@ -197,6 +197,7 @@ def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
   from normstudy.core import config as config_lib
   from normstudy.data import batches as batches_lib
   from normstudy.data import sources as data_lib
+  from normstudy.experiments import planning
   import runs
   workdir = tmp_path / "run"
   settings = {"model.num_layers": 1, "model.d_model": 16, "model.num_heads": 2,
@@ -207,8 +208,14 @@ def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
               "train.eval_every": 4, "train.checkpoint_every": 1, "train.max_to_keep": 5,
               "optimizer.warmup_steps": 1, "optimizer.learning_rate": 0.01,
               "optimizer.schedule": "constant", "train.update_size_steps": 3}
-  runs.run_module("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
-                  f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in settings.items()))
+
+  def config_of(**changes):
+    config = seed_figure.get_config("pre_norm_clip1")
+    config_lib.apply_overrides(config, {**settings, **changes})
+    return config
+
+  # In-process: the records are the engine's (the command around it is tested elsewhere).
+  planning.train_and_evaluate(config_of(), str(workdir))
   records = {r["step"]: r for r in runs.records(workdir)}
   recorded = {step: r.get("update_size") for step, r in records.items()}
   accumulated = {step: r.get("accumulated_update") for step, r in records.items()}
@@ -219,23 +226,21 @@ def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
   # Stopped after step 2, then continued: the accumulated update still starts from theta_0.
   resumed = tmp_path / "resumed"
   for num_steps in (2, 4):
-    runs.run_module("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
-                    f"--workdir={resumed}", *(f"--config.{k}={v}" for k, v in
-                                              {**settings, "train.num_steps": num_steps}.items()))
+    planning.train_and_evaluate(config_of(**{"train.num_steps": num_steps}), str(resumed))
   again = {r["step"]: r for r in runs.records(resumed)}
   assert [again[s].get("accumulated_update") for s in (1, 2, 3)] == [
       accumulated[s] for s in (1, 2, 3)]
   assert again[3]["update_size"] == recorded[3]
 
-  config = seed_figure.get_config("pre_norm_clip1")
-  config_lib.apply_overrides(config, settings)
+  config = config_of()
   batch = batches_lib.eval_batches(config, data_lib.load_splits(config))[0]
   model = model_lib.Transformer(model_lib.ModelConfig.create(config.model), deterministic=True)
+  apply = jax.jit(model.apply)  # one program, not one per operation
 
   def outputs(step):
     state = ocp.PyTreeCheckpointer().restore(str(workdir / "checkpoints" / str(step) / "state"))
     params = jax.tree.map(lambda x: np.asarray(x)[0], state["params"])  # the run axis
-    return np.asarray(model.apply({"params": params}, batch["tokens"], batch.get("mask")),
+    return np.asarray(apply({"params": params}, batch["tokens"], batch.get("mask")),
                       np.float64)
 
   for step in (2, 3):
@@ -243,7 +248,7 @@ def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
     expected = np.sqrt(np.mean(np.sum(change ** 2, axis=-1)))
     assert recorded[step] == pytest.approx(expected, rel=1e-4)
   initial = jax.tree.map(np.asarray, inprocess.create_train_state(config).params)
-  start = np.asarray(model.apply({"params": initial}, batch["tokens"], batch.get("mask")),
+  start = np.asarray(apply({"params": initial}, batch["tokens"], batch.get("mask")),
                      np.float64)
   for step in (2, 3):
     change = outputs(step) - start
