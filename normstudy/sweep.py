@@ -106,20 +106,17 @@ def main(argv):
   if search_ is not None and search_.field in overrides:
     raise errors.UserError(f"--config.{search_.field}={overrides[search_.field]!r} would be "
                            f"overwritten by --search={FLAGS.search}; drop one")
-  # A get_config that builds no config is refused before the training stack loads (seconds of
-  # imports); grid.points checks every config it builds again. Without axes a grid is a study.
-  from normstudy.core import config as config_lib
-  for build in grid.arms_of(path, variant or None, module, sweep=bool(axes)).values():
-    config_lib.check_is_config(build(), repr(path))
+  spec = grid.Grid(path, variant or None, axes, overrides, module,
+                   file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
+  # Built (each config checked) before the training stack loads: a get_config that builds no
+  # config is refused in a fraction of a second. A search's points stand at the file's value of
+  # the searched field.
+  grid_runs = (list(grid.search_points(spec).values()) if search_ is not None
+               else spec.runs(FLAGS.workdir))
   from normstudy import analysis
   from normstudy.experiments import planning  # the training stack, once the command line is good
   from normstudy.experiments import search_runner
   from normstudy.records import storage
-  spec = grid.Grid(path, variant or None, axes, overrides, module,
-                   file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
-  # A search's points stand at the file's value of the searched field.
-  grid_runs = (list(search_runner.search_points(spec).values()) if search_ is not None
-               else spec.runs(FLAGS.workdir))
   if FLAGS.print_config:
     print(cli.runs_config_text(grid_runs))
     return

@@ -290,6 +290,13 @@ class Grid:
     return path
 
 
+def search_points(spec: Grid) -> dict:
+  """{name: run} of the points a search bisects: the grid of `spec`, whose axes leave out the
+  searched field (a sweep's: the file's SWEEP_SETTINGS apply)."""
+  return {run.name: run for run in points(spec.path, spec.variant, spec.axes, spec.overrides,
+                                          spec.module, sweep=True)}
+
+
 def write_sweep(workdir: str, grid: Grid, runs: list, statuses: dict,
                 search: schema.SearchRecord | None = None) -> str:
   """DIR/sweep.json (a schema.SweepRecord): the sweep's --config, its axes and which came from

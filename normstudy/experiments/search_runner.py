@@ -23,13 +23,6 @@ from normstudy.records import rundir
 from normstudy.records import schema
 
 
-def search_points(spec: grid.Grid) -> dict:
-  """{name: run} of the points a search bisects: the grid of `spec`, whose axes leave out the
-  searched field (a sweep's: the file's SWEEP_SETTINGS apply)."""
-  return {run.name: run for run in grid.points(spec.path, spec.variant, spec.axes,
-                                               spec.overrides, spec.module, sweep=True)}
-
-
 def search_runs(spec: grid.Grid, field: str, workdir: str, todo: dict, points: dict) -> list:
   """[(point name, value, run)] of one round: each point's values, each a run named by the
   searched value first (`lr0.1778_seed0`); each arm's config built once for the round."""
@@ -69,7 +62,7 @@ def run_search(spec: grid.Grid, search_, workdir: str, analyze, allow_config_cha
   analysis outputs)."""
   rundir.check_writable(workdir, "--workdir")
   rundir.check_kind(workdir, "sweep")
-  points = search_points(spec)
+  points = grid.search_points(spec)
   first_todo = {n: [search_.low, search_.high] for n in points}
   first_runs = search_runs(spec, search_.field, workdir, first_todo, points)
   planned = {1: (first_todo, first_runs, planning.plan_programs(
@@ -128,7 +121,7 @@ def search_share(spec: grid.Grid, search_, workdir: str, round_: int, index: int
   share's runs."""
   rundir.check_writable(workdir, "--workdir")
   rundir.check_kind(workdir, "sweep")
-  points = search_points(spec)
+  points = grid.search_points(spec)
   trained = {}
 
   def train_round(k, todo):
