@@ -4,8 +4,10 @@ user got wrong. Each scenario first reproduces the failure a user met."""
 
 import contextlib
 import errno
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 
@@ -13,6 +15,7 @@ import pytest
 
 from normstudy import errors
 from normstudy.core import per_run
+from normstudy.engine import checkpoints
 from normstudy.experiments import grid
 from normstudy.experiments import preflight
 from normstudy.records import rundir
@@ -86,6 +89,39 @@ def test_the_machines_failures_are_one_line():
   assert errors.environment_problem(read_only) == (
       "cannot write /mnt/ro/run.json: Read-only file system")
   assert errors.environment_problem(KeyError("a bug")) is None
+
+
+class _FailingManager:
+  """Stands in for orbax's CheckpointManager whose background writer failed with `error`."""
+
+  def __init__(self, directory, error):
+    self.directory, self.error, self.closed = directory, error, False
+
+  def wait_until_finished(self):
+    raise self.error
+
+  def close(self):
+    self.closed = True
+
+
+def test_a_checkpoint_that_could_not_fit_is_a_full_disk_whatever_orbax_raised(tmp_path):
+  # A full disk can surface as a consequence, e.g. orbax reading back a metadata file the disk
+  # left truncated; the free space of the checkpoint's filesystem decides.
+  free = shutil.disk_usage(tmp_path).free
+  truncated = json.JSONDecodeError("Unterminated string starting at", '{"a": "b', 6)
+  with pytest.raises(OSError) as caught:
+    checkpoints.finish(_FailingManager(str(tmp_path), truncated), checkpoint_bytes=2 * free)
+  assert caught.value.errno == errno.ENOSPC and caught.value.__cause__ is truncated
+  assert errors.environment_problem(caught.value).startswith(f"disk full while writing {tmp_path}")
+  # It would have fitted: a bug, raised as it was.
+  with pytest.raises(json.JSONDecodeError) as caught:
+    checkpoints.finish(_FailingManager(str(tmp_path), truncated), checkpoint_bytes=1)
+  assert caught.value is truncated
+  # Already a full disk: left as orbax raised it.
+  named = ValueError("Error writing local file: No space left on device [os_error_code='28']")
+  with pytest.raises(ValueError) as caught:
+    checkpoints.finish(_FailingManager(str(tmp_path), named), checkpoint_bytes=2 * free)
+  assert caught.value is named
 
 
 @pytest.mark.slow
@@ -237,7 +273,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_run_resumes(tmp_pat
     full = runs.run_module("normstudy.main", *args, check=False)
     assert full.returncode == 2
     assert len(_error_lines(full)) == 1 and _error_lines(full)[0].startswith("error: disk full")
-    assert "Traceback" not in full.stderr and len(full.stderr.splitlines()) < 20
+    assert "Traceback" not in full.stderr and len(full.stderr.splitlines()) < 20, full.stderr
     filler.unlink()
     runs.run_module("normstudy.main", *args)
     assert [r["step"] for r in runs.records(disk / "run")] == list(range(1, 7))

@@ -13,6 +13,7 @@ from absl import logging
 import gcsfs.core
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from normstudy.engine import logs
@@ -63,6 +64,34 @@ def test_library_lines_and_native_stderr_go_to_the_log_file(tmp_path, capfd, han
     assert line in kept and line not in terminal
   for line in ("a library's error", "normstudy's progress", "native, after the file closed"):
     assert line in terminal and line not in kept
+
+
+def test_an_orbax_writer_threads_traceback_goes_to_the_file(tmp_path, capfd, handler):
+  # orbax keeps a writer thread's exception for the main thread, which reports it; the thread's
+  # own record (with its traceback) is kept in the file, whatever the exception.
+  handler = handler()
+  orbax = os.path.dirname(ocp.__file__)
+  try:
+    json.loads('{"a": "b')
+  except json.JSONDecodeError:
+    exc_info = sys.exc_info()
+  records = [(os.path.join(orbax, "_src", "futures", "future.py"), "_SignalingThread.run()"),
+             (os.path.join(orbax, "_src", "checkpointers", "async_checkpointer.py"),
+              "Failed to run 3 Handler Commit operations")]
+  with logs.library_output_to(str(tmp_path / "normstudy.log")):
+    for path, msg in records:
+      record = _record(path, std_logging.ERROR, msg)
+      record.exc_info = exc_info
+      handler.handle(record)
+    elsewhere = _record(np.__file__, std_logging.ERROR, "another library's failure")
+    elsewhere.exc_info = exc_info
+    handler.handle(elsewhere)
+  terminal = capfd.readouterr().err
+  kept = (tmp_path / "normstudy.log").read_text()
+  for _, msg in records:
+    assert msg in kept and msg not in terminal
+  assert kept.count("JSONDecodeError") == 2
+  assert "another library's failure" in terminal and "JSONDecodeError" in terminal
 
 
 def test_verbosity_1_keeps_every_line_on_the_terminal(tmp_path, capfd, handler):

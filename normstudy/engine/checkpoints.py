@@ -5,6 +5,9 @@ loss-scale state, counters, RNG, hyperparameters, each run's life). The data pos
 saving: a run at step s reads batch s - 1 (normstudy.data.sources).
 """
 
+import contextlib
+import errno
+import math
 import os
 import shutil
 
@@ -32,8 +35,50 @@ def manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
       item_names=ITEMS)
 
 
+def state_bytes(abstract_state) -> int:
+  """The bytes a checkpoint of `abstract_state` (arrays or their shapes and dtypes) holds."""
+  import jax  # pylint: disable=import-outside-toplevel
+  return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(abstract_state))
+
+
+@contextlib.contextmanager
+def _writing(mngr: ocp.CheckpointManager, checkpoint_bytes: int):
+  """Names a failed write a full disk when the checkpoint could not fit.
+
+  A save that runs out of space fails in whichever of orbax's writer threads notices first,
+  and that is not always the write that got ENOSPC: a reader of a metadata file that a full disk
+  left truncated raises a JSONDecodeError (orbax 0.12.8), which orbax hands to the main thread.
+  So an error that does not name a full disk itself is re-raised as one, from the original,
+  when the checkpoint's local filesystem has less free space than one checkpoint takes; any
+  other failure is left as it is (a bug keeps its traceback)."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    from normstudy import errors  # pylint: disable=import-outside-toplevel
+    directory = os.fspath(mngr.directory)
+    if errors.environment_problem(e) is not None or storage.is_url(directory):
+      raise
+    try:
+      free = shutil.disk_usage(directory).free
+    except OSError:
+      raise e from None
+    if free >= checkpoint_bytes:
+      raise
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), directory) from e
+
+
 def save(mngr: ocp.CheckpointManager, step: int, state) -> None:
-  mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+  """Starts the checkpoint of `state` at `step` in the background (a failure of the save before
+  it surfaces here or in `finish`)."""
+  with _writing(mngr, state_bytes(state)):
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+
+
+def finish(mngr: ocp.CheckpointManager, checkpoint_bytes: int) -> None:
+  """Waits for the checkpoints in flight, then closes the manager."""
+  with _writing(mngr, checkpoint_bytes):
+    mngr.wait_until_finished()
+  mngr.close()
 
 
 def _reason(error: Exception) -> str:

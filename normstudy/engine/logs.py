@@ -3,9 +3,10 @@
 `quiet_library_logs()` (every command, and every worker process of a sweep) sorts the log
 records: normstudy's own lines (and those of the user's config files and scripts) reach the
 terminal; the libraries' (jax, orbax, tensorstore, gcsfs, tensorflow_datasets, asyncio, ...) at
-WARNING and below are kept for the log file (gcsfs's errors too), as are the tracebacks that background threads of
-orbax and tensorstore log for a failure the main thread reports in one line (a full disk, a
-damaged checkpoint). Their ERROR lines still reach the terminal.
+WARNING and below are kept for the log file (gcsfs's errors too), as are the tracebacks that
+background threads of orbax and tensorstore log for a failure the main thread reports (a full
+disk, a damaged checkpoint; whatever orbax's checkpoint writers hand to the main thread). The
+libraries' other ERROR lines still reach the terminal.
 
 `library_output_to(path)` (around the training of a run or a sweep's program: normstudy.
 experiments.planning) opens that log file (`normstudy.log`, normstudy.records.schema.
@@ -46,6 +47,14 @@ _QUIET_MESSAGES = (
 # refusing bucket, then its giving up, with chained tracebacks before it raises; normstudy.records
 # .storage reports the failure in one line.
 _FILE_ONLY_PACKAGES = ("/gcsfs/",)
+# orbax (0.12.8) logs a failure of one of its checkpoint writer threads with its traceback from
+# these two files, and keeps the exception for the main thread, which raises it from the next
+# save or wait_until_finished, where normstudy reports it: one line for a failure of the machine
+# (normstudy.engine.checkpoints names the consequences of a full disk), the traceback for a bug.
+# The thread's copy goes to the file whatever the exception (a truncated metadata file's
+# JSONDecodeError, say).
+_REPORTED_BY_THE_MAIN_THREAD = ("/orbax/checkpoint/_src/futures/future.py",
+                                "/orbax/checkpoint/_src/checkpointers/async_checkpointer.py")
 _OWN_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -109,15 +118,18 @@ class _LibraryLines(std_logging.Filter):
     if verbose():
       return True
     to_file = False
+    path = record.pathname.replace("\\", "/")
     if record.exc_info and errors.environment_problem(record.exc_info[1]):
       # orbax reports a full disk from each of its background threads and asyncio tasks (logged
       # from orbax's or asyncio's modules), with a traceback; the same error reaches the main
       # thread, which reports it in one line.
       to_file = True
+    elif record.exc_info and path.endswith(_REPORTED_BY_THE_MAIN_THREAD):
+      to_file = True
     elif any(m in str(record.msg) for m in _QUIET_MESSAGES):
       to_file = True
     elif is_library_record(record) and (record.levelno <= std_logging.WARNING or any(
-        p in record.pathname.replace("\\", "/") for p in _FILE_ONLY_PACKAGES)):
+        p in path for p in _FILE_ONLY_PACKAGES)):
       to_file = True
     if to_file:
       _keep(self.formatter.format(record))

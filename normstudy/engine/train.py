@@ -237,8 +237,7 @@ class Program:
     return sharding.global_batch(self.mesh, _stack([ds[step - 1] for ds in self.train_data]))
 
   def close(self):
-    self.mngr.wait_until_finished()
-    self.mngr.close()
+    checkpoints.finish(self.mngr, checkpoints.state_bytes(self.abstract))
     for recorder in self.recorders:
       recorder.close()
     if self.pool is not None:
