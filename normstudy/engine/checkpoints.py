@@ -13,8 +13,10 @@ import shutil
 
 from absl import logging
 from etils import epath
+import jax
 import orbax.checkpoint as ocp
 
+from normstudy import errors
 from normstudy.errors import UserError
 from normstudy.records import schema
 from normstudy.records import storage
@@ -37,7 +39,6 @@ def manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
 
 def state_bytes(abstract_state) -> int:
   """The bytes a checkpoint of `abstract_state` (arrays or their shapes and dtypes) holds."""
-  import jax  # pylint: disable=import-outside-toplevel
   return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(abstract_state))
 
 
@@ -54,7 +55,6 @@ def _writing(mngr: ocp.CheckpointManager, checkpoint_bytes: int):
   try:
     yield
   except Exception as e:  # pylint: disable=broad-exception-caught
-    from normstudy import errors  # pylint: disable=import-outside-toplevel
     directory = os.fspath(mngr.directory)
     if errors.environment_problem(e) is not None or storage.is_url(directory):
       raise
