@@ -5,6 +5,7 @@ file there, a running workdir is refused in one line, a bad URL is one line."""
 import json
 import os
 import signal
+import socket
 
 import pytest
 
@@ -181,6 +182,35 @@ def test_an_unreachable_endpoint_and_a_missing_bucket_are_one_line_each(bucket):
   assert len(lines) == 1, unreachable.stderr[-3000:]
   assert lines[0].startswith(f"error: --workdir='gs://{gcs.BUCKET}/y': the storage endpoint "
                              f"{down} cannot be reached (")
+
+
+def _closed_port() -> int:
+  with socket.socket() as s:  # bound, never listening: a connection to it is refused
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_the_endpoint_probe_tells_a_refusing_port_from_one_that_answers(tmp_path, monkeypatch):
+  from normstudy.errors import UserError
+  from normstudy.records import storage
+  closed = _closed_port()
+  for endpoint in (f"http://127.0.0.1:{closed}", f"127.0.0.1:{closed}"):
+    assert "refused" in storage.refused_by(endpoint).lower(), endpoint
+  with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    assert storage.refused_by(f"http://127.0.0.1:{server.getsockname()[1]}") is None
+  # A refusing endpoint stops a command before anything is written (no lease, no stage) and
+  # without gcsfs's retries.
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{closed}")
+  monkeypatch.setenv("NORMSTUDY_STAGE_DIR", str(tmp_path / "stage"))
+  with pytest.raises(UserError) as raised:
+    with storage.staged("gs://b1/run"):
+      pytest.fail("the stage opened")
+  assert str(raised.value).startswith(
+      f"--workdir='gs://b1/run': the storage endpoint http://127.0.0.1:{closed} cannot be "
+      "reached ([Errno 111] Connection refused); check the network")
+  assert not (tmp_path / "stage").exists()
 
 
 def test_a_refusing_bucket_is_one_line_naming_the_credentials():

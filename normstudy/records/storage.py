@@ -40,6 +40,7 @@ import shutil
 import socket
 import threading
 import time
+import urllib.parse
 
 from normstudy.errors import UserError
 from normstudy.errors import WorkdirBusy
@@ -265,10 +266,36 @@ def failure_line(url: str, error: BaseException) -> str | None:
             "the credentials in use (application-default, or GOOGLE_APPLICATION_CREDENTIALS) "
             "need read and write access to it")
   if isinstance(error, (ConnectionError, TimeoutError)) or "Cannot connect to host" in text:
-    return (f"--workdir={url!r}: the storage endpoint {_endpoint()} cannot be reached "
-            f"({text[:160]}); check the network (or STORAGE_EMULATOR_HOST for a local server)")
+    return _unreachable_line(url, text)
   if isinstance(error, (OSError, HttpError)):
     return f"--workdir={url!r} cannot be read: {text[:300]}"
+  return None
+
+
+def _unreachable_line(url: str, why: str) -> str:
+  return (f"--workdir={url!r}: the storage endpoint {_endpoint()} cannot be reached "
+          f"({why[:160]}); check the network (or STORAGE_EMULATOR_HOST for a local server)")
+
+
+# How long the probe of the endpoint waits for a connection before leaving the question to
+# gcsfs (whose retries wait out a slow network).
+PROBE_TIMEOUT_S = 5.0
+
+
+def refused_by(endpoint: str) -> str | None:
+  """Why nothing can answer at the storage `endpoint` (a URL or host:port), when that is
+  certain now: its port refuses connections (a stopped emulator, a mistyped
+  STORAGE_EMULATOR_HOST). None when it accepts one, or may yet (a timeout, a name that does
+  not resolve now), which gcsfs's retries then wait out: six tries with backoff, about 35 s
+  (gcsfs 2026.10), before the same line."""
+  parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+  port = parts.port or (443 if parts.scheme == "https" else 80)
+  try:
+    socket.create_connection((parts.hostname, port), timeout=PROBE_TIMEOUT_S).close()
+  except ConnectionRefusedError as e:
+    return str(e)
+  except OSError:
+    return None
   return None
 
 
@@ -300,6 +327,9 @@ def staged(workdir: str, writer: bool = True):
     return
   url = workdir.rstrip("/")
   _check_url(url)
+  refused = refused_by(_endpoint())
+  if refused is not None:  # before the lease: nothing is written, and no 35 s of retries
+    raise UserError(_unreachable_line(url, refused))
   local = stage_dir(url, reader=not writer)
   lease = None
   try:
