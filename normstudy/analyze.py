@@ -34,12 +34,13 @@ def define_flags():
 
 
 def main(argv):
-  from normstudy import analysis
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not 0.0 <= FLAGS.smoothing < 1.0:
     raise errors.UserError(f"--smoothing={FLAGS.smoothing} is outside [0, 1)")
   from normstudy.records import storage
+  storage.check_workdir(FLAGS.workdir)
+  from normstudy import analysis  # pandas and matplotlib, once the command line is good
   against = _search_directory(FLAGS.against) if FLAGS.against else None
   try:
     # gs://: the run files are read into a local stage, the outputs uploaded beside them.

@@ -36,14 +36,15 @@ def main(argv):
   if FLAGS.print_config:
     print(cli.config_text(FLAGS.config))
     return
+  from normstudy.records import storage
+  storage.check_workdir(FLAGS.workdir)
   for line in cli.config_changes(FLAGS.config):
     print(line, flush=True)
   # The training stack (JAX, Flax, Orbax: a second to import) loads after the flags parsed:
-  # a mistyped flag or config field is answered at once.
+  # a mistyped flag, config field or workdir URL is answered at once.
   import jax
   from normstudy.engine import sharding
   from normstudy.experiments import planning
-  from normstudy.records import storage
   sharding.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                   FLAGS.process_id)
   # A gs:// workdir is worked in through a local stage (normstudy.records.storage).

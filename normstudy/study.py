@@ -55,9 +55,10 @@ def main(argv):
     raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
   cli.check_workers(FLAGS.workers)
   seeds = _seeds(FLAGS.seeds)
+  from normstudy.records import storage
+  storage.check_workdir(FLAGS.workdir)
   from normstudy import analysis
   from normstudy.experiments import planning  # the training stack, once the command line is good
-  from normstudy.records import storage
   spec = grid.Grid(path, None, {"train.seed": seeds} if seeds else {},
                    config_flags.get_override_values(FLAGS["config"]), module, study=True)
   if FLAGS.print_config:

@@ -113,10 +113,11 @@ def main(argv):
   # the searched field.
   grid_runs = (list(grid.search_points(spec).values()) if search_ is not None
                else spec.runs(FLAGS.workdir))
+  from normstudy.records import storage
+  storage.check_workdir(FLAGS.workdir)
   from normstudy import analysis
   from normstudy.experiments import planning  # the training stack, once the command line is good
   from normstudy.experiments import search_runner
-  from normstudy.records import storage
   if FLAGS.print_config:
     print(cli.runs_config_text(grid_runs))
     return

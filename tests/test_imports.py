@@ -8,6 +8,8 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import normstudy
 import runs
 
@@ -213,7 +215,7 @@ def test_the_commands_import_no_heavy_stack_before_their_flags_parse():
   import sys
   code = ("import sys, normstudy.main, normstudy.study, normstudy.sweep, normstudy.analyze, "
           "normstudy.ladder, normstudy.techniques, normstudy.compile, normstudy.context_gap, "
-          "normstudy.experiments.grid; "
+          "normstudy.experiments.grid, normstudy.records.storage; "
           "print(sorted(m for m in ('jax', 'pandas', 'matplotlib', 'scipy') if m in sys.modules))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -223,3 +225,30 @@ def test_the_commands_import_no_heavy_stack_before_their_flags_parse():
   from normstudy.experiments import grid
   assert analyze.DEFAULT_SMOOTHING == plots.DEFAULT_SMOOTHING
   assert sweep.MAX_RUNS_PER_PROGRAM == grid.MAX_RUNS_PER_PROGRAM
+
+
+@pytest.mark.parametrize("command,args", [
+    ("normstudy.main", ["--config=configs/seed_figure.py:pre_norm_clip1"]),
+    ("normstudy.sweep", ["--config=configs/seed_figure.py:pre_norm_clip1",
+                         "--axis=train.seed=0,1"]),
+    ("normstudy.study", ["--config=configs/seed_figure.py"]), ("normstudy.analyze", [])])
+def test_a_workdir_url_that_cannot_be_used_is_refused_before_the_training_stack_loads(
+    command, args):
+  """A bad --workdir URL (another scheme, no bucket) is one line in a fraction of a second: the
+  commands check it (normstudy.records.storage.check_workdir) before they import JAX or
+  pandas."""
+  for workdir, line in (("s3://b/x", "error: --workdir='s3://b/x': s3:// is not supported; "
+                                     "allowed: a local path or gs://BUCKET/PATH"),
+                        ("gs:///x", "error: --workdir='gs:///x' names no bucket; allowed: "
+                                    "gs://BUCKET/PATH")):
+    argv = [command, f"--workdir={workdir}", *args]
+    code = ("import runpy, sys\n"
+            f"sys.argv = {argv!r}\n"
+            "try:\n"
+            f"  runpy.run_module({command!r}, run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as e:\n"
+            "  print('exit', e.code, 'jax' in sys.modules, 'pandas' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.stderr.strip().splitlines() == [line], out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "exit 2 False False", out.stdout

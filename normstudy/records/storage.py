@@ -316,6 +316,19 @@ def _check_url(url: str) -> None:
     raise UserError(f"--workdir={url!r} names no bucket; allowed: gs://BUCKET/PATH")
 
 
+def check_workdir(workdir: str) -> None:
+  """UserError (one line) for a --workdir URL that cannot be used: a scheme other than gs://, no
+  bucket, or an endpoint that refuses connections (refused_by). Cheap and free of JAX, so a
+  command calls it before its training stack loads; `staged` calls it again."""
+  if not is_url(workdir):
+    return
+  url = workdir.rstrip("/")
+  _check_url(url)
+  refused = refused_by(_endpoint())
+  if refused is not None:  # before the lease: nothing is written, and no 35 s of retries
+    raise UserError(_unreachable_line(url, refused))
+
+
 @contextlib.contextmanager
 def staged(workdir: str, writer: bool = True):
   """The directory a command works in for `workdir`: the workdir itself if it is local; for a
@@ -326,10 +339,7 @@ def staged(workdir: str, writer: bool = True):
     yield workdir
     return
   url = workdir.rstrip("/")
-  _check_url(url)
-  refused = refused_by(_endpoint())
-  if refused is not None:  # before the lease: nothing is written, and no 35 s of retries
-    raise UserError(_unreachable_line(url, refused))
+  check_workdir(url)
   local = stage_dir(url, reader=not writer)
   lease = None
   try:
