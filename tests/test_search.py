@@ -172,12 +172,15 @@ def test_arms_with_the_same_seeds_are_compared_paired():
 
 
 @pytest.mark.slow
-def test_a_search_trains_its_rounds_records_its_brackets_and_continues(tmp_path):
-  workdir = tmp_path / "search"
-  args = ("--config=configs/seed_figure.py:pre_norm_clip1", f"--workdir={workdir}",
+def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(tmp_path):
+  """One search, trained whole and, round by round, in shares apart (the same runs and bits),
+  then extended by a round; one test, as both halves read the same trained search."""
+  # One program per run (--max_runs_per_program=1), so round 1's two runs fall to two shares.
+  args = ("--config=configs/seed_figure.py:pre_norm_clip1",
           "--search=optimizer.learning_rate:0.001,10", "--axis=train.seed=0", "--workers=1",
-          *runs.tiny_args(tmp_path / "tfds", num_steps=30, every=15))
-  first = runs.run_module("normstudy.sweep", *args, "--rounds=2")
+          "--max_runs_per_program=1", *runs.tiny_args(tmp_path / "tfds", num_steps=30, every=15))
+  workdir = tmp_path / "search"
+  first = runs.run_module("normstudy.sweep", *args, f"--workdir={workdir}", "--rounds=2")
   assert "search: optimizer.learning_rate in [0.001, 10] for each of 1 point(s), 2 round(s)" \
       in first.stdout
   sweep = runs.read_json(workdir / "sweep.json")
@@ -191,8 +194,42 @@ def test_a_search_trains_its_rounds_records_its_brackets_and_continues(tmp_path)
   # Each round's outcome, re-derived from the runs' records, gives the recorded bracket.
   status = {r["name"]: r["status"] for r in sweep["runs"]}
   assert status["lr10_seed0"] == "halted" or brackets[0]["established"] is False
+
+  # The same search's rounds shared apart. Round 2 depends on round 1's outcomes: refused in
+  # one line, nothing written.
+  shared = tmp_path / "shared"
+  early = runs.run_module("normstudy.sweep", *args, "--rounds=2", f"--workdir={shared}",
+                          "--round=2", "--programs=1/2", check=False)
+  assert early.returncode == 2 and "Traceback" not in early.stderr
+  assert early.stderr.strip().splitlines()[-1] == (
+      "error: --round=2: round 1 of the search has 2 run(s) not trained yet; train its shares "
+      "first (--round=1 --programs=I/N)")
+  assert not shared.exists()
+  outputs = {}
+  for round_, share in [(1, 1), (1, 2), (2, 1), (2, 2)]:
+    out = runs.run_module("normstudy.sweep", *args, "--rounds=2", f"--workdir={shared}",
+                          f"--round={round_}", f"--programs={share}/2").stdout
+    assert not (shared / "sweep.json").exists()  # the whole search's, afterwards
+    outputs[round_, share] = out.splitlines()
+  assert "share 1/2 of round 1: programs 1" in outputs[1, 1]
+  assert "share 2/2 of round 1: programs 2" in outputs[1, 2]
+  assert outputs[1, 2][-1] == "share 2/2 of round 1: runs 1 finished" or \
+      outputs[1, 2][-1] == "share 2/2 of round 1: runs 1 halted"
+  assert "share 2/2 of round 2: programs none left to train" in outputs[2, 2]
+  assert outputs[2, 2][-1] == "share 2/2 of round 2: nothing to train"
+  last = runs.run_module("normstudy.sweep", *args, "--rounds=2", f"--workdir={shared}")
+  assert "finished earlier, skipped" in last.stderr
+  recorded = runs.read_json(shared / "sweep.json")
+  assert recorded["search"] == sweep["search"]
+  names = [r["name"] for r in sweep["runs"]]
+  assert len(names) == 3 and names == [r["name"] for r in recorded["runs"]]
+  for name in names:
+    assert runs.trajectory(shared / name) == runs.trajectory(workdir / name), name
+  assert (shared / "critical_lr.csv").read_text() == (workdir / "critical_lr.csv").read_text()
+
+  # The whole search extended by a round: the trained runs skipped, one run more.
   mtimes = {p: os.path.getmtime(workdir / p / "metrics.jsonl") for p in status}
-  more = runs.run_module("normstudy.sweep", *args, "--rounds=3")
+  more = runs.run_module("normstudy.sweep", *args, f"--workdir={workdir}", "--rounds=3")
   assert "finished earlier, skipped" in more.stderr
   again = runs.read_json(workdir / "sweep.json")
   assert len(again["search"]["points"][0]["brackets"]) == 3
@@ -200,8 +237,8 @@ def test_a_search_trains_its_rounds_records_its_brackets_and_continues(tmp_path)
   assert len(again["runs"]) == len(sweep["runs"]) + 1
   assert all(os.path.getmtime(workdir / p / "metrics.jsonl") == t for p, t in mtimes.items())
   assert json.loads((workdir / again["runs"][-1]["name"] / "run.json").read_text())["status"]
-  alone = runs.run_module("normstudy.sweep", *args[:2], "--axis=train.seed=0", "--rounds=3",
-                          check=False)
+  alone = runs.run_module("normstudy.sweep", args[0], f"--workdir={workdir}",
+                          "--axis=train.seed=0", "--rounds=3", check=False)
   assert alone.returncode == 2
   assert alone.stderr.strip().splitlines()[-1] == "error: --rounds=3 needs --search=FIELD:LOW,HIGH"
   # sweep.json says how each run ended, by the failure rule the search judged it by.
@@ -215,46 +252,6 @@ def test_a_search_trains_its_rounds_records_its_brackets_and_continues(tmp_path)
   assert no_search.returncode == 2 and no_search.stderr.strip().splitlines()[-1] == (
       f"error: --against={tmp_path} holds no search (a sweep.json with `search`, written by "
       "normstudy.sweep --search)")
-
-
-@pytest.mark.slow
-def test_rounds_of_a_search_shared_apart_equal_the_search_trained_whole(tmp_path):
-  # One program per run (--max_runs_per_program=1), so round 1's two runs fall to two shares.
-  args = ("--config=configs/seed_figure.py:pre_norm_clip1", "--rounds=2",
-          "--search=optimizer.learning_rate:0.001,10", "--axis=train.seed=0", "--workers=1",
-          "--max_runs_per_program=1", *runs.tiny_args(tmp_path / "tfds", num_steps=30, every=15))
-  shared = tmp_path / "shared"
-  # Round 2 depends on round 1's outcomes: refused in one line, nothing written.
-  early = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}", "--round=2",
-                          "--programs=1/2", check=False)
-  assert early.returncode == 2 and "Traceback" not in early.stderr
-  assert early.stderr.strip().splitlines()[-1] == (
-      "error: --round=2: round 1 of the search has 2 run(s) not trained yet; train its shares "
-      "first (--round=1 --programs=I/N)")
-  assert not shared.exists()
-  whole = tmp_path / "whole"
-  runs.run_module("normstudy.sweep", *args, f"--workdir={whole}")
-  outputs = {}
-  for round_, share in [(1, 1), (1, 2), (2, 1), (2, 2)]:
-    out = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}", f"--round={round_}",
-                          f"--programs={share}/2").stdout
-    assert not (shared / "sweep.json").exists()  # the whole search's, afterwards
-    outputs[round_, share] = out.splitlines()
-  assert "share 1/2 of round 1: programs 1" in outputs[1, 1]
-  assert "share 2/2 of round 1: programs 2" in outputs[1, 2]
-  assert outputs[1, 2][-1] == "share 2/2 of round 1: runs 1 finished" or \
-      outputs[1, 2][-1] == "share 2/2 of round 1: runs 1 halted"
-  assert "share 2/2 of round 2: programs none left to train" in outputs[2, 2]
-  assert outputs[2, 2][-1] == "share 2/2 of round 2: nothing to train"
-  last = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}")
-  assert "finished earlier, skipped" in last.stderr
-  recorded = {d: runs.read_json(d / "sweep.json") for d in (whole, shared)}
-  assert recorded[shared]["search"] == recorded[whole]["search"]
-  names = [r["name"] for r in recorded[whole]["runs"]]
-  assert len(names) == 3 and names == [r["name"] for r in recorded[shared]["runs"]]
-  for name in names:
-    assert runs.trajectory(shared / name) == runs.trajectory(whole / name), name
-  assert (shared / "critical_lr.csv").read_text() == (whole / "critical_lr.csv").read_text()
 
 
 @pytest.mark.parametrize("extra,message", [
