@@ -175,10 +175,12 @@ def test_arms_with_the_same_seeds_are_compared_paired():
 def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(tmp_path):
   """One search, trained whole and, round by round, in shares apart (the same runs and bits),
   then extended by a round; one test, as both halves read the same trained search."""
-  # One program per run (--max_runs_per_program=1), so round 1's two runs fall to two shares.
   args = ("--config=configs/seed_figure.py:pre_norm_clip1",
           "--search=optimizer.learning_rate:0.001,10", "--axis=train.seed=0", "--workers=1",
-          "--max_runs_per_program=1", *runs.tiny_args(tmp_path / "tfds", num_steps=30, every=15))
+          *runs.tiny_args(tmp_path / "tfds", num_steps=30, every=15))
+  # Shared apart, one program per run, so round 1's two runs (one program when trained whole)
+  # fall to two shares.
+  in_shares = (*args, "--rounds=2", "--max_runs_per_program=1")
   workdir = tmp_path / "search"
   first = runs.run_module("normstudy.sweep", *args, f"--workdir={workdir}", "--rounds=2")
   assert "search: optimizer.learning_rate in [0.001, 10] for each of 1 point(s), 2 round(s)" \
@@ -198,7 +200,7 @@ def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(
   # The same search's rounds shared apart. Round 2 depends on round 1's outcomes: refused in
   # one line, nothing written.
   shared = tmp_path / "shared"
-  early = runs.run_module("normstudy.sweep", *args, "--rounds=2", f"--workdir={shared}",
+  early = runs.run_module("normstudy.sweep", *in_shares, f"--workdir={shared}",
                           "--round=2", "--programs=1/2", check=False)
   assert early.returncode == 2 and "Traceback" not in early.stderr
   assert early.stderr.strip().splitlines()[-1] == (
@@ -207,7 +209,7 @@ def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(
   assert not shared.exists()
   outputs = {}
   for round_, share in [(1, 1), (1, 2), (2, 1), (2, 2)]:
-    out = runs.run_module("normstudy.sweep", *args, "--rounds=2", f"--workdir={shared}",
+    out = runs.run_module("normstudy.sweep", *in_shares, f"--workdir={shared}",
                           f"--round={round_}", f"--programs={share}/2").stdout
     assert not (shared / "sweep.json").exists()  # the whole search's, afterwards
     outputs[round_, share] = out.splitlines()
@@ -217,7 +219,7 @@ def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(
       outputs[1, 2][-1] == "share 2/2 of round 1: runs 1 halted"
   assert "share 2/2 of round 2: programs none left to train" in outputs[2, 2]
   assert outputs[2, 2][-1] == "share 2/2 of round 2: nothing to train"
-  last = runs.run_module("normstudy.sweep", *args, "--rounds=2", f"--workdir={shared}")
+  last = runs.run_module("normstudy.sweep", *in_shares, f"--workdir={shared}")
   assert "finished earlier, skipped" in last.stderr
   recorded = runs.read_json(shared / "sweep.json")
   assert recorded["search"] == sweep["search"]
