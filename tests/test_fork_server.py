@@ -13,6 +13,9 @@ import runs
 
 SEED = "configs/seed_figure.py:pre_norm_clip1"
 
+needs_server = pytest.mark.skipif(os.environ.get("NORMSTUDY_TEST_FORK_SERVER") == "0",
+                                  reason="NORMSTUDY_TEST_FORK_SERVER=0: no fork server")
+
 
 def _real(module, *args):
   return subprocess.run([sys.executable, "-m", module, *args], cwd=runs.REPO,
@@ -29,6 +32,7 @@ def _forked(module, *args):
   return result
 
 
+@needs_server
 @pytest.mark.parametrize("module,args", [
     # A config refused after JAX loads: its config lines on stdout, one line on stderr, exit 2.
     ("normstudy.main", (f"--config={SEED}", "--config.model.placement=nope",
@@ -45,6 +49,7 @@ def test_a_forked_command_exits_and_prints_as_python_m_does(module, args):
   assert real.returncode != 0 or module == "normstudy.main"
 
 
+@needs_server
 def test_an_uncaught_exception_is_a_traceback_and_exit_1_as_python_m_gives():
   args = ("-d", "/nonexistent.b64")  # base64's main opens the file unguarded
   real, forked = _real("base64", *args), _forked("base64", *args)
@@ -56,6 +61,7 @@ def test_an_uncaught_exception_is_a_traceback_and_exit_1_as_python_m_gives():
       "FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent.b64'")
 
 
+@needs_server
 def test_a_started_command_takes_signals_and_a_hung_one_meets_its_timeout():
   endless = ("timeit", "-n", "10000000000", "pass")
   proc = runs.start_module(*endless)
@@ -79,6 +85,7 @@ def test_a_command_with_its_own_environment_is_a_real_process():
   assert proc.returncode == 2
 
 
+@needs_server
 def test_a_change_of_this_process_environment_starts_the_server_again(monkeypatch):
   before = runs._ForkServer.for_env(dict(os.environ, PYTHONUNBUFFERED="1"))
   monkeypatch.setenv("NORMSTUDY_SOMETHING_ELSE", "1")
