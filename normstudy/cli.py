@@ -20,6 +20,7 @@ from normstudy.errors import Preempted
 from normstudy.errors import RunHalted
 from normstudy.errors import UserError
 from normstudy.errors import WorkerKilled
+from normstudy.records import schema
 
 
 def define_workers_flag():
@@ -312,6 +313,7 @@ def run(main, define_flags):
   def wrapped(argv):
     quiet_library_logs()
     try:
+      schema.figure_formats()  # checked before anything is written
       main(argv)
     except UserError as e:
       print(f"error: {e}", file=sys.stderr)

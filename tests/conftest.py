@@ -19,6 +19,9 @@ _CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                                tempfile.mkdtemp(prefix="normstudy_jax_cache_"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+# Figures as PNG alone: an SVG copy renders each figure again (about half of a small sweep's
+# analysis); the tests of the copies ask for them (normstudy.records.schema.figure_formats).
+os.environ.setdefault("NORMSTUDY_FIGURE_FORMATS", "")
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()

@@ -89,7 +89,8 @@ def _write_run(path, label, loss, scale, telemetry_layers=0, info=None):
                                              **(info or {})}))
 
 
-def test_observations_and_layer_figures_from_the_data(tmp_path):
+def test_observations_and_layer_figures_from_the_data(tmp_path, monkeypatch):
+  monkeypatch.setenv(schema.FIGURE_FORMATS_ENV, "svg")  # the suite's default: PNG alone (conftest)
   spiky = _trajectory(spikes=[(200, 1.0), (350, 0.8), (500, 1.5)]).to_list()
   calm = _trajectory(seed=5).to_list()
   scale = [2.0**15] * 300 + [2.0**14] * 100 + [2.0**3] * 200
@@ -278,3 +279,43 @@ def test_update_norm_spikes_before_loss_spikes_are_counted_against_chance(tmp_pa
   assert got["p"] == pytest.approx(scipy_stats.binomtest(2, 4, chance).pvalue)
   text = open(outputs["observations"], encoding="utf-8").read()
   assert "2 of 4 loss spikes had an update-norm spike start within the 10 steps before" in text
+
+
+def test_figure_formats_are_the_vector_copies_beside_each_png(tmp_path, monkeypatch):
+  from matplotlib.figure import Figure
+  from normstudy import errors
+  for i, (value, written) in enumerate(((None, {"png", "svg"}), ("pdf, svg", {"png", "pdf", "svg"}),
+                                       ("", {"png"}), ("PDF", {"png", "pdf"}))):
+    if value is None:
+      monkeypatch.delenv(schema.FIGURE_FORMATS_ENV, raising=False)
+    else:
+      monkeypatch.setenv(schema.FIGURE_FORMATS_ENV, value)
+    folder = tmp_path / str(i)
+    folder.mkdir()
+    fig = Figure()
+    fig.subplots().plot([0, 1], [1, 0])
+    assert plots.save(fig, str(folder / "f.png")) == str(folder / "f.png")
+    assert {p.suffix[1:] for p in folder.iterdir()} == written
+    assert (folder / "f.png").read_bytes().startswith(b"\x89PNG")
+    if "pdf" in written:
+      assert (folder / "f.pdf").read_bytes().startswith(b"%PDF")
+  for bad in ("eps", "svg,svg", "png"):
+    monkeypatch.setenv(schema.FIGURE_FORMATS_ENV, bad)
+    with pytest.raises(errors.UserError) as refused:
+      schema.figure_formats()
+    assert str(refused.value) == (
+        f"NORMSTUDY_FIGURE_FORMATS={bad!r} is not allowed; allowed: formats saved beside each "
+        "PNG, comma-separated, each once, from svg, pdf; empty for PNG only")
+
+
+def test_a_command_refuses_figure_formats_it_cannot_write_before_writing(tmp_path):
+  import os
+  import runs
+  workdir = tmp_path / "sweep"
+  result = runs.run_module(
+      "normstudy.sweep", "--config=configs/seed_figure.py", "--axis=train.seed=0,1",
+      f"--workdir={workdir}", check=False, env=dict(os.environ, NORMSTUDY_FIGURE_FORMATS="eps"))
+  assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+      "error: NORMSTUDY_FIGURE_FORMATS='eps' is not allowed; allowed: formats saved beside each "
+      "PNG, comma-separated, each once, from svg, pdf; empty for PNG only"]
+  assert not workdir.exists()

@@ -57,7 +57,9 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
   # Telemetry end to end (records, per-layer figures, the notebook's) is test_sweep.py's.
   args = (f"--config={config}", f"--workdir={study}", *runs.tiny_args(data_dir, num_steps=6),
           "--workers=1")
-  result = runs.run_module("normstudy.study", *args)  # exit 0: a halted arm is a result
+  # The figures' SVG copies too (the suite writes PNG alone: conftest.py).
+  result = runs.run_module("normstudy.study", *args,  # exit 0: a halted arm is a result
+                           env=dict(os.environ, NORMSTUDY_FIGURE_FORMATS="svg"))
   assert f"figure: {study}/loss_comparison.png" in result.stdout
   for variant, label in zip(VARIANTS[:3], LABELS):
     run_dir = study / variant

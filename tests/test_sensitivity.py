@@ -102,7 +102,8 @@ def test_lr_sensitivity_takes_the_widest_near_best_stretch_in_any_grid_order():
 
 
 @pytest.mark.slow  # the whole analysis of a 12-run sweep, every figure drawn as PNG and SVG
-def test_sweep_summary_deaths_and_observations(tmp_path):
+def test_sweep_summary_deaths_and_observations(tmp_path, monkeypatch):
+  monkeypatch.setenv("NORMSTUDY_FIGURE_FORMATS", "svg")  # the suite writes PNG alone (conftest)
   root = str(tmp_path / "sweep")
   _write_sweep(root)
   outputs = analysis.analyze(root)

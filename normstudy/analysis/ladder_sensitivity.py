@@ -234,7 +234,7 @@ def analyze(rungs: list, workdir: str) -> dict:
   from matplotlib import pyplot as plt
   from normstudy.analysis.plots import save
   fig = figure(rungs)
-  save(fig, paths["ladder_sensitivity_figure"])  # and the same name as .svg
+  save(fig, paths["ladder_sensitivity_figure"])  # and its vector copies (plots.save)
   plt.close(fig)
   with open(paths["ladder_sensitivity_observations"], "w", encoding="utf-8") as f:
     f.write("# Learning-rate sensitivity along the ladder\n\n" + observations(table, tested)

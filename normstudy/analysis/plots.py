@@ -1,7 +1,9 @@
 """Figures: the study's comparison figure and the per-layer telemetry figures.
 
 Drawn on bare matplotlib Figures (no pyplot), so a notebook's inline backend is left alone. Each
-figure is saved as PNG and, beside it, SVG.
+figure is saved as PNG (the file the analyses' outputs name) and, beside it, in the vector
+formats $NORMSTUDY_FIGURE_FORMATS lists (normstudy.records.schema.figure_formats: SVG by
+default).
 """
 
 import os
@@ -46,9 +48,12 @@ def _k_formatter(value, _):
 
 
 def save(fig, path: str) -> str:
-  """Saves `fig` as `path` (PNG) and the same name with .svg; returns `path`."""
+  """Saves `fig` as `path` (PNG) and the same name in each of schema.figure_formats() (SVG by
+  default); returns `path`."""
+  formats = schema.figure_formats()
   fig.savefig(path, dpi=120)
-  fig.savefig(os.path.splitext(path)[0] + ".svg")
+  for fmt in formats:
+    fig.savefig(f"{os.path.splitext(path)[0]}.{fmt}")
   return path
 
 

@@ -20,10 +20,37 @@ keys: they read as None (or empty), and keys this version does not know are kept
   <run or sweep>/normstudy.log what the libraries said while it trained (their records at
                                WARNING and below, XLA's and tensorstore's native stderr): kept
                                off the terminal (normstudy.engine.logs), appended per process
+  <study or sweep>/<figure>.png and beside it <figure>.svg, or the copies figure_formats() names
 """
 
 import dataclasses
+import os
 from typing import Any
+
+from normstudy import errors
+
+# The copies an analysis saves beside each figure's PNG: comma-separated, any of
+# VECTOR_FORMATS, empty for the PNG alone (each copy renders the figure again: about half of a
+# small sweep's analysis).
+FIGURE_FORMATS_ENV = "NORMSTUDY_FIGURE_FORMATS"
+VECTOR_FORMATS = ("svg", "pdf")
+DEFAULT_FIGURE_FORMATS = ("svg",)
+
+
+def figure_formats() -> tuple:
+  """The vector formats $NORMSTUDY_FIGURE_FORMATS asks for (DEFAULT_FIGURE_FORMATS when unset);
+  UserError naming the value and what is allowed otherwise (every command checks it first:
+  normstudy.cli.run)."""
+  value = os.environ.get(FIGURE_FORMATS_ENV)
+  if value is None:
+    return DEFAULT_FIGURE_FORMATS
+  formats = tuple(f.strip().lower() for f in value.split(",") if f.strip())
+  if any(f not in VECTOR_FORMATS for f in formats) or len(set(formats)) != len(formats):
+    raise errors.UserError(
+        f"{FIGURE_FORMATS_ENV}={value!r} is not allowed; allowed: formats saved beside each "
+        f"PNG, comma-separated, each once, from {', '.join(VECTOR_FORMATS)}; empty for PNG only")
+  return formats
+
 
 CONFIG = "config.json"
 RUN = "run.json"
