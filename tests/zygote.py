@@ -11,9 +11,10 @@ with the XLA_FLAGS and compilation cache of the environment the server was start
 
 What a child cannot have is a different environment at import: tests/runs.py sends a command
 here only when its environment, working directory and options are exactly those this server was
-started with, and starts a real `python -m` otherwise. The tests of what a command imports
-(tests/test_imports.py, tests/test_notebook_env.py) start their own interpreters, and the signal
-tests (tests/runs.start_module) real processes.
+started with (starting another when the test process's environment has changed), and starts a
+real `python -m` otherwise. The tests of what a command imports (tests/test_imports.py,
+tests/test_notebook_env.py) start their own interpreters; the signal tests' commands
+(tests/runs.start_module) are forked here too, and take their signals as real processes do.
 
 Protocol, JSON lines on this process's stdin and stdout; children run side by side:
   -> {"module", "args", "env", "stdout", "stderr"}   (the paths receive the child's fds 1 and 2)
@@ -29,6 +30,9 @@ import sys
 
 # What every command shares (and `python -m normstudy.<command>` would import anyway). Not the
 # entry modules themselves: runpy warns when the module it runs is already imported.
+# Not the analysis (pandas, scipy; 1.3 s of a sweep's child): pandas's pyarrow starts threads
+# at import, which a fork does not copy, and one suite run with it preloaded took 689 s against
+# 624 and 640 s for the two runs before without it (2026-12-04; no gain shown, so not kept).
 PRELOAD = ("numpy", "jax", "jax.numpy", "flax.linen", "optax", "orbax.checkpoint",
            "ml_collections.config_flags", "absl.app", "matplotlib", "normstudy.cli",
            "normstudy.experiments.planning")
