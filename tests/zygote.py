@@ -29,13 +29,18 @@ import os
 import sys
 
 # What every command shares (and `python -m normstudy.<command>` would import anyway). Not the
-# entry modules themselves: runpy warns when the module it runs is already imported.
-# Not the analysis (pandas, scipy; 1.3 s of a sweep's child): pandas's pyarrow starts threads
-# at import, which a fork does not copy, and one suite run with it preloaded took 689 s against
-# 624 and 640 s for the two runs before without it (2026-12-04; no gain shown, so not kept).
+# entry modules themselves: runpy warns when the module it runs is already imported. The
+# analysis (pandas, scipy, matplotlib's figures) is here too: every sweep, study, search share
+# and analysis imports it, 1.3 s of such a child. Its libraries leave threads behind at import
+# (pyarrow's jemalloc background thread, scipy's OpenBLAS workers), which a fork does not copy;
+# both libraries register fork handlers that reset their state in the child (pthread_atfork).
+# Measured (2026-12-04, tests/test_search.py, test_sensitivity.py, test_techniques_table.py and
+# test_ladder.py, two workers, two alternating rounds): 63.7 and 68.8 s without it, 57.6 and
+# 53.5 s with it.
 PRELOAD = ("numpy", "jax", "jax.numpy", "flax.linen", "optax", "orbax.checkpoint",
            "ml_collections.config_flags", "absl.app", "matplotlib", "normstudy.cli",
-           "normstudy.experiments.planning")
+           "normstudy.experiments.planning", "normstudy.experiments.search_runner",
+           "normstudy.analysis", "matplotlib.figure", "matplotlib.backends.backend_agg")
 
 
 # Environment variables the preloaded modules set when imported (normstudy's library defaults,
