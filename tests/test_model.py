@@ -275,6 +275,57 @@ def test_relax_forms_equal_plain_attention_in_float32(form):
   np.testing.assert_allclose(_softmax(np.asarray(logits)), _softmax(plain), atol=1e-6)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_fused_kernel_is_softmax_attention(monkeypatch, causal):
+  """layers.fused_attention (model.attention_kernel='cudnn') against softmax(q k^T / sqrt(d)) v
+  in float64 numpy, on [b, h, l, d] in and out. A CPU has no cuDNN: jax's xla implementation of
+  the same call checks the layout, the scale and the causal mask here."""
+  monkeypatch.setattr(layers, "FUSED_IMPLEMENTATION", "xla")
+  rng = np.random.default_rng(1)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 4, 16, 8)) * 2, jnp.bfloat16) for _ in range(3))
+  out = layers.fused_attention(q, k, v, causal)
+  assert out.shape == q.shape and out.dtype == jnp.bfloat16
+  q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
+  scores = np.einsum("bhqd,bhkd->bhqk", q64, k64) / math.sqrt(8)
+  if causal:
+    scores = np.where(np.tril(np.ones((16, 16), bool)), scores, -np.inf)
+  expected = np.einsum("bhqk,bhkd->bhqd", _softmax(scores), v64)
+  # bfloat16 has 8 significant bits: the output's own rounding is up to 2^-8 of |out| <= ~4.
+  np.testing.assert_allclose(np.asarray(out, np.float64), expected, atol=3e-2)
+  assert not np.allclose(np.asarray(layers.fused_attention(q, k, v, not causal), np.float64),
+                         expected, atol=3e-2)  # the mask is the one asked for
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_fused_kernel_changes_no_parameter_and_computes_the_same_model(
+    monkeypatch, make_config, causal):
+  """The kernel is no parameter: the same tree and initial values; the logits agree with the
+  explicit path's to bfloat16 rounding. Telemetry steps read the scores, so they take the
+  explicit path: there the two kernels are the same computation, bit for bit."""
+  from normstudy.core import telemetry
+  monkeypatch.setattr(layers, "FUSED_IMPLEMENTATION", "xla")
+  explicit = make_config(dtype="bfloat16", num_layers=2, causal=causal)
+  fused = make_config(dtype="bfloat16", num_layers=2, causal=causal, attention_kernel="cudnn")
+  params = model_lib.init_params(explicit.model, 0)
+  jax.tree.map(np.testing.assert_array_equal, params, model_lib.init_params(fused.model, 0))
+  tokens = np.random.default_rng(2).integers(0, 32, (2, 16)).astype(np.int32)
+  mask = None if causal else np.random.default_rng(3).random((2, 16)) < 0.3
+  want = np.asarray(model_lib.forward(explicit.model, params, tokens, mask))
+  got = np.asarray(model_lib.forward(fused.model, params, tokens, mask))
+  assert not np.array_equal(got, want)  # the fused path was taken
+  np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
+
+  def with_stats(config):
+    cfg = model_lib.ModelConfig.create(config.model)
+    model = model_lib.Transformer(cfg, probe=telemetry.Probe(stats=True))
+    return model.apply({"params": params}, tokens, mask, mutable=[telemetry.STATS])
+
+  (want, want_stats), (got, got_stats) = with_stats(explicit), with_stats(fused)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  jax.tree.map(np.testing.assert_array_equal, got_stats, want_stats)
+  assert "attn_entropy" in str(jax.tree_util.tree_structure(got_stats))
+
+
 def test_pb_relax_survives_a_float16_score_that_overflows_after_the_product():
   q, k = _scores_inputs(8.7e4)
   plain = np.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(8)

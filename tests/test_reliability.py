@@ -172,6 +172,7 @@ BAD_VALUES = [
     ("model.dtype", "float64", "allowed: float32, bfloat16, float16"),
     ("model.init", "he", "allowed: xavier, bert"),
     ("model.attention_relax_form", "late", "allowed: pb_relax, after_product"),
+    ("model.attention_kernel", "flash", "allowed: xla, cudnn"),
     ("data.name", "no_such_dataset", "allowed: synthetic, text_files, shakespeare, kjv or a TFDS catalog"),
     ("optimizer.schedule", "step", "allowed: constant, cosine, linear, polynomial"),
     ("model.num_heads", 5, "does not divide config.model.d_model=128"),
@@ -209,6 +210,32 @@ def test_validate_names_field_value_and_allowed(field, value, allowed):
   assert str(e.value).startswith(f"config.{field}={value!r}")
   assert allowed in str(e.value)
   assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("model.attention_relax", 32.0, "config.model.attention_relax=32.0 changes the attention "
+     "scores, which config.model.attention_kernel='cudnn' never writes out; allowed with cudnn: "
+     "0.0, or attention_kernel='xla'"),
+    ("model.attn_softcap", 30.0, "config.model.attn_softcap=30.0 changes the attention scores"),
+    ("model.qk_clip", 100.0, "config.model.qk_clip=100.0 changes the attention scores"),
+    ("model.attention_scores_dtype", "float32",
+     "config.model.attention_scores_dtype='float32' changes the attention scores"),
+    ("model.attention", "none", "config.model.attention_kernel='cudnn' computes attention; "
+     "config.model.attention='none' has none; allowed: attention_kernel='xla'"),
+    ("model.dtype", "float32", "config.model.attention_kernel='cudnn' runs in float16 or "
+     "bfloat16; config.model.dtype='float32' needs attention_kernel='xla'"),
+])
+def test_the_fused_attention_kernel_refuses_what_needs_the_scores(field, value, message):
+  """model.attention_kernel='cudnn' computes softmax(q k^T / sqrt(d)) v in one kernel: whatever
+  reads or changes the scores, and float32, is refused in one line rather than ignored."""
+  config = config_lib.default_config()
+  config.model.update(attention_kernel="cudnn", dtype="bfloat16")
+  validation.validate(config)  # the plain model is allowed
+  section, _, name = field.rpartition(".")
+  config[section][name] = value
+  with pytest.raises(errors.ConfigError) as e:
+    validation.validate(config)
+  assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
 def test_a_tokenizer_for_text_files_is_refused_not_ignored():
@@ -255,6 +282,9 @@ def test_synthetic_split_sizes_follow_the_generator():
      "--config.train.num_steps=2.5 is not allowed; allowed: an integer"),
     ((f"--config={SEED}", "--config.train.tensorboard=maybe"),  # "('Non-boolean argument ..."
      "--config.train.tensorboard=maybe is not allowed; allowed: true or false"),
+    ((f"--config={SEED}", "--config.model.attention_kernel=cudnn"),
+     "config.model.attention_kernel='cudnn' needs a GPU; these devices are cpu; allowed here: "
+     "'xla'"),
 ])
 def test_bad_command_line_is_one_line_and_creates_nothing(tmp_path, args, message):
   workdir = tmp_path / "never"

@@ -310,6 +310,24 @@ class ConvPositions(nn.Module):
     return ACTIVATIONS.get(cfg.activation)(y)
 
 
+# jax.nn.dot_product_attention's implementation for model.attention_kernel="cudnn" (tests on a
+# CPU, which has no cuDNN, set "xla" to check the wiring against the explicit path).
+FUSED_IMPLEMENTATION = "cudnn"
+
+
+def fused_attention(q, k, v, causal: bool, implementation: str | None = None):
+  """softmax(q k^T / sqrt(d)) v through one fused kernel (jax.nn.dot_product_attention; on a GPU
+  cuDNN's FlashAttention-style kernel, Dao et al. 2022): the [b, h, l, l] scores are never
+  written to memory, and the softmax's running statistics are float32 inside the kernel.
+  q, k, v are [b, h, l, d] in float16 or bfloat16, as Attention holds them; so is the result.
+  `implementation`: jax's ("cudnn", "xla"); None is FUSED_IMPLEMENTATION."""
+  heads_minor = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731  (the function takes [b, l, h, d])
+  out = jax.nn.dot_product_attention(heads_minor(q), heads_minor(k), heads_minor(v),
+                                     is_causal=causal,
+                                     implementation=implementation or FUSED_IMPLEMENTATION)
+  return heads_minor(out)
+
+
 class Attention(nn.Module):
   cfg: Any
   branch_gain: float
@@ -339,6 +357,10 @@ class Attention(nn.Module):
       # add a learned key-content term to every score; flax's normalize_qk has none either).
       q = make_norm(cfg, "query_norm", cfg.qk_norm, axis_name="kv", use_bias=False)(q)
       k = make_norm(cfg, "key_norm", cfg.qk_norm, axis_name="kv", use_bias=False)(k)
+    if cfg.attention_kernel == "cudnn" and not (self.probe.stats or self.probe.locate):
+      # Telemetry and locate steps read the scores, so they take the explicit path below (the
+      # same function; it rounds differently only on those steps).
+      return self._out(x, fused_attention(q, k, v, cfg.causal))
     logits, row_shift = attention_scores(
         q, k, cfg.attention_relax, cfg.attention_relax_form,
         jnp.float32 if cfg.attention_scores_dtype == "float32" else None)
@@ -366,10 +388,16 @@ class Attention(nn.Module):
     probs = jax.nn.softmax(logits, axis=-1)
     telemetry.sow_stat(self, self.probe, "attn_entropy", lambda: telemetry.row_entropy(probs))
     context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(dtype), v)
+    return self._out(x, context)
+
+  def _out(self, x, context):
+    """The heads' outputs [b, h, l, d] joined and projected back to the residual stream."""
+    cfg = self.cfg
+    dtype = cfg.compute_dtype
+    batch, length = x.shape[0], x.shape[1]
     wo = param(self, "out", projection_init(cfg, self.branch_gain, in_axis=(0, 1), out_axis=2),
                (cfg.num_heads, cfg.head_dim, cfg.d_model), ("heads", "kv", "embed"))
     if self.inner_norm:
-      batch = x.shape[0]
       joined = context.transpose(0, 2, 1, 3).reshape(batch, length, cfg.d_model)
       joined = make_norm(cfg, "inner_norm")(joined)
       out = jnp.einsum("bld,de->ble", joined,

@@ -11,7 +11,8 @@ mistyped size is an error in a second rather than minutes of swapping.
 The estimate counts what dominates a transformer step and no more: float32 parameters, Adam's
 two float32 moments and float32 gradients, sharded over fsdp x tensor; per layer, the
 activations a backward pass needs, in the compute dtype (the attention scores and
-probabilities in float32, as the model computes its softmax), over the batch's share of
+probabilities in float32, as the model computes its softmax; with model.attention_kernel=
+'cudnn' only a float32 log-sum-exp per query, as the fused kernel keeps), over the batch's share of
 data x fsdp; the float32 logits with their softmax and gradient. It ignores XLA's
 scheduling and fusion: XLA:CPU's compiled step (arguments and temporaries) needs 1.0-1.8x the
 plan (tests/test_memory.py), so on the host a refusal by it is never a false alarm. A TPU
@@ -134,7 +135,10 @@ def plan(config, sizes: dict, num_runs: int = 1, one_at_a_time: bool = False) ->
   per_d, per_ff = _KEPT_PER_TOKEN[model.remat]
   per_layer = tokens * (per_d * model.d_model + per_ff * model.d_ff / sizes["tensor"]) * width
   heads = model.num_heads / sizes["tensor"]
-  scores = rows * stepping * heads * model.max_len ** 2 * 4 * 2  # float32 scores, probabilities
+  if model.attention_kernel == "cudnn":  # fused: only each row's float32 log-sum-exp is kept
+    scores = rows * stepping * heads * model.max_len * 4
+  else:
+    scores = rows * stepping * heads * model.max_len ** 2 * 4 * 2  # float32 scores, probabilities
   kept = model.num_layers * (per_layer + (scores if model.remat == "none" else 0))
   if model.remat != "none":  # the one layer being recomputed holds all of it
     full_d, full_ff = _KEPT_PER_TOKEN["none"]

@@ -271,10 +271,13 @@ class Compiled:
 
 def compile_for(config, devices, topology: str = "") -> Compiled:
   """The train step of `config` compiled as normstudy.main compiles it, for `devices`, on the
-  config's mesh (UserError for a mesh or size that does not divide)."""
+  config's mesh (UserError for a mesh or size that does not divide, or a kernel the devices
+  lack)."""
   import jax
   from normstudy.engine import execution
+  from normstudy.engine import platform
   from normstudy.engine import sharding
+  platform.check_kernels(config, devices)
   sizes = sharding.mesh_shape(config.mesh, len(devices))
   sharding.check_divisible(config, sizes)
   mesh = sharding.make_mesh(config.mesh, devices)

@@ -15,6 +15,8 @@ pod to scan whatever the rule says (it compiles a deep stack once).
 
 import dataclasses
 
+from normstudy.errors import UserError
+
 # XLA:CPU removes optimization barriers before fusion (its `cse_barrier_expander` pass), which
 # would undo the model's fusion boundaries; with the pass off they stay as no-ops that end
 # fusions. Eigen's dots beat XNNPACK/YNN's at the small sizes normstudy trains on a CPU
@@ -49,3 +51,13 @@ def choices(devices) -> Choices:
   cpu = next(iter(devices)).platform == "cpu"
   return Choices(fusion_boundaries=cpu, compiler_options=dict(CPU_COMPILER_OPTIONS) if cpu else {},
                  runs_one_at_a_time=cpu, worker_processes=cpu)
+
+
+def check_kernels(config, devices) -> None:
+  """UserError, before anything is written, when `config` asks for a kernel that `devices` (any
+  iterable of JAX devices, concrete or from a topology description) do not have:
+  model.attention_kernel='cudnn' needs a GPU."""
+  platform = next(iter(devices)).platform
+  if config.model.attention_kernel == "cudnn" and platform != "gpu":
+    raise UserError(f"config.model.attention_kernel='cudnn' needs a GPU; these devices are "
+                    f"{platform}; allowed here: 'xla'")

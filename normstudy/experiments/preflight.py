@@ -15,6 +15,7 @@ from normstudy.core import memory
 from normstudy.core import per_run
 from normstudy.data import sources
 from normstudy.engine import execution
+from normstudy.engine import platform
 from normstudy.engine import sharding
 from normstudy.errors import UserError
 from normstudy.experiments import validation
@@ -34,6 +35,7 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
   files_checked = set()
   for run in runs:
     validation.validate(run.config)
+    platform.check_kernels(run.config, jax.devices())
     sharding.check_divisible(run.config, sizes, num_runs=len(runs))
     check_memory(run.config, sizes, len(runs))
     rundir.check_writable(run.directory, "--workdir")

@@ -62,6 +62,22 @@ RULES = (
     _rule(lambda c: c.data.name != "text_files" or c.data.tokenizer == "bytes",
           lambda c: f"config.data.tokenizer={c.data.tokenizer!r} applies to TFDS catalog "
                     "datasets; text_files are read as byte-level tokens; allowed: 'bytes'"),
+    # The fused kernel computes softmax(q k^T / sqrt(d)) v and nothing else: whatever changes
+    # the scores needs them written out.
+    *(_rule(lambda c, field=field, off=off: c.model.attention_kernel != "cudnn"
+            or get_field(c, field) == off,
+            lambda c, field=field, off=off: (
+                f"config.{field}={get_field(c, field)!r} changes the attention scores, which "
+                "config.model.attention_kernel='cudnn' never writes out; allowed with cudnn: "
+                f"{off!r}, or attention_kernel='xla'"))
+      for field, off in (("model.attention_relax", 0.0), ("model.attn_softcap", 0.0),
+                         ("model.qk_clip", 0.0), ("model.attention_scores_dtype", "compute"))),
+    _rule(lambda c: c.model.attention_kernel != "cudnn" or c.model.attention != "none",
+          lambda c: "config.model.attention_kernel='cudnn' computes attention; "
+                    "config.model.attention='none' has none; allowed: attention_kernel='xla'"),
+    _rule(lambda c: c.model.attention_kernel != "cudnn" or c.model.dtype != "float32",
+          lambda c: "config.model.attention_kernel='cudnn' runs in float16 or bfloat16; "
+                    "config.model.dtype='float32' needs attention_kernel='xla'"),
     _rule(lambda c: c.model.norm != "dyt" or c.model.placement != "rezero",
           lambda c: "config.model.norm='dyt' replaces the norms; config.model.placement="
                     "'rezero' has none"),
