@@ -3,6 +3,7 @@ figure's arms at the paper's size in float16, and a K-run vmapped sweep against 
 another at the seed figure's size. Run by benchmarks/gpu.sh; see there.
 
   python benchmarks/gpu.py [--steps 20] [--ks 8,64] [--json docs/gpu/results.json]
+                          [--sections matmul,gpt_125m_bf16,...]
 
 MFU = model FLOPs per step (benchmarks/throughput.py's count: every matmul of the forward pass,
 3x for forward and backward) / step time / the GPU's dense peak for the dtype (PEAK_TFLOPS, by
@@ -10,12 +11,11 @@ the device's name; a bf16 matmul's measured rate is printed beside it).
 """
 
 import argparse
-import copy
+import functools
 import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import jax
@@ -71,12 +71,15 @@ def bf16_matmul_flops_per_second(n: int = 8192, repeats: int = 20) -> float:
 GPT_ROWS = 256
 
 
-def gpt_125m(rows: int = GPT_ROWS):
+def gpt_125m(rows: int = GPT_ROWS, remat: str = "block", attention_kernel: str = "xla"):
   """GPT-2 small's shape (12 layers, width 768, 12 heads, 1024 tokens, vocab 50304), bf16, each
-  block recomputed in the backward pass (its activations at 256 rows would not fit)."""
+  block recomputed in the backward pass by default (its activations at 256 rows would not fit);
+  `remat` is model.remat ("block", "dots": matmul outputs kept, "none"), `attention_kernel`
+  model.attention_kernel ("xla": the scores written out; "cudnn": the fused kernel)."""
   config = throughput.size_config("S")
   config.model.update(d_model=768, num_heads=12, num_layers=12, d_ff=3072, max_len=1024,
-                      vocab_size=50304, dtype="bfloat16", tie_embeddings=True, remat="block")
+                      vocab_size=50304, dtype="bfloat16", tie_embeddings=True, remat=remat,
+                      attention_kernel=attention_kernel)
   config.train.batch_size = rows
   return config
 
@@ -110,52 +113,131 @@ def timed(config, steps: int) -> dict:
           "model_flops_per_s": throughput.model_flops_per_step(config) / seconds}
 
 
+SECTIONS = ("matmul", "gpt_125m_bf16", "gpt_125m_bf16_cudnn", "sweep", "paper_size_fp16",
+            "gpt_125m_bf16_variants")
+
+
+def _versions() -> dict:
+  """The versions of the packages that shape the numbers (the GPU's image brings its own)."""
+  from importlib import metadata
+  names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
+  versions = {}
+  for name in names:
+    try:
+      versions[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+      versions[name] = None
+  return versions
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--ks", default="8,64", help="sweep sizes K (even)")
   parser.add_argument("--json", default=os.path.join(ROOT, "docs", "gpu", "results.json"))
+  parser.add_argument("--sections", default=",".join(SECTIONS),
+                      help=f"which parts to run, in this order: {','.join(SECTIONS)}")
   args = parser.parse_args(argv)
+  sections = args.sections.split(",")
+  unknown = sorted(set(sections) - set(SECTIONS))
+  if unknown:
+    parser.error(f"--sections {','.join(unknown)}: unknown; allowed: {','.join(SECTIONS)}")
   device = jax.devices()[0]
   if device.platform != "gpu":
     sys.exit(f"error: no GPU here (JAX's first device is {device}); this benchmark needs one")
   peak = peak_flops(device)
-  matmul = bf16_matmul_flops_per_second()
-  results = {"device": device.device_kind, "jax": jax.__version__,
-             "peak_flops": peak, "bf16_matmul_flops_per_s": matmul}
-  print(f"{device.device_kind}: peak {peak and peak / 1e12} TFLOP/s, "
-        f"bf16 8192^3 matmul {matmul / 1e12:.0f} TFLOP/s")
-  row = timed_fitting(gpt_125m, GPT_ROWS, args.steps)
-  row["mfu"] = row["model_flops_per_s"] / peak if peak else None
-  results["gpt_125m_bf16"] = row
-  print(f"125M causal LM, bf16, {row['tokens_per_step']} tokens a step: "
-        f"{row['tokens_per_s']:.0f} tokens/s" + (f", MFU {row['mfu']:.1%}" if peak else ""))
-  results["paper_size_fp16"] = {}
-  for arm in SEED_ARMS:
-    row = timed(paper_size(arm), args.steps)
-    row["mfu"] = row["model_flops_per_s"] / peak if peak else None
-    results["paper_size_fp16"][arm] = row
-    print(f"{arm} (24 x 1024, fp16): {row['tokens_per_s']:.0f} tokens/s, "
-          f"{row['ms_per_step']:.1f} ms/step")
-  data_dir = tempfile.mkdtemp(prefix="normstudy_gpu_bench_")
-  results["sweep"] = []
-  for k in (int(k) for k in args.ks.split(",")):
-    configs = sweep.run_configs("seed", k, data_dir)
-    stacked = sweep.train(configs, args.steps)
-    # Every run alone costs the same: two stand for the K.
-    alone = [sweep.train([copy.deepcopy(c)], args.steps) for c in configs[:2]]
-    alone_step = statistics.median(t["step_s"] for t in alone)
-    row = {"runs": k, "vmapped_run_steps_per_s": k / stacked["step_s"],
-           "sequential_run_steps_per_s": 1 / alone_step}
-    row["ratio"] = row["vmapped_run_steps_per_s"] / row["sequential_run_steps_per_s"]
-    results["sweep"].append(row)
-    print(f"K = {k}: vmapped {row['vmapped_run_steps_per_s']:.0f} run-steps/s, sequential "
-          f"{row['sequential_run_steps_per_s']:.0f}: {row['ratio']:.1f}x")
-  os.makedirs(os.path.dirname(args.json), exist_ok=True)
-  with open(args.json, "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=2)
-  print(f"wrote {args.json}")
+  results = {"device": device.device_kind, "jax": jax.__version__, "versions": _versions(),
+             "sections": sections,
+             "steps": args.steps, "peak_flops": peak, "complete": False, "errors": {},
+             "section_seconds": {}}
+  os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+
+  def write():
+    # After every section, so a run cut short (a lease's limit) keeps what it measured.
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(results, f, indent=2)
+
+  def section(name, measure):
+    """Runs one part; a failure is recorded with its traceback and the next part still runs."""
+    start = time.perf_counter()
+    try:
+      measure()
+    except Exception:  # noqa: BLE001 (recorded in the JSON and printed; the run goes on)
+      import traceback
+      results["errors"][name] = traceback.format_exc()
+      print(f"{name} failed:\n{results['errors'][name]}", flush=True)
+    results["section_seconds"][name] = time.perf_counter() - start
+    print(f"[{name}: {results['section_seconds'][name]:.0f} s]", flush=True)
+    write()
+
+  def matmul():
+    results["bf16_matmul_flops_per_s"] = rate = bf16_matmul_flops_per_second()
+    print(f"{device.device_kind}: peak {peak and peak / 1e12} TFLOP/s, "
+          f"bf16 8192^3 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
+
+  def lm_row(what: str, rows: int, **options) -> dict:
+    """The 125M LM with gpt_125m's `options`, from `rows` rows (halved until it fits)."""
+    row = timed_fitting(functools.partial(gpt_125m, **options), rows, args.steps)
+    row.update(options, mfu=row["model_flops_per_s"] / peak if peak else None)
+    print(f"125M causal LM, bf16{what}, {row['tokens_per_step']} tokens a step: "
+          f"{row['tokens_per_s']:.0f} tokens/s" + (f", MFU {row['mfu']:.1%}" if peak else ""),
+          flush=True)
+    return row
+
+  def lm():
+    results["gpt_125m_bf16"] = lm_row("", GPT_ROWS)
+
+  def lm_cudnn():
+    # The default LM with attention through the fused kernel (model.attention_kernel="cudnn").
+    results["gpt_125m_bf16_cudnn"] = lm_row(", cudnn attention", GPT_ROWS,
+                                            attention_kernel="cudnn")
+
+  def lm_variants():
+    # What the block recomputation costs: the matmul outputs kept ("dots"), or nothing
+    # recomputed ("none") at fewer rows; each starts at the rows given and halves until it fits.
+    results["gpt_125m_bf16_variants"] = []
+    for remat, rows in (("dots", GPT_ROWS // 2), ("none", GPT_ROWS // 4)):
+      results["gpt_125m_bf16_variants"].append(lm_row(f", remat {remat}", rows, remat=remat))
+      write()
+
+  def sweeps():
+    # The engine's step of K runs as one program (vmapped on a GPU) against the one-run step,
+    # each on one random batch staged once: what a sweep's runs cost on the device, not its data.
+    results["sweep"] = []
+    alone = statistics.median(throughput.step_seconds(sweep.run_configs("seed", 2, "")[0],
+                                                      args.steps))
+    for k in (int(k) for k in args.ks.split(",")):
+      configs = sweep.run_configs("seed", k, "")
+      stacked = statistics.median(throughput.step_seconds(configs[0], args.steps, runs=configs))
+      row = {"runs": k, "vmapped_run_steps_per_s": k / stacked,
+             "sequential_run_steps_per_s": 1 / alone,
+             "vmapped_ms_per_step": 1e3 * stacked, "alone_ms_per_step": 1e3 * alone}
+      row["ratio"] = row["vmapped_run_steps_per_s"] / row["sequential_run_steps_per_s"]
+      results["sweep"].append(row)
+      write()
+      print(f"K = {k}: vmapped {row['vmapped_run_steps_per_s']:.0f} run-steps/s, sequential "
+            f"{row['sequential_run_steps_per_s']:.0f}: {row['ratio']:.1f}x", flush=True)
+
+  def arms():
+    results["paper_size_fp16"] = {}
+    for arm in SEED_ARMS:
+      row = timed(paper_size(arm), args.steps)
+      row["mfu"] = row["model_flops_per_s"] / peak if peak else None
+      results["paper_size_fp16"][arm] = row
+      write()
+      print(f"{arm} (24 x 1024, fp16): {row['tokens_per_s']:.0f} tokens/s, "
+            f"{row['ms_per_step']:.1f} ms/step", flush=True)
+
+  measures = {"matmul": matmul, "gpt_125m_bf16": lm, "gpt_125m_bf16_cudnn": lm_cudnn,
+              "sweep": sweeps, "paper_size_fp16": arms, "gpt_125m_bf16_variants": lm_variants}
+  for name in sections:
+    section(name, measures[name])
+  results["complete"] = not results["errors"]
+  write()
+  print(f"wrote {args.json}" + ("" if results["complete"] else
+                                f" (failed: {', '.join(results['errors'])})"))
+  return 0 if results["complete"] else 1
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

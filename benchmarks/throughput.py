@@ -93,15 +93,19 @@ def _batch(config):
       rng.integers(0, m.vocab_size, (config.train.batch_size, m.max_len)), jnp.int32)}
 
 
-def step_seconds(config, steps: int) -> list[float]:
-  """Seconds per train step of normstudy's engine for one run (what normstudy.main runs: the
-  vmapped step over a run axis of size 1, sharded on a one-device mesh), after compilation;
-  decoders get tokens, encoders tokens and a mask."""
+def step_seconds(config, steps: int, runs=None) -> list[float]:
+  """Seconds per train step of normstudy's engine, after compilation: by default one run (what
+  normstudy.main runs: the vmapped step over a run axis of size 1, sharded on a one-device
+  mesh); with `runs`, a list of K configs, the K runs as one program, as a sweep steps them
+  (normstudy.engine.execution chooses how for the device). Decoders get tokens, encoders tokens
+  and a mask: one random batch, the same for every run, placed on the device once."""
+  runs = runs or [config]
   mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  steps_ = execution.ProgramSteps(config, mesh, num_runs=1)
-  state, train_step = steps_.initial([config]), steps_.train
+  steps_ = execution.ProgramSteps(config, mesh, num_runs=len(runs))
+  state, train_step = steps_.initial(runs), steps_.train
   local = (jax.tree.map(lambda x: np.asarray(x)[None], _batch(config)) if config.model.causal
            else _encoder_batch(config))
+  local = jax.tree.map(lambda x: np.concatenate([x] * len(runs)), local)
   batch = sharding.global_batch(mesh, local)
   return _time(train_step, state, batch, steps)
 
