@@ -222,12 +222,17 @@ def test_validate_names_field_value_and_allowed(field, value, allowed):
      "config.model.attention_scores_dtype='float32' changes the attention scores"),
     ("model.attention", "none", "config.model.attention_kernel='cudnn' computes attention; "
      "config.model.attention='none' has none; allowed: attention_kernel='xla'"),
-    ("model.dtype", "float32", "config.model.attention_kernel='cudnn' runs in float16 or "
-     "bfloat16; config.model.dtype='float32' needs attention_kernel='xla'"),
+    ("model.dtype", "float32", "config.model.dtype='float32': config.model.attention_kernel="
+     "'cudnn' runs in bfloat16 only"),
+    # Its scores accumulate in float32: float16's score overflow, the study's object, would vanish.
+    ("model.dtype", "float16", "config.model.dtype='float16': config.model.attention_kernel="
+     "'cudnn' runs in bfloat16 only (in float16 its float32 scores could not overflow as "
+     "float16 attention does); allowed: 'bfloat16', or attention_kernel='xla'"),
 ])
 def test_the_fused_attention_kernel_refuses_what_needs_the_scores(field, value, message):
   """model.attention_kernel='cudnn' computes softmax(q k^T / sqrt(d)) v in one kernel: whatever
-  reads or changes the scores, and float32, is refused in one line rather than ignored."""
+  reads or changes the scores, and a dtype other than bfloat16, is refused in one line rather
+  than ignored."""
   config = config_lib.default_config()
   config.model.update(attention_kernel="cudnn", dtype="bfloat16")
   validation.validate(config)  # the plain model is allowed
@@ -282,7 +287,8 @@ def test_synthetic_split_sizes_follow_the_generator():
      "--config.train.num_steps=2.5 is not allowed; allowed: an integer"),
     ((f"--config={SEED}", "--config.train.tensorboard=maybe"),  # "('Non-boolean argument ..."
      "--config.train.tensorboard=maybe is not allowed; allowed: true or false"),
-    ((f"--config={SEED}", "--config.model.attention_kernel=cudnn"),
+    ((f"--config={SEED}", "--config.model.attention_kernel=cudnn",
+      "--config.model.dtype=bfloat16"),
      "config.model.attention_kernel='cudnn' needs a GPU; these devices are cpu; allowed here: "
      "'xla'"),
 ])

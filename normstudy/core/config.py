@@ -65,7 +65,7 @@ _MODEL = (
        ("softmax", "none")),
     _f("model.attention_kernel", "xla", "the attention core: xla (the scores written out, a "
        "float32 softmax, as fairseq computes it) or cudnn (jax.nn.dot_product_attention's "
-       "fused cuDNN kernel: a GPU, float16 or bfloat16, plain softmax attention; 4x less "
+       "fused cuDNN kernel: a GPU, bfloat16, plain softmax attention; 4x less "
        "attention time at the 125M LM's shape on an H200, docs/throughput.md)",
        ("xla", "cudnn")),
     _f("model.attention_relax_form", "pb_relax", "the form of attention relax: CogView's (q "
