@@ -32,6 +32,47 @@ def test_the_choices_follow_the_devices_not_the_host():
         worker_processes=False), name
 
 
+@dataclasses.dataclass
+class _Gpu:
+  compute_capability: str
+  platform: str = "gpu"
+
+
+@pytest.mark.parametrize("devices,heads,refusal", [
+    ([_Device("cpu")], 4, "needs a GPU; these devices are cpu; allowed here: 'xla'"),
+    ([_Device("tpu")], 4, "needs a GPU; these devices are tpu"),
+    ([_Gpu("9.0")], 4, None),  # head dimension 32
+    ([_Gpu("8.0")], 1, None),  # 128: every GPU's limit
+    ([_Gpu("9.0")], 1, None),
+    ([_Gpu("8.0")], 64, "a multiple of 8 and at most 128 on this GPU (compute capability 8.0); "
+     "config.model.d_model=128 / num_heads=64 is 2"),
+    ([_Gpu("9.0")], 32, "is 4"),
+])
+def test_the_fused_kernel_is_refused_where_cudnn_cannot_run_it(make_config, devices, heads,
+                                                              refusal):
+  """model.attention_kernel='cudnn' on a GPU with a head dimension cuDNN's fused kernel takes
+  (jax's check_is_flash_attention: a multiple of 8, at most 256 from Hopper on, else 128), in
+  one line before anything is written, rather than a traceback from inside the trace."""
+  from normstudy import errors
+  config = make_config(attention_kernel="cudnn", dtype="bfloat16", d_model=128, num_heads=heads)
+  if refusal is None:
+    platform.check_kernels(config, devices)
+  else:
+    with pytest.raises(errors.UserError) as e:
+      platform.check_kernels(config, devices)
+    assert refusal in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_fused_kernel_takes_256_wide_heads_from_hopper_on(make_config):
+  from normstudy import errors
+  wide = make_config(attention_kernel="cudnn", dtype="bfloat16", d_model=256, num_heads=1)
+  platform.check_kernels(wide, [_Gpu("9.0")])
+  platform.check_kernels(wide, [_Gpu("10.0")])
+  with pytest.raises(errors.UserError, match="at most 128 on this GPU"):
+    platform.check_kernels(wide, [_Gpu("8.6")])
+  platform.check_kernels(make_config(d_model=128, num_heads=64), [_Device("cpu")])  # xla: any
+
+
 def _barriers(config, fusion_boundaries):
   """Optimization barriers in the lowered eval step (the train step's forward, cheaper to
   lower; the train step builds its model the same way, from steps._model_config)."""

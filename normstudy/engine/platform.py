@@ -56,8 +56,23 @@ def choices(devices) -> Choices:
 def check_kernels(config, devices) -> None:
   """UserError, before anything is written, when `config` asks for a kernel that `devices` (any
   iterable of JAX devices, concrete or from a topology description) do not have:
-  model.attention_kernel='cudnn' needs a GPU."""
-  platform = next(iter(devices)).platform
-  if config.model.attention_kernel == "cudnn" and platform != "gpu":
+  model.attention_kernel='cudnn' needs a GPU, and a head dimension cuDNN's fused kernel takes (a
+  multiple of 8, at most 256 on Hopper and later, compute capability 9.0, else 128: jax's
+  fused_attention_stablehlo.check_is_flash_attention, which would otherwise fail inside the
+  trace)."""
+  model = config.model
+  if model.attention_kernel != "cudnn":
+    return
+  device = next(iter(devices))
+  if device.platform != "gpu":
     raise UserError(f"config.model.attention_kernel='cudnn' needs a GPU; these devices are "
-                    f"{platform}; allowed here: 'xla'")
+                    f"{device.platform}; allowed here: 'xla'")
+  head_dim = model.d_model // model.num_heads
+  capability = getattr(device, "compute_capability", "0")
+  largest = 256 if tuple(int(x) for x in str(capability).split(".")[:2]) >= (9, 0) else 128
+  if head_dim % 8 or head_dim > largest:
+    raise UserError(
+        f"config.model.attention_kernel='cudnn' takes a head dimension that is a multiple of 8 "
+        f"and at most {largest} on this GPU (compute capability {capability}); "
+        f"config.model.d_model={model.d_model} / num_heads={model.num_heads} is {head_dim}; "
+        "allowed: other heads, or attention_kernel='xla'")
