@@ -3,7 +3,11 @@
 # MFU), the seed figure's arms at the paper's size (24 layers, width 1024) in float16, and the
 # K-run vmapped sweep against K sequential runs at the seed size, K = 8 and 64.
 #
-#   bash benchmarks/gpu.sh [--steps 20] [--ks 8,64]
+#   bash benchmarks/gpu.sh [--steps 20] [--ks 8,64] [--sections matmul,gpt_125m_bf16,...]
+#
+# Then benchmarks/gpu_attention.py: one layer's attention core at the 125M shape, normstudy's
+# against jax's and cuDNN's fused kernel, set against the 125M step just measured
+# (docs/gpu/attention.json).
 #
 # Needs a Python with this package's requirements and a CUDA jaxlib (`pip install -e .` then
 # `pip install "jax[cuda12]"`), or PYTHON pointing at one. Writes docs/gpu/results.json and
@@ -18,5 +22,11 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
 fi
 mkdir -p docs/gpu
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee docs/gpu/results.txt
+status=0  # a failed part does not stop the rest; the script exits with the first failure
 "$PYTHON" benchmarks/gpu.py --json docs/gpu/results.json "$@" 2>&1 | grep -v -i "warning" |
-  tee -a docs/gpu/results.txt
+  tee -a docs/gpu/results.txt || status=$?
+step_ms=$("$PYTHON" -c 'import json, sys; r = json.load(open(sys.argv[1])).get("gpt_125m_bf16")
+print(r["ms_per_step"] if r else "")' docs/gpu/results.json 2>/dev/null || true)
+"$PYTHON" benchmarks/gpu_attention.py --json docs/gpu/attention.json ${step_ms:+--step_ms "$step_ms"} 2>&1 |
+  grep -v -i "warning" | tee docs/gpu/attention.txt || { failed=$?; [ "$status" -ne 0 ] || status=$failed; }
+exit "$status"
