@@ -58,7 +58,8 @@ def test_the_plan_is_a_floor_of_what_xla_compiles(make_config, remat):
 def test_the_fused_kernel_plans_no_scores(make_config, remat, live_layers):
   """model.attention_kernel='cudnn' never writes the [rows, heads, l, l] float32 scores and
   probabilities (8 bytes each); it keeps one float32 log-sum-exp per row, head and query for
-  the backward pass. Every layer holds them without remat, the one recomputed layer with."""
+  the backward pass. Every layer holds them without remat, the one recomputed layer with. With
+  telemetry its telemetry steps take the explicit path, and the plan is the explicit one."""
   rows, heads, length = 8, 4, 256
   config = make_config(num_layers=3, max_len=length, d_model=32, d_ff=128, num_heads=heads,
                        dtype="bfloat16", remat=remat)
@@ -69,6 +70,8 @@ def test_the_fused_kernel_plans_no_scores(make_config, remat, live_layers):
   saved = live_layers * rows * heads * (length * length * 8 - length * 4)
   assert memory.plan(config, ONE).activations - memory.plan(fused, ONE).activations == saved
   assert memory.plan(config, ONE).parameters == memory.plan(fused, ONE).parameters
+  fused.train.telemetry_every = 10  # its telemetry steps write the scores out
+  assert memory.plan(fused, ONE) == memory.plan(config, ONE)
 
 
 def test_the_plan_divides_as_the_mesh_shards(make_config):

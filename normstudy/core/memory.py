@@ -12,9 +12,9 @@ The estimate counts what dominates a transformer step and no more: float32 param
 two float32 moments and float32 gradients, sharded over fsdp x tensor; per layer, the
 activations a backward pass needs, in the compute dtype (the attention scores and
 probabilities in float32, as the model computes its softmax; with model.attention_kernel=
-'cudnn' only a float32 log-sum-exp per query, as the fused kernel keeps), over the batch's share of
-data x fsdp; the float32 logits with their softmax and gradient. It ignores XLA's
-scheduling and fusion: XLA:CPU's compiled step (arguments and temporaries) needs 1.0-1.8x the
+'cudnn' and no telemetry only a float32 log-sum-exp per query, as the fused kernel keeps), over
+the batch's share of data x fsdp; the float32 logits with their softmax and gradient. It
+ignores XLA's scheduling and fusion: XLA:CPU's compiled step (arguments and temporaries) needs 1.0-1.8x the
 plan (tests/test_memory.py), so on the host a refusal by it is never a false alarm. A TPU
 compiler allocates a different share of it (compiled / plan, measured 2026-12-02 with libtpu
 0.0.42.1): 0.78-1.24 for the seed figure's arms at MERT's size on v5e:4x4, 0.61-0.68 for a 125M
@@ -135,7 +135,9 @@ def plan(config, sizes: dict, num_runs: int = 1, one_at_a_time: bool = False) ->
   per_d, per_ff = _KEPT_PER_TOKEN[model.remat]
   per_layer = tokens * (per_d * model.d_model + per_ff * model.d_ff / sizes["tensor"]) * width
   heads = model.num_heads / sizes["tensor"]
-  if model.attention_kernel == "cudnn":  # fused: only each row's float32 log-sum-exp is kept
+  # The fused kernel keeps only each row's float32 log-sum-exp; telemetry steps read the scores,
+  # so a run with telemetry writes them out every telemetry_every steps (layers.Attention).
+  if model.attention_kernel == "cudnn" and not config.train.telemetry_every:
     scores = rows * stepping * heads * model.max_len * 4
   else:
     scores = rows * stepping * heads * model.max_len ** 2 * 4 * 2  # float32 scores, probabilities
