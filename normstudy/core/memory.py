@@ -8,22 +8,22 @@ Pure arithmetic (no jax): the entry commands refuse, in one line and before anyt
 a run whose plan exceeds the memory it would run in (normstudy.experiments.preflight), so a
 mistyped size is an error in a second rather than minutes of swapping.
 
-The estimate counts what dominates a transformer step and no more: float32 parameters, Adam's
-two float32 moments and float32 gradients, sharded over fsdp x tensor; per layer, the
-activations a backward pass needs, in the compute dtype (the attention scores and
-probabilities in float32, as the model computes its softmax; with model.attention_kernel=
-'cudnn' and no telemetry only a float32 log-sum-exp per query, as the fused kernel keeps), over
-the batch's share of data x fsdp; the float32 logits with their softmax and gradient. It
-ignores XLA's scheduling and fusion: XLA:CPU's compiled step (arguments and temporaries) needs 1.0-1.8x the
-plan (tests/test_memory.py), so on the host a refusal by it is never a false alarm. A TPU
-compiler allocates a different share of it (compiled / plan, measured 2026-12-02 with libtpu
-0.0.42.1): 0.78-1.24 for the seed figure's arms at MERT's size on v5e:4x4, 0.61-0.68 for a 125M
-LM on v5e:4x4 and v4:2x2x4 (docs/pods/*.csv, column compiled_over_plan), 0.39-0.65 for the
-4 x 256 configs tests/test_compile.py compiles (block remat lowest: a fused softmax keeps less
-than the float32 scores the plan counts), and 2.6-4.4 at the seed figure's 4 x 64, where the
-compiler's own few tens of MiB dominate. So on an accelerator the plan is no floor: the
-preflight refuses only what the least share measured (LEAST_COMPILED_OVER_PLAN) cannot fit;
-`python -m normstudy.compile` gives the exact figure for a topology.
+The estimate counts what dominates a transformer step and no more: float32 parameters, Adam's two
+float32 moments and float32 gradients, sharded over fsdp x tensor; per layer, the activations a
+backward pass needs, in the compute dtype (the attention scores and probabilities in float32, as
+the model computes its softmax; with model.attention_kernel='cudnn' and no telemetry only a
+float32 log-sum-exp per query, as the fused kernel keeps), over the batch's share of data x fsdp;
+the float32 logits with their softmax and gradient. It ignores XLA's scheduling and fusion:
+XLA:CPU's compiled step (arguments and temporaries) needs 1.0-1.8x the plan (tests/test_memory.py),
+so on the host a refusal by it is never a false alarm. A TPU compiler allocates a different share
+of it (compiled / plan, measured 2026-12-02 with libtpu 0.0.42.1): 0.78-1.24 for the seed figure's
+arms at MERT's size on v5e:4x4, 0.61-0.68 for a 125M LM on v5e:4x4 and v4:2x2x4 (docs/pods/*.csv,
+column compiled_over_plan), 0.39-0.65 for the 4 x 256 configs tests/test_compile.py compiles (block
+remat lowest: a fused softmax keeps less than the float32 scores the plan counts), and 2.6-4.4 at
+the seed figure's 4 x 64, where the compiler's own few tens of MiB dominate. So on an accelerator
+the plan is no floor: the preflight refuses only what the least share measured
+(LEAST_COMPILED_OVER_PLAN) cannot fit; `python -m normstudy.compile` gives the exact figure for a
+topology.
 """
 
 import dataclasses
