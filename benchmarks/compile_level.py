@@ -66,21 +66,18 @@ def main(argv=None):
   bad = [x for x in levels if x not in ("default", "0", "1", "2", "3")]
   if bad:
     sys.exit(f"error: --levels: {', '.join(bad)}; allowed: default, 0, 1, 2, 3")
-  timed = ("tokens_per_sec",)
   kept = {}
   with tempfile.TemporaryDirectory() as tmp:
     for level in levels:
       wall, compiles, rate, records = train(level, args.config, args.learning_rate, args.steps,
                                             tmp)
-      kept[level] = [{k: v for k, v in r.items() if k not in timed}
-                     for r in records]
+      kept[level] = [{k: v for k, v in r.items() if k != "tokens_per_sec"} for r in records]
       same = "" if level == levels[0] else (
           f"; records {'equal to' if kept[level] == kept[levels[0]] else 'DIFFER from'} "
           f"level {levels[0]}'s")
       block = ", ".join(f"{name} {seconds} s" for name, seconds in compiles) or "none logged"
       print(f"level {level}: wall {wall:.1f} s; compiled: {block}; steady state "
-            f"{rate:.1f} steps/s{same}",
-            flush=True)
+            f"{rate:.1f} steps/s{same}", flush=True)
 
 
 if __name__ == "__main__":

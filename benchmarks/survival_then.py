@@ -124,14 +124,13 @@ def main(argv=None):
     }
     print(f"base {args.base}: {len(variants)} arms, {num_steps}-step runs; command: "
           + " ".join(command[1:]), flush=True)
-    seconds, counts = {}, {}
+    seconds = {}
     for name in order:
       cmd, tree = sides[name]
       workdir = os.path.join(out, name)
       seconds[name] = timed(cmd, tree, workdir, os.path.join(tmp, f"cache_{name}"),
                             os.path.join(out, f"{name}.log"))
-      counts[name] = run_steps(workdir)
-      runs, steps = counts[name]
+      runs, steps = run_steps(workdir)
       rate = f", {steps / seconds[name]:.1f} run-steps/s" if steps else ""
       print(f"{name}: {seconds[name]:.0f} s ({seconds[name] / 60:.1f} min), {runs} runs, "
             f"{steps} run-steps{rate}; load {os.getloadavg()[0]:.1f}", flush=True)
