@@ -67,6 +67,89 @@ def run_module(module, *args, check=True, timeout=600, env=None, **kwargs):
   return result
 
 
+def run_inline(module, *args, check=True, environ=None):
+  """`python -m module args` as run_module runs it (the same result: exit status, stdout and
+  stderr as the process writes them), but in this test process: for a test of several commands
+  of one program structure that asserts nothing about a process (no signal, environment, import
+  or compilation-cache claim). The compiled steps a process keeps by structure
+  (normstudy.engine.execution) then serve every later command of the test, where each forked
+  command traces its steps and loads them from the disk cache again (2-3 s a tiny command).
+
+  `environ`: variables set for the command and restored after it, for those a command reads
+  when it runs (not at import, which has happened here already).
+
+  What the command leaves behind is cleared before the next: the flags its entry defined
+  (absl's global FLAGS), the streams its log handler writes to. Output is captured at the file
+  descriptors, so the libraries' native output lands where a process's would."""
+  import runpy
+  import tempfile
+  import zygote
+  from absl import app  # noqa: F401  (its own flags are defined on import, before any command)
+  from absl import flags
+  from absl import logging as absl_logging
+  # The flags an entry defines (its own, registered under its file's path as runpy runs it,
+  # normstudy.cli's and the config file's overrides); a library's (grain's, defined on first
+  # import) stay, as they would in a process.
+  entry = {flag.name for defining, defined in flags.FLAGS.flags_by_module_dict().items()
+           if defining.startswith(("normstudy", REPO)) for flag in defined}
+  entry |= {name for name in flags.FLAGS if name.startswith("config.")}  # ml_collections' own
+  for name in entry & set(flags.FLAGS):  # (deleting one edits the module's list of flags)
+    delattr(flags.FLAGS, name)
+  flags.FLAGS.unparse_flags()
+  handler = absl_logging.get_absl_handler().python_handler
+  saved = {"argv": sys.argv, "stdout": sys.stdout, "stderr": sys.stderr,
+           "handler": handler.stream, "cwd": os.getcwd(), "fds": (os.dup(1), os.dup(2)),
+           "environ": dict(os.environ)}
+  with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    for stream in (sys.stdout, sys.stderr):
+      stream.flush()
+    os.dup2(out.fileno(), 1)
+    os.dup2(err.fileno(), 2)
+    sys.stdout = open(os.dup(1), "w", buffering=1, encoding="utf-8")  # noqa: SIM115
+    sys.stderr = open(os.dup(2), "w", buffering=1, encoding="utf-8")  # noqa: SIM115
+    handler.setStream(sys.stderr)
+    status = 1
+    try:
+      os.environ.update(environ or {})
+      os.chdir(REPO)
+      sys.argv = [module, *args]
+      # Run as `python -m` runs it, which finds the module not imported yet (runpy warns
+      # otherwise); a test's own import of it is put back afterwards.
+      imported = sys.modules.pop(module, None)
+      try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        status = 0
+      except SystemExit as e:
+        status = zygote.exit_status(e.code)
+      except Exception:  # noqa: BLE001 (printed as the interpreter prints an uncaught one)
+        sys.excepthook(*sys.exc_info())
+      finally:
+        if imported is not None:
+          sys.modules[module] = imported
+    finally:
+      for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+        stream.close()
+      os.dup2(saved["fds"][0], 1)
+      os.dup2(saved["fds"][1], 2)
+      for fd in saved["fds"]:
+        os.close(fd)
+      sys.argv, sys.stdout, sys.stderr = saved["argv"], saved["stdout"], saved["stderr"]
+      handler.setStream(saved["handler"])
+      os.chdir(saved["cwd"])
+      os.environ.clear()
+      os.environ.update(saved["environ"])
+    outputs = []
+    for f in (out, err):
+      f.seek(0)
+      outputs.append(f.read().decode("utf-8", errors="replace"))
+  result = subprocess.CompletedProcess([sys.executable, "-m", module, *args], status, *outputs)
+  if check and result.returncode != 0:
+    raise AssertionError(f"{module} {' '.join(args)} exited {result.returncode}:\n"
+                         f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
+  return result
+
+
 def _at_import(env):
   """An environment but for pytest's name of the running test, which no import reads (the child
   gets the command's whole environment once it is forked)."""

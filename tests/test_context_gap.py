@@ -41,7 +41,7 @@ def _trained(tmp_path):
 @pytest.mark.slow
 def test_the_gap_is_zero_without_attention_and_the_intact_loss_is_the_eval_loss(tmp_path):
   root, trained = _trained(tmp_path)
-  result = runs.run_module("normstudy.context_gap", f"--workdir={root}")
+  result = runs.run_inline("normstudy.context_gap", f"--workdir={root}")
   assert "context_gap_tests:" in result.stdout
   table = pd.read_csv(root / analysis.TABLE)
   assert len(table) == 4

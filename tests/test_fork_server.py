@@ -1,6 +1,7 @@
 """The tests' command processes forked from a server with the libraries imported
 (tests/zygote.py) behave as `python -m` processes: exit status, output, a user error's one line,
-an uncaught exception, signals and timeouts."""
+an uncaught exception, signals and timeouts; and a command run in the test process
+(tests/runs.run_inline) gives what the process gives: exit status, output, records."""
 
 import os
 import signal
@@ -32,8 +33,7 @@ def _forked(module, *args):
   return result
 
 
-@needs_server
-@pytest.mark.parametrize("module,args", [
+REFUSED = [
     # A config refused after JAX loads: its config lines on stdout, one line on stderr, exit 2.
     ("normstudy.main", (f"--config={SEED}", "--config.model.placement=nope",
                         "--workdir=/proc/never")),
@@ -41,7 +41,11 @@ def _forked(module, *args):
     ("normstudy.sweep", ("--config=configs/seed_figure.py", "--axis=train.seed=x",
                          "--workdir=/proc/never")),
     ("json.tool", ("/nonexistent.json",)),  # argparse's refusal: usage and a message, exit 2
-])
+]
+
+
+@needs_server
+@pytest.mark.parametrize("module,args", REFUSED)
 def test_a_forked_command_exits_and_prints_as_python_m_does(module, args):
   real, forked = _real(module, *args), _forked(module, *args)
   assert (forked.returncode, forked.stdout, forked.stderr) == (
@@ -92,3 +96,36 @@ def test_a_change_of_this_process_environment_starts_the_server_again(monkeypatc
   after = runs._ForkServer.for_env(dict(os.environ, PYTHONUNBUFFERED="1"))
   assert after is not before and after.env["NORMSTUDY_SOMETHING_ELSE"] == "1"
   assert before.proc.wait(timeout=runs.bound(60)) == 0  # retired: it ended with no children
+
+
+@pytest.mark.parametrize("module,args", REFUSED)
+def test_a_command_inline_exits_and_prints_as_python_m_does(module, args):
+  real, inline = _real(module, *args), runs.run_inline(module, *args, check=False)
+  assert (inline.returncode, inline.stdout, inline.stderr) == (
+      real.returncode, real.stdout, real.stderr)
+
+
+def test_an_uncaught_exception_inline_is_a_traceback_and_exit_1():
+  inline = runs.run_inline("base64", "-d", "/nonexistent.b64", check=False)
+  lines = inline.stderr.strip().splitlines()
+  assert inline.returncode == 1 and lines[0] == "Traceback (most recent call last):"
+  assert lines[-1] == "FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent.b64'"
+
+
+@pytest.mark.slow
+def test_commands_inline_one_after_another_train_what_their_processes_train(tmp_path):
+  # Each command's own flags: the second's differ from the first's (a flag left defined or
+  # parsed by the first would refuse the second or leak its values into it).
+  args = (f"--config={SEED}", *runs.tiny_args(tmp_path / "tfds", num_steps=4, every=2))
+  forked = runs.run_module("normstudy.main", *args, f"--workdir={tmp_path / 'forked'}")
+  inline = runs.run_inline("normstudy.main", *args, f"--workdir={tmp_path / 'inline'}")
+  assert inline.returncode == forked.returncode == 0
+  assert runs.trajectory(tmp_path / "inline") == runs.trajectory(tmp_path / "forked")
+  assert inline.stdout == forked.stdout.replace("forked", "inline")
+  extended = runs.run_inline("normstudy.main", *args, f"--workdir={tmp_path / 'inline'}",
+                             "--config.train.num_steps=6", "--config.train.log_every=1")
+  assert "keeps the horizon of 4 steps" in extended.stderr
+  assert [r["step"] for r in runs.trajectory(tmp_path / "inline")] == list(range(1, 7))
+  refused = runs.run_inline("normstudy.main", *args, "--workdir=/proc/never",
+                            "--config.train.num_steps=x", check=False)
+  assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0

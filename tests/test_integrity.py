@@ -171,9 +171,9 @@ def _corrupt(step_dir):
 @pytest.mark.slow
 def test_extension_keeps_the_schedule_even_through_a_damaged_checkpoint(tmp_path):
   workdir = tmp_path / "run"
-  runs.run_module("normstudy.main", *_lm_args(tmp_path, workdir, 6))
+  runs.run_inline("normstudy.main", *_lm_args(tmp_path, workdir, 6))
   first = runs.trajectory(workdir)
-  extended = runs.run_module("normstudy.main", *_lm_args(tmp_path, workdir, 9))
+  extended = runs.run_inline("normstudy.main", *_lm_args(tmp_path, workdir, 9))
   assert "keeps the horizon of 6 steps it started with" in extended.stderr
   recs = runs.trajectory(workdir)
   assert recs[:6] == first
@@ -184,7 +184,7 @@ def test_extension_keeps_the_schedule_even_through_a_damaged_checkpoint(tmp_path
   # The newest checkpoint damaged during a further extension: steps 7-9 are recomputed from
   # step 6 with the same schedule as the records they replace.
   _corrupt(workdir / "checkpoints" / "9")
-  runs.run_module("normstudy.main", *_lm_args(tmp_path, workdir, 12))
+  runs.run_inline("normstudy.main", *_lm_args(tmp_path, workdir, 12))
   again = runs.trajectory(workdir)
   assert again[:9] == recs
   assert [r["lr"] for r in again[9:]] == pytest.approx([1e-4] * 3)
@@ -208,7 +208,7 @@ def _tensorboard_steps(workdir, tag="loss"):
 def test_lost_records_are_regenerated_and_tensorboard_keeps_one_value_per_step(tmp_path):
   workdir = tmp_path / "run"
   args = _lm_args(tmp_path, workdir, 6, extra=("--config.train.tensorboard=True",))
-  runs.run_module("normstudy.main", *args)
+  runs.run_inline("normstudy.main", *args)
   reference = runs.trajectory(workdir)
   assert [r["step"] for r in reference] == list(range(1, 7))
   metrics = workdir / "metrics.jsonl"
@@ -216,7 +216,7 @@ def test_lost_records_are_regenerated_and_tensorboard_keeps_one_value_per_step(t
   # A torn last line of a finished run: the record of step 6 is regenerated from step 3.
   text = metrics.read_text()
   metrics.write_text(text[:len(text) - len(text.splitlines()[-1]) // 2 - 1])
-  result = runs.run_module("normstudy.main", *args)
+  result = runs.run_inline("normstudy.main", *args)
   lines = [l for l in result.stderr.splitlines() if "lost or damaged records" in l]
   assert len(lines) == 1 and "from step 6 on" in lines[0]
   assert "replaying from the checkpoint of step 3" in lines[0]
@@ -227,20 +227,20 @@ def test_lost_records_are_regenerated_and_tensorboard_keeps_one_value_per_step(t
   lines = metrics.read_text().splitlines()
   lines[1] = "{not json"
   metrics.write_text("\n".join(lines) + "\n")
-  result = runs.run_module("normstudy.main", *args)
+  result = runs.run_inline("normstudy.main", *args)
   assert "from step 2 on" in result.stderr and "replaying from the start" in result.stderr
   assert runs.trajectory(workdir) == reference
 
   # A deleted metrics.jsonl: every record is regenerated.
   metrics.unlink()
-  runs.run_module("normstudy.main", *args)
+  runs.run_inline("normstudy.main", *args)
   assert runs.trajectory(workdir) == reference
   assert _tensorboard_steps(workdir) == {step: 1 for step in range(1, 7)}
 
   # A deleted config.json: the run's config can no longer be checked, so it is refused.
   (workdir / "config.json").unlink()
   listing = sorted(os.listdir(workdir))
-  refused = runs.run_module("normstudy.main", *args, check=False)
+  refused = runs.run_inline("normstudy.main", *args, check=False)
   assert refused.returncode == 2
   assert len(_error_lines(refused)) == 1 and "but no config.json" in _error_lines(refused)[0]
   assert sorted(os.listdir(workdir)) == listing

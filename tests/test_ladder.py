@@ -141,7 +141,7 @@ def test_the_ladder_command_collects_rungs_fits_and_extrapolates(tmp_path):
                for arm, (a, b) in truth.items()}
       expected[(dtype, width)] = found
       _write_rung(tmp_path / dtype / f"width{width}", rung, found)
-  result = runs.run_module("normstudy.ladder", f"--workdir={tmp_path}")
+  result = runs.run_inline("normstudy.ladder", f"--workdir={tmp_path}")
   assert "ladder_fit:" in result.stdout
   table = pd.read_csv(tmp_path / "ladder.csv")
   assert list(table.columns) == ladder.LADDER_COLUMNS and len(table) == 16
@@ -175,7 +175,7 @@ def test_the_ladder_command_collects_rungs_fits_and_extrapolates(tmp_path):
   assert os.path.exists(tmp_path / "ladder.png")
   empty = tmp_path / "empty"
   empty.mkdir()
-  refused = runs.run_module("normstudy.ladder", f"--workdir={empty}", check=False)
+  refused = runs.run_inline("normstudy.ladder", f"--workdir={empty}", check=False)
   assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
   assert "holds no analysed search" in refused.stderr
 

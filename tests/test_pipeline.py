@@ -58,8 +58,8 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
   args = (f"--config={config}", f"--workdir={study}", *runs.tiny_args(data_dir, num_steps=6),
           "--workers=1")
   # The figures' SVG copies too (the suite writes PNG alone: conftest.py).
-  result = runs.run_module("normstudy.study", *args,  # exit 0: a halted arm is a result
-                           env=dict(os.environ, NORMSTUDY_FIGURE_FORMATS="svg"))
+  result = runs.run_inline("normstudy.study", *args,  # exit 0: a halted arm is a result
+                           environ={"NORMSTUDY_FIGURE_FORMATS": "svg"})
   assert f"figure: {study}/loss_comparison.png" in result.stdout
   for variant, label in zip(VARIANTS[:3], LABELS):
     run_dir = study / variant
@@ -114,7 +114,7 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
   first = {v: runs.records(study / v) for v in VARIANTS}
   extended = (f"--config={config}", f"--workdir={study}", *runs.tiny_args(data_dir, num_steps=9),
               "--workers=1")
-  result = runs.run_module("normstudy.study", *extended)
+  result = runs.run_inline("normstudy.study", *extended)
   for variant in VARIANTS[:3]:
     recs = runs.records(study / variant)
     assert [r["step"] for r in recs] == list(range(1, 10))
@@ -122,7 +122,7 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
   assert runs.records(study / VARIANTS[3]) == first[VARIANTS[3]]
   assert "keeps the horizon of 6 steps" in result.stderr
   # A finished study is skipped program by program.
-  again = runs.run_module("normstudy.study", *extended)
+  again = runs.run_inline("normstudy.study", *extended)
   assert again.stderr.count("finished earlier, skipped") == 3
 
 
@@ -154,7 +154,7 @@ def test_localize_copies_run_files_but_not_checkpoints(tmp_path):
 @pytest.mark.slow
 def test_single_run_command_line_and_overrides(tmp_path):
   workdir = tmp_path / "run"
-  result = runs.run_module(
+  result = runs.run_inline(
       "normstudy.main", f"--config={SEED_FIGURE}:pre_norm_attn_relax_clip1",
       f"--workdir={workdir}", *runs.tiny_args(tmp_path / "tfds", num_steps=4),
       "--config.optimizer.clip_norm=0.25", "--config.model.dtype=float32")
@@ -205,7 +205,7 @@ def test_a_study_over_seeds_draws_each_arm_as_median_and_range(tmp_path):
   data_dir = tmp_path / "tfds"
   study = tmp_path / "study"
   args = ("--config=configs/seed_figure.py", *runs.tiny_args(data_dir, num_steps=6))
-  result = runs.run_module("normstudy.study", f"--workdir={study}", "--seeds=0,2", "--workers=1",
+  result = runs.run_inline("normstudy.study", f"--workdir={study}", "--seeds=0,2", "--workers=1",
                            *args)
   assert f"figure: {study}/loss_comparison.png" in result.stdout
   arms = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
@@ -216,7 +216,7 @@ def test_a_study_over_seeds_draws_each_arm_as_median_and_range(tmp_path):
   assert "--config=configs/seed_figure.py:pre_norm_clip1" in command
   assert "--config.train.seed=2" in command
   alone = tmp_path / "alone"
-  runs.run_module("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
+  runs.run_inline("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
                   f"--workdir={alone}", "--config.train.seed=2", *args[1:])
   assert runs.trajectory(alone) == runs.trajectory(study / "pre_norm_clip1" / "seed2")
   summary = pd.read_csv(study / "summary.csv").set_index("run")
@@ -228,7 +228,7 @@ def test_a_study_over_seeds_draws_each_arm_as_median_and_range(tmp_path):
     assert table.loc[arm, "final_eval_loss_min"] == pytest.approx(losses.min())
     assert table.loc[arm, "final_eval_loss_max"] == pytest.approx(losses.max())
   for bad in ("0,0", "-1", "a"):
-    refused = runs.run_module("normstudy.study", f"--workdir={tmp_path / 'bad'}",
+    refused = runs.run_inline("normstudy.study", f"--workdir={tmp_path / 'bad'}",
                               f"--seeds={bad}", *args, check=False)
     assert refused.returncode == 2 and not (tmp_path / "bad").exists()
     assert refused.stderr.strip().splitlines() == [

@@ -79,7 +79,7 @@ def test_nonfinite_halt_skip_and_fp16_scale_floor(tmp_path):
   diverge = ("--config.optimizer.learning_rate=1e30", "--config.optimizer.clip_norm=0",
              "--config.optimizer.warmup_steps=0")
   base = runs.tiny_args(tmp_path / "tfds", num_steps=20, every=1)
-  halted = runs.run_module("normstudy.main", f"--config={LM}", f"--workdir={tmp_path / 'halt'}",
+  halted = runs.run_inline("normstudy.main", f"--config={LM}", f"--workdir={tmp_path / 'halt'}",
                            *base, *diverge, check=False)
   assert halted.returncode == 3
   lines = [l for l in halted.stderr.splitlines() if l.startswith("halted:")]
@@ -89,7 +89,7 @@ def test_nonfinite_halt_skip_and_fp16_scale_floor(tmp_path):
   assert "newest checkpoint (step 1)" in lines[0]
   assert sorted(os.listdir(tmp_path / "halt" / "checkpoints")) == ["1"]
 
-  skipped = runs.run_module(
+  skipped = runs.run_inline(
       "normstudy.main", f"--config={LM}", f"--workdir={tmp_path / 'skip'}", *base, *diverge,
       "--config.train.on_nonfinite=skip", "--config.train.max_consecutive_skips=3", check=False)
   assert skipped.returncode == 3
@@ -98,7 +98,7 @@ def test_nonfinite_halt_skip_and_fp16_scale_floor(tmp_path):
   assert [r["skipped"] for r in recs] == [False, True, True, True, True]
   assert recs[-1]["skipped_total"] == 4
 
-  fp16 = runs.run_module(
+  fp16 = runs.run_inline(
       "normstudy.main", f"--config={SEED}", f"--workdir={tmp_path / 'fp16'}", *base,
       "--config.optimizer.loss_scale.initial_scale=1e30",
       "--config.optimizer.loss_scale.min_scale=1e29", check=False)
@@ -136,10 +136,10 @@ def _tree_listing(path):
 def test_damaged_newest_checkpoint_falls_back_then_all_damaged_stops(tmp_path):
   workdir = tmp_path / "run"
   common = (f"--config={LM}", f"--workdir={workdir}", "--config.train.max_to_keep=3")
-  runs.run_module("normstudy.main", *common, *runs.tiny_args(tmp_path / "tfds", 6, every=2))
+  runs.run_inline("normstudy.main", *common, *runs.tiny_args(tmp_path / "tfds", 6, every=2))
   reference = runs.trajectory(workdir)
   _corrupt(workdir / "checkpoints" / "6")
-  resumed = runs.run_module("normstudy.main", *common,
+  resumed = runs.run_inline("normstudy.main", *common,
                             *runs.tiny_args(tmp_path / "tfds", 6, every=2))
   warning = [l for l in resumed.stderr.splitlines() if "cannot be restored" in l]
   assert len(warning) == 1 and "the checkpoint of step 6 in" in warning[0]
@@ -152,7 +152,7 @@ def test_damaged_newest_checkpoint_falls_back_then_all_damaged_stops(tmp_path):
     if step.isdigit():
       _corrupt(workdir / "checkpoints" / step)
   before = _tree_listing(workdir)
-  failed = runs.run_module("normstudy.main", *common,
+  failed = runs.run_inline("normstudy.main", *common,
                            *runs.tiny_args(tmp_path / "tfds", 8, every=2), check=False)
   assert failed.returncode == 2
   assert "no checkpoint under" in failed.stderr and "left untouched" in failed.stderr
@@ -363,9 +363,9 @@ def _assert_one_line(result, message, workdir):
 def test_workdir_holding_another_config_is_refused(tmp_path):
   workdir = tmp_path / "run"
   base = (f"--config={LM}", f"--workdir={workdir}", *runs.tiny_args(tmp_path / "tfds", 4, 2))
-  runs.run_module("normstudy.main", *base)
+  runs.run_inline("normstudy.main", *base)
   before = _tree_listing(workdir)
-  refused = runs.run_module("normstudy.main", *base, "--config.model.d_ff=48",
+  refused = runs.run_inline("normstudy.main", *base, "--config.model.d_ff=48",
                             "--config.optimizer.b1=0.8", check=False)
   assert refused.returncode == 2
   line = [l for l in refused.stderr.splitlines() if l.startswith("error:")][0]
@@ -373,9 +373,9 @@ def test_workdir_holding_another_config_is_refused(tmp_path):
   assert "--allow_config_change" in line
   assert _tree_listing(workdir) == before
   # Logging/checkpoint frequencies and num_steps may change; an explicit flag allows the rest.
-  runs.run_module("normstudy.main", *base, "--config.train.log_every=2",
+  runs.run_inline("normstudy.main", *base, "--config.train.log_every=2",
                   "--config.train.num_steps=6")
-  runs.run_module("normstudy.main", *base, "--config.train.num_steps=8",
+  runs.run_inline("normstudy.main", *base, "--config.train.num_steps=8",
                   "--config.optimizer.b1=0.8", "--allow_config_change")
   assert runs.read_json(workdir / "config.json")["optimizer"]["b1"] == 0.8
   assert [r["step"] for r in runs.records(workdir)][-1] == 8
@@ -581,7 +581,7 @@ def test_optimizer_side_techniques_resume_bit_exactly_in_float16(tmp_path):
                 "--config.train.log_every=1")
 
   def run(workdir, steps):
-    runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={workdir}",
+    runs.run_inline("normstudy.main", f"--config={SEED}", f"--workdir={workdir}",
                     *_args(tmp_path, num_steps=steps, every=10, extra=techniques))
 
   run(tmp_path / "whole", 40)
@@ -596,6 +596,6 @@ def test_optimizer_side_techniques_resume_bit_exactly_in_float16(tmp_path):
   skips = [r["spike_skips"] for r in whole]
   assert skips[19] < skips[-1]  # skip-step judged after the resume too
   # The analysis reports how many updates skip-step withheld (spike_handling.csv compares it).
-  runs.run_module("normstudy.analyze", f"--workdir={tmp_path / 'whole'}")
+  runs.run_inline("normstudy.analyze", f"--workdir={tmp_path / 'whole'}")
   summary = pd.read_csv(tmp_path / "whole" / "summary.csv")
   assert summary.spike_skips.tolist() == [skips[-1]]

@@ -182,7 +182,7 @@ def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(
   # fall to two shares.
   in_shares = (*args, "--rounds=2", "--max_runs_per_program=1")
   workdir = tmp_path / "search"
-  first = runs.run_module("normstudy.sweep", *args, f"--workdir={workdir}", "--rounds=2")
+  first = runs.run_inline("normstudy.sweep", *args, f"--workdir={workdir}", "--rounds=2")
   assert "search: optimizer.learning_rate in [0.001, 10] for each of 1 point(s), 2 round(s)" \
       in first.stdout
   sweep = runs.read_json(workdir / "sweep.json")
@@ -200,7 +200,7 @@ def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(
   # The same search's rounds shared apart. Round 2 depends on round 1's outcomes: refused in
   # one line, nothing written.
   shared = tmp_path / "shared"
-  early = runs.run_module("normstudy.sweep", *in_shares, f"--workdir={shared}",
+  early = runs.run_inline("normstudy.sweep", *in_shares, f"--workdir={shared}",
                           "--round=2", "--programs=1/2", check=False)
   assert early.returncode == 2 and "Traceback" not in early.stderr
   assert early.stderr.strip().splitlines()[-1] == (
@@ -209,7 +209,7 @@ def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(
   assert not shared.exists()
   outputs = {}
   for round_, share in [(1, 1), (1, 2), (2, 1), (2, 2)]:
-    out = runs.run_module("normstudy.sweep", *in_shares, f"--workdir={shared}",
+    out = runs.run_inline("normstudy.sweep", *in_shares, f"--workdir={shared}",
                           f"--round={round_}", f"--programs={share}/2").stdout
     assert not (shared / "sweep.json").exists()  # the whole search's, afterwards
     outputs[round_, share] = out.splitlines()
@@ -219,7 +219,7 @@ def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(
       outputs[1, 2][-1] == "share 2/2 of round 1: runs 1 halted"
   assert "share 2/2 of round 2: programs none left to train" in outputs[2, 2]
   assert outputs[2, 2][-1] == "share 2/2 of round 2: nothing to train"
-  last = runs.run_module("normstudy.sweep", *in_shares, f"--workdir={shared}")
+  last = runs.run_inline("normstudy.sweep", *in_shares, f"--workdir={shared}")
   assert "finished earlier, skipped" in last.stderr
   recorded = runs.read_json(shared / "sweep.json")
   assert recorded["search"] == sweep["search"]
@@ -231,7 +231,7 @@ def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(
 
   # The whole search extended by a round: the trained runs skipped, one run more.
   mtimes = {p: os.path.getmtime(workdir / p / "metrics.jsonl") for p in status}
-  more = runs.run_module("normstudy.sweep", *args, f"--workdir={workdir}", "--rounds=3")
+  more = runs.run_inline("normstudy.sweep", *args, f"--workdir={workdir}", "--rounds=3")
   assert "finished earlier, skipped" in more.stderr
   again = runs.read_json(workdir / "sweep.json")
   assert len(again["search"]["points"][0]["brackets"]) == 3
@@ -239,7 +239,7 @@ def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(
   assert len(again["runs"]) == len(sweep["runs"]) + 1
   assert all(os.path.getmtime(workdir / p / "metrics.jsonl") == t for p, t in mtimes.items())
   assert json.loads((workdir / again["runs"][-1]["name"] / "run.json").read_text())["status"]
-  alone = runs.run_module("normstudy.sweep", args[0], f"--workdir={workdir}",
+  alone = runs.run_inline("normstudy.sweep", args[0], f"--workdir={workdir}",
                           "--axis=train.seed=0", "--rounds=3", check=False)
   assert alone.returncode == 2
   assert alone.stderr.strip().splitlines()[-1] == "error: --rounds=3 needs --search=FIELD:LOW,HIGH"
@@ -247,9 +247,9 @@ def test_a_search_trained_whole_or_in_shares_records_its_brackets_and_continues(
   assert all(r["outcome"] for r in again["runs"])
   assert {r["outcome"].startswith(("halted", "diverged")) for r in again["runs"]} == {True, False}
   # A search's interaction with another search of the same arms (here: itself).
-  runs.run_module("normstudy.analyze", f"--workdir={workdir}", f"--against={workdir}")
+  runs.run_inline("normstudy.analyze", f"--workdir={workdir}", f"--against={workdir}")
   assert (workdir / "interaction.csv").read_text().startswith("group,arm_a,arm_b,ratio,")
-  no_search = runs.run_module("normstudy.analyze", f"--workdir={workdir}",
+  no_search = runs.run_inline("normstudy.analyze", f"--workdir={workdir}",
                               f"--against={tmp_path}", check=False)
   assert no_search.returncode == 2 and no_search.stderr.strip().splitlines()[-1] == (
       f"error: --against={tmp_path} holds no search (a sweep.json with `search`, written by "

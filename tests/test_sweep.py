@@ -343,7 +343,7 @@ def test_a_sweep_point_is_reproduced_by_the_command_sweep_json_gives(tmp_path):
           f"--config.data.data_dir={data_dir}", "--config.train.num_steps=12",
           "--config.model.dtype=float32")
   swept = tmp_path / "sweep"
-  runs.run_module("normstudy.sweep", *args, "--axis=train.seed=0", f"--workdir={swept}")
+  runs.run_inline("normstudy.sweep", *args, "--axis=train.seed=0", f"--workdir={swept}")
   sweep = json.loads((swept / "sweep.json").read_text())
   assert sweep["settings"]["optimizer.warmup_steps"] == 20
   assert sweep["config"] == "configs/seed_figure.py:pre_norm_clip1"
@@ -354,7 +354,7 @@ def test_a_sweep_point_is_reproduced_by_the_command_sweep_json_gives(tmp_path):
   assert argv[:3] == ["python", "-m", "normstudy.main"]
   alone = tmp_path / "alone"
   argv = [a if not a.startswith("--workdir=") else f"--workdir={alone}" for a in argv[3:]]
-  runs.run_module("normstudy.main", *argv)
+  runs.run_inline("normstudy.main", *argv)
   reproduced, original = runs.trajectory(alone), runs.trajectory(swept / second["name"])
   assert [r["step"] for r in reproduced] == [r["step"] for r in original]
   # The same run, bit for bit: losses, gradient norms, learning rates (warm-up 20 from
@@ -446,23 +446,23 @@ def test_shares_of_a_grid_trained_apart_equal_the_sweep_trained_whole(tmp_path):
           *runs.tiny_args(tmp_path / "tfds", num_steps=6, every=3),
           "--config.train.telemetry_every=0")
   whole = tmp_path / "whole"
-  runs.run_module("normstudy.sweep", *args, f"--workdir={whole}")
+  runs.run_inline("normstudy.sweep", *args, f"--workdir={whole}")
   shared = tmp_path / "shared"
-  first = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}", "--programs=1/2")
+  first = runs.run_inline("normstudy.sweep", *args, f"--workdir={shared}", "--programs=1/2")
   assert "share 1/2: programs 1, 3" in first.stdout
   assert first.stdout.splitlines()[-1] == "share 1/2: runs 2 finished"
   assert not (shared / "sweep.json").exists()  # the whole sweep's, afterwards
-  second = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}", "--programs=2/2")
+  second = runs.run_inline("normstudy.sweep", *args, f"--workdir={shared}", "--programs=2/2")
   assert "share 2/2: programs 2" in second.stdout
   # The sweep run whole afterwards trains nothing and writes the record and the analysis.
-  last = runs.run_module("normstudy.sweep", *args, f"--workdir={shared}")
+  last = runs.run_inline("normstudy.sweep", *args, f"--workdir={shared}")
   assert last.stdout.splitlines()[-1] == "runs: 3 finished"
   assert "finished earlier, skipped" in last.stderr
   names = [r["name"] for r in json.loads((whole / "sweep.json").read_text())["runs"]]
   assert len(names) == 3
   for name in names:
     assert runs.trajectory(shared / name) == runs.trajectory(whole / name), name
-  bad = runs.run_module("normstudy.sweep", *args, f"--workdir={tmp_path / 'never'}",
+  bad = runs.run_inline("normstudy.sweep", *args, f"--workdir={tmp_path / 'never'}",
                         "--programs=3/2", check=False)
   assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
       "error: --programs=3/2 is not allowed; allowed: I/N with 1 <= I <= N, e.g. "

@@ -49,7 +49,7 @@ PRELOAD = ("numpy", "jax", "jax.numpy", "flax.linen", "optax", "orbax.checkpoint
 SET_AT_IMPORT = {}
 
 
-def _exit_status(code) -> int:
+def exit_status(code) -> int:
   """What the interpreter makes of SystemExit(code) (Python's handle_system_exit)."""
   if code is None:
     return 0
@@ -83,7 +83,7 @@ def _child(request) -> None:
       runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
       status = 0
     except SystemExit as e:
-      status = _exit_status(e.code)
+      status = exit_status(e.code)
     except BaseException:  # pylint: disable=broad-except
       sys.excepthook(*sys.exc_info())  # what the interpreter prints for an uncaught exception
       status = 1
