@@ -57,7 +57,7 @@ class Transition:
 
   def probability(self, log_lr) -> np.ndarray:
     """The fitted P(fail) at log10 learning rates."""
-    return 1 / (1 + np.exp(-self.slope * (np.asarray(log_lr, dtype=float) - self.center)))
+    return _logistic(self.slope * (np.asarray(log_lr, dtype=float) - self.center))
 
 
 def log_likelihood(x, y, center, slope):
@@ -67,13 +67,20 @@ def log_likelihood(x, y, center, slope):
   return np.sum(y * z - np.logaddexp(0.0, z), axis=-1)
 
 
+def _logistic(z):
+  """1 / (1 + exp(-z)); where exp(-z) overflows to inf the value is its limit, 0, without
+  numpy's overflow warning."""
+  with np.errstate(over="ignore"):
+    return 1 / (1 + np.exp(-z))
+
+
 def _best_slope(x, y, centers, iterations: int = 60):
   """For each center, the slope in [0, MAX_SLOPE] that maximises the likelihood (concave in the
   slope: Newton's method, clipped to the bounds)."""
   d = x - centers[:, None]
   slope = np.ones(len(centers))
   for _ in range(iterations):
-    p = 1 / (1 + np.exp(-slope[:, None] * d))
+    p = _logistic(slope[:, None] * d)
     gradient = np.sum((y - p) * d, axis=1)
     curvature = np.sum(p * (1 - p) * d * d, axis=1) + 1e-12
     step = np.clip(gradient / curvature, -50, 50)
@@ -89,7 +96,7 @@ def _best_center(x, y, slopes, start, iterations: int = 60):
   center = np.full(len(slopes), start)
   for _ in range(iterations):
     d = x - center[:, None]
-    p = 1 / (1 + np.exp(-slopes[:, None] * d))
+    p = _logistic(slopes[:, None] * d)
     gradient = -slopes * np.sum(y - p, axis=1)
     curvature = slopes ** 2 * np.sum(p * (1 - p), axis=1) + 1e-12
     step = np.clip(gradient / curvature, -0.5, 0.5)
