@@ -61,6 +61,11 @@ def run_module(module, *args, check=True, timeout=600, env=None, **kwargs):
   else:
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=bound(timeout), **kwargs)
+  return _checked(result, module, args, check)
+
+
+def _checked(result, module, args, check: bool):
+  """`result`, or (with `check`) an AssertionError with its output when it exited non-zero."""
   if check and result.returncode != 0:
     raise AssertionError(f"{module} {' '.join(args)} exited {result.returncode}:\n"
                          f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
@@ -79,7 +84,8 @@ def run_inline(module, *args, check=True, environ=None):
   when it runs (not at import, which has happened here already).
 
   What the command leaves behind is cleared before the next: the flags its entry defined
-  (absl's global FLAGS), the streams its log handler writes to. Output is captured at the file
+  (absl's global FLAGS); the output streams and its log handler's; the working directory, the
+  environment and sys.modules' entry of the module. Output is captured at the file
   descriptors, so the libraries' native output lands where a process's would."""
   import runpy
   import tempfile
@@ -144,10 +150,7 @@ def run_inline(module, *args, check=True, environ=None):
       f.seek(0)
       outputs.append(f.read().decode("utf-8", errors="replace"))
   result = subprocess.CompletedProcess([sys.executable, "-m", module, *args], status, *outputs)
-  if check and result.returncode != 0:
-    raise AssertionError(f"{module} {' '.join(args)} exited {result.returncode}:\n"
-                         f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
-  return result
+  return _checked(result, module, args, check)
 
 
 def _at_import(env):
