@@ -279,6 +279,15 @@ def _parse_flags(argv):
 # this process may use: XLA:CPU fixes its thread pool's size when a client starts and its
 # programs' last bits follow it, while jax's cache key leaves it out, so a home directory shared
 # by machines of other sizes must not hand one machine's programs to another.
+#
+# The size cap (jax's LRU eviction) comes with normstudy's own directory only. jax 0.10.2's LRU
+# cache keeps an "-atime" file beside each entry and, before each write, reads every entry's;
+# an entry written by a process without a cap has none, and from then on every capped write
+# in that directory fails ("Error writing persistent compilation cache entry ...:
+# FileNotFoundError", jax-ml/jax#39880, fixed by jax-ml/jax#39883 after 0.10.2). A directory
+# the user chose (JAX_COMPILATION_CACHE_DIR) may be shared with their other JAX programs, and
+# the tests' in-process programs share theirs: there normstudy sets no cap unless
+# JAX_COMPILATION_CACHE_MAX_SIZE does.
 COMPILE_CACHE_ENV = {
     "JAX_COMPILATION_CACHE_DIR": os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
@@ -290,16 +299,20 @@ COMPILE_CACHE_ENV = {
 
 def use_compile_cache() -> None:
   """Puts COMPILE_CACHE_ENV's defaults in the environment (so worker processes inherit them)
-  and, when jax is already imported, into its config."""
+  and, when jax is already imported, into its config; the size cap only when the directory is
+  normstudy's own (the comment above COMPILE_CACHE_ENV says why)."""
+  own_directory = "JAX_COMPILATION_CACHE_DIR" not in os.environ
   for name, value in COMPILE_CACHE_ENV.items():
-    os.environ.setdefault(name, value)
+    if name != "JAX_COMPILATION_CACHE_MAX_SIZE" or own_directory:
+      os.environ.setdefault(name, value)
   if "jax" in sys.modules:
     import jax
     jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs",
                       float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
-    jax.config.update("jax_compilation_cache_max_size",
-                      int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
+    if "JAX_COMPILATION_CACHE_MAX_SIZE" in os.environ:
+      jax.config.update("jax_compilation_cache_max_size",
+                        int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"]))
 
 
 def run(main, define_flags):

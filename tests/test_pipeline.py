@@ -192,9 +192,34 @@ def test_commands_keep_compiled_programs_on_disk_and_reuse_them_to_the_same_bits
   runs.run_module("normstudy.main", f"--workdir={tmp_path / 'first'}", *args, env=env)
   written = sorted(os.listdir(cache))
   assert any(name.startswith("jit_") for name in written)
+  # Its size cap's bookkeeping (jax's LRU cache): an access time beside every entry.
+  entries = [name[:-len("-cache")] for name in written if name.endswith("-cache")]
+  assert entries and all(f"{key}-atime" in written for key in entries)
   runs.run_module("normstudy.main", f"--workdir={tmp_path / 'second'}", *args, env=env)
   assert sorted(os.listdir(cache)) == written  # every program found, none compiled again
   assert runs.trajectory(tmp_path / "first") == runs.trajectory(tmp_path / "second")
+
+
+@pytest.mark.slow
+def test_a_cache_directory_shared_with_other_jax_programs_still_takes_a_commands_programs(
+    tmp_path):
+  # An entry as a JAX process without a size cap leaves it: no "-atime" file beside it. A
+  # capped command (jax 0.10.2's LRU cache) would then fail every write in the directory
+  # (normstudy.cli, above COMPILE_CACHE_ENV); in a directory the user chose it sets no cap.
+  shared = tmp_path / "shared"
+  shared.mkdir()
+  (shared / "jit_elsewhere-0123abcd-cache").write_bytes(b"another program's executable")
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(shared),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  env.pop("JAX_COMPILATION_CACHE_MAX_SIZE", None)
+  result = runs.run_module("normstudy.main", f"--workdir={tmp_path / 'run'}",
+                           "--config=configs/lm.py:tiny", *runs.tiny_args(tmp_path / "tfds"),
+                           env=env)
+  log = (tmp_path / "run" / "normstudy.log").read_text()
+  for text in (result.stderr, log):
+    assert "Error writing persistent compilation cache" not in text
+  written = {name for name in os.listdir(shared) if name.endswith("-cache")}
+  assert "jit_elsewhere-0123abcd-cache" in written and len(written) > 3, written
 
 
 def test_a_study_over_seeds_draws_each_arm_as_median_and_range(tmp_path):
