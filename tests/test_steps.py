@@ -213,6 +213,34 @@ def _stepped_batches(n):
   return [{"tokens": np.asarray(_batch(seed)["tokens"])[None]} for seed in range(n)]
 
 
+def test_a_program_traces_its_step_and_its_initializer_once(make_config, monkeypatch):
+  """The block's buffers take their shapes from the trace of the train step that the loop's
+  body inlines, and the abstract state from the trace the initializer's first call reuses:
+  each traced once (the block lowered, not compiled)."""
+  traced = {"train_step": 0, "init_state": 0}
+
+  def counting(name, fn):
+    def counted(*args, **kwargs):
+      traced[name] += 1
+      return fn(*args, **kwargs)
+    return counted
+
+  make_train_step, init_state = steps_lib.make_train_step, steps_lib.init_state
+  monkeypatch.setattr(steps_lib, "make_train_step",
+                      lambda *a, **k: counting("train_step", make_train_step(*a, **k)))
+  monkeypatch.setattr(steps_lib, "init_state", counting("init_state", init_state))
+  monkeypatch.setattr(execution, "_KEPT", {})  # this program built here, not kept from before
+  config = make_config()
+  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+  steps = execution.ProgramSteps(config, mesh, 1)
+  traced.update(train_step=0, init_state=0)  # the shardings' own (boxed) trace is not the claim
+  abstract = steps.abstract([config])
+  steps.initial([config])
+  with jax.set_mesh(mesh):
+    steps.block.lower(abstract, steps.block_work(_stepped_batches(2), 4))
+  assert traced == {"train_step": 1, "init_state": 1}
+
+
 @pytest.mark.slow  # compiles at XLA's full optimization, as a user's process does
 @pytest.mark.parametrize("scenario", ["overflows then learns", "halts inside the block"])
 def test_a_block_of_steps_is_the_same_steps_one_at_a_time(make_config, monkeypatch, scenario):

@@ -317,7 +317,10 @@ def make_train_block(config, fusion_boundaries: bool = False):
   finiteness flags of every forward site of that step (make_locate_step's, on the state after
   it, which a skipped step leaves with the parameters that failed), otherwise all True.
   `count` is a traced scalar: one compiled block serves every length up to L."""
-  train_step = make_train_step(config, False, fusion_boundaries)
+  # Traced once each: the buffers' shapes come from the trace that the loop's body then inlines
+  # (jit's trace cache, keyed on the same abstract arguments; inline=True puts the step's
+  # operations in the body as tracing it there would, so the program is the same one).
+  train_step = jax.jit(make_train_step(config, False, fusion_boundaries), inline=True)
   locate = make_locate_step(config, fusion_boundaries)
 
   def train_block(state: TrainState, work):

@@ -120,9 +120,12 @@ def _initializer(config):
   return jax.vmap(lambda values: steps_lib.unboxed(steps_lib.init_state(config, values)))
 
 
-def _abstract(config, shardings, stacked_values):
-  """ShapeDtypeStructs, with `shardings`, of the stacked initial state of `stacked_values`."""
-  shapes = jax.eval_shape(_initializer(config), stacked_values)
+def _abstract(init, mesh, shardings, stacked_values):
+  """ShapeDtypeStructs, with `shardings`, of the stacked initial state of `stacked_values`
+  (`init`: the program's jitted initializer; traced on `mesh` as its call is, so that the call
+  reuses this trace)."""
+  with jax.set_mesh(mesh):
+    shapes = jax.eval_shape(init, stacked_values)
   return jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where),
                       shapes, shardings)
 
@@ -249,7 +252,7 @@ class ProgramSteps:
     """The stacked state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves),
     computing nothing: what a checkpoint restores into, and what `train.lower` takes to compile
     ahead of time (vmapped programs: an accelerator's)."""
-    return _abstract(self.config, self.shardings, per_run.stacked_values(configs))
+    return _abstract(self._init, self.mesh, self.shardings, per_run.stacked_values(configs))
 
   def host_values(self, held, part) -> Any:
     """`part(state)` of every run on the host, stacked [K, ...] (e.g. the hyperparameters),
