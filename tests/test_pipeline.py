@@ -218,8 +218,9 @@ def test_a_cache_directory_shared_with_other_jax_programs_still_takes_a_commands
   log = (tmp_path / "run" / "normstudy.log").read_text()
   for text in (result.stderr, log):
     assert "Error writing persistent compilation cache" not in text
+  foreign = {"jit_elsewhere-0123abcd-cache"}
   written = {name for name in os.listdir(shared) if name.endswith("-cache")}
-  assert "jit_elsewhere-0123abcd-cache" in written and len(written) > 3, written
+  assert written > foreign, written  # the other entry kept, and the command's own beside it
 
 
 def test_a_study_over_seeds_draws_each_arm_as_median_and_range(tmp_path):
