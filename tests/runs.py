@@ -19,6 +19,12 @@ TINY = (
     "--config.data.validation_tokens=4096", "--config.train.eval_steps=2",
     # No TensorFlow import per process; the TensorBoard tests turn it back on.
     "--config.train.tensorboard=False",
+    # No per-layer telemetry, which configs/seed_figure.py's variants take every 10 or 25 steps:
+    # a third program to compile, steps taken out of the blocks, and seven layer figures per
+    # analysis (a quarter of a tiny sweep's command). The tests whose point it is turn it back
+    # on: test_sweep.py's killed and resumed sweep command (its records and layer figures), the
+    # in-process sweeps there, test_telemetry.py.
+    "--config.train.telemetry_every=0",
 )
 
 
