@@ -105,8 +105,8 @@ def test_a_sweep_of_the_seed_figure_takes_its_sweep_arms_and_settings():
 
 
 def _tiny(config, tmp_path, steps=20):
-  """`config` (a point of the seed figure's file) at the suite's size: one layer, as
-  tests/conftest.py's tiny_config says why."""
+  """`config` (a point of the seed figure's file) at the suite's size: one layer, for the
+  reason tests/conftest.py's tiny_config gives."""
   config.model.update(num_layers=1, d_model=16, num_heads=2, d_ff=32, max_len=16, vocab_size=32,
                       dtype="float32")
   config.train.update(batch_size=4, num_steps=steps, eval_every=10, eval_steps=2,
@@ -163,8 +163,8 @@ def test_programs_of_one_structure_in_one_process_share_their_compiled_steps(tmp
       with p.config.unlocked():
         _tiny(p.config, tmp_path, steps=12)
         p.config.model.update(model)
-        # Without telemetry (the file's settings take it every 5 steps here): its program is
-        # one more compilation a structure, and whether it is kept is the same rule.
+        # Without telemetry (_tiny takes it every 5 steps): its program is one more
+        # compilation a structure, and whether it is kept is the same rule.
         p.config.train.telemetry_every = 0
       sweep_runs.append(grid.Run(p.name, p.config, str(tmp_path / root / p.name), p.arm,
                                  point=p.point))
