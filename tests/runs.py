@@ -159,10 +159,30 @@ def run_inline(module, *args, check=True, environ=None):
   return _checked(result, module, args, check)
 
 
+# Variables that none of the fork server's preloaded modules (tests/zygote.py's PRELOAD) reads
+# when imported, only later, when used: a command whose environment differs from the server's
+# in these alone is forked all the same (the child gets the command's whole environment before
+# it runs), not started as a real `python -m` that imports everything again (about 2.5 s of CPU
+# each; the gs://, wandb and multi-device tests start about 25 such processes).
+# - XLA_FLAGS: XLA parses it when a process creates its first backend, which the server never
+#   does (a child forked with --xla_force_host_platform_device_count sees its devices:
+#   tests/test_fork_server.py); jax's cache key reads it at each compile.
+# - The gs:// emulator's: gcsfs is imported by the child, after its environment is set;
+#   tensorstore reads its endpoint when it opens a bucket; normstudy.records.storage reads the
+#   emulator's host when it names the endpoint (its import-time default of the gcsfs flag is set
+#   by tests/gcs.py's environment itself); the stage variables when a workdir is staged.
+# - wandb's: wandb is imported by the child.
+# Not HOME, XDG_*, PYTHONPATH or JAX_*: matplotlib, Python and jax read those at import.
+READ_AT_USE = frozenset({
+    "PYTEST_CURRENT_TEST", "XLA_FLAGS", "STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "NORMSTUDY_STAGE_DIR", "NORMSTUDY_STAGES",
+    "WANDB_MODE", "WANDB_SILENT"})
+
+
 def _at_import(env):
-  """An environment but for pytest's name of the running test, which no import reads (the child
-  gets the command's whole environment once it is forked)."""
-  return {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}
+  """An environment but for what no preloaded import reads (READ_AT_USE; the child gets the
+  command's whole environment once it is forked)."""
+  return {k: v for k, v in env.items() if k not in READ_AT_USE}
 
 
 class _ForkServer:

@@ -90,6 +90,19 @@ def test_a_command_with_its_own_environment_is_a_real_process():
 
 
 @needs_server
+def test_a_command_whose_environment_differs_in_what_is_read_at_use_is_forked_with_it():
+  # XLA_FLAGS among them: the child's backend starts with the child's flags, not the server's.
+  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=3"
+  env = dict(os.environ, XLA_FLAGS=flags, STORAGE_EMULATOR_HOST="http://127.0.0.1:9")
+  server = runs._ForkServer.for_env(dict(env, PYTHONUNBUFFERED="1"))
+  assert server is runs._ForkServer.for_env(dict(os.environ, PYTHONUNBUFFERED="1"))
+  count = server.count
+  result = runs.run_module("tests.devices", env=env)
+  assert server.count == count + 1 and result.stdout.split() == ["3"]
+  assert runs.run_module("tests.devices").stdout.split() == ["1"]
+
+
+@needs_server
 def test_a_change_of_this_process_environment_starts_the_server_again(monkeypatch):
   before = runs._ForkServer.for_env(dict(os.environ, PYTHONUNBUFFERED="1"))
   monkeypatch.setenv("NORMSTUDY_SOMETHING_ELSE", "1")
