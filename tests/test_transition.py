@@ -117,14 +117,15 @@ def test_the_probe_round_trains_either_side_of_each_midpoint_and_changes_no_brac
     search.Search.parse("optimizer.learning_rate:0.1,1", 3, -0.1)
 
 
-
-@pytest.mark.parametrize("failed_at", [range(3), [*range(13), 27]])
-def test_probes_whose_failures_fall_with_the_rate_are_no_transition_across_them(failed_at):
+@pytest.mark.parametrize("probes, failed_at, beyond_the_slope_grid",
+                         [(24, range(3), False), (30, [*range(13), 27], True)])
+def test_probes_whose_failures_fall_with_the_rate_are_no_transition_across_them(
+    probes, failed_at, beyond_the_slope_grid):
   """Failures at the low rates, survivals at the high ones: the rising curve describes them
   best as a near-constant failure rate, its center far outside the probes with a shallow slope,
   beyond the center's grid and (the second case) the slope's too; both raised an IndexError
   until 2026-12-05. The center's interval is then open at both ends and the width's above."""
-  x = np.linspace(-1.1, 0.1, 24 if len(failed_at) == 3 else 30)
+  x = np.linspace(-1.1, 0.1, probes)
   y = np.zeros(len(x))
   y[list(failed_at)] = 1
   # The premise, in plain numpy: the logistic likelihood's maximum over a wide grid lies far
@@ -140,7 +141,7 @@ def test_probes_whose_failures_fall_with_the_rate_are_no_transition_across_them(
   assert math.isnan(fit.center_low) and math.isnan(fit.center_high)
   assert fit.width_high == math.inf and fit.width > x.max() - x.min()
   assert fit.runs == len(x) and fit.failed == len(failed_at)
-  if len(failed_at) > 3:  # no slope on the grid is inside: every slope below its least is
+  if beyond_the_slope_grid:  # no slope on the grid is inside: every slope below its least is
     assert fit.width_low == pytest.approx(transition.WIDTH_PER_SLOPE / transition.MIN_SLOPE)
   statistic, p = transition.same_center_lrt((x, y), (x, (x > -0.5).astype(float)))
   assert statistic >= 0 and 0 <= p <= 1

@@ -109,14 +109,15 @@ def _best_center(x, y, slopes, start, iterations: int = 60):
   return center
 
 
-def _interval(grid, profile, best, edges_open):
+def _interval(grid, profile, best, edges_open, beyond=None):
   """(low, high) of the grid values whose profile is within CUTOFF of `best`; an end at the
   grid's edge is open (`edges_open`: what to report for the low and the high end then). With
   none inside, the likelihood's maximum lies beyond the grid (a center far outside the probes
-  with a shallow slope: failure that does not rise with the rate across them): open at both."""
+  with a shallow slope: failure that does not rise with the rate across them): `beyond`, or
+  open at both ends."""
   inside = np.flatnonzero(profile >= best - CUTOFF)
   if len(inside) == 0:
-    return edges_open
+    return edges_open if beyond is None else beyond
   low, high = grid[inside[0]], grid[inside[-1]]
   return (edges_open[0] if inside[0] == 0 else low,
           edges_open[1] if inside[-1] == len(grid) - 1 else high)
@@ -167,13 +168,10 @@ def fit(log_lr, failed) -> Transition | None:
   top = max(float(log_likelihood(x, y, center, slope)), float(profile_center.max()),
             float(profile_slope.max()))
   center_low, center_high = _interval(centers, profile_center, top, (math.nan, math.nan))
-  if profile_slope.max() < top - CUTOFF:
-    # The likelihood still rises as the slope falls below the grid's least, towards 0: these
-    # probes' failures do not rise with the rate (they fell with it). Every slope below
-    # MIN_SLOPE is then inside the interval: the width at least 2 ln 9 / MIN_SLOPE, unbounded.
-    slope_low, slope_high = 0.0, MIN_SLOPE
-  else:
-    slope_low, slope_high = _interval(slope_grid, profile_slope, top, (0.0, MAX_SLOPE))
+  # Beyond the slope grid can only be below its least (the slope is capped at its top): every
+  # slope down to 0 is then inside, the width at least 2 ln 9 / MIN_SLOPE, unbounded above.
+  slope_low, slope_high = _interval(slope_grid, profile_slope, top, (0.0, MAX_SLOPE),
+                                    beyond=(0.0, MIN_SLOPE))
   return Transition(len(y), int(y.sum()), center, float(center_low), float(center_high),
                     WIDTH_PER_SLOPE / max(slope, 1e-12), WIDTH_PER_SLOPE / slope_high,
                     WIDTH_PER_SLOPE / slope_low if slope_low > 0 else math.inf)
