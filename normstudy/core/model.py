@@ -130,7 +130,12 @@ class Transformer(nn.Module):
                            (cfg.max_len, cfg.d_model), (None, "embed"))[:length]
     elif cfg.position_embedding == "sinusoidal":
       x = x + layers.sinusoidal_positions(cfg.max_len, cfg.d_model)[:length]
-    x = x.astype(dtype)
+    # A boundary on the float32 sum: without it XLA:CPU fuses the position embedding's gradient
+    # (a sum over the batch) with layer 0's backward pass and computes that a second time there
+    # (3.3 of 110 ms of operations per step at benchmarks/throughput.py's S). Before the cast:
+    # after it, a bfloat16 run's gradient was rounded before that sum and its bits changed
+    # (benchmarks/same_bits.py).
+    x = layers.boundary(cfg, x).astype(dtype)
     if cfg.position_embedding == "conv":
       x = x + layers.ConvPositions(cfg, name="pos_conv")(x)
     if (placement.embedding_norm and cfg.peri_ln_embedding_norm) or cfg.input_norm:
