@@ -377,6 +377,9 @@ class Attention(nn.Module):
       # for the score and context products (which are measurably faster on CPU without
       # transposes). Projected straight to heads-major, XLA:CPU computed the product transposed
       # and made two copies per projection: 7% slower at benchmarks/throughput.py's S, same bits.
+      if not cfg.fusion_boundaries:  # other compilers: the program they were measured with
+        y = jnp.einsum("bld,dhk->bhlk", x, w.astype(dtype))
+        return _plus_bias(self, f"{name}_bias", y, qkv_axes[1:], dims=(1, 3))
       y = jnp.einsum("bld,dhk->blhk", x, w.astype(dtype))
       y = boundary(cfg, _plus_bias(self, f"{name}_bias", y, qkv_axes[1:], dims=(2, 3)))
       return y.transpose(0, 2, 1, 3)
