@@ -227,7 +227,8 @@ _widening_product.defvjp(_widening_product_forward, _widening_product_backward)
 def fusion_boundary(x):
   """The identity, forward and backward, that XLA may not fuse across (`optimization_barrier`).
 
-  Placed on each projection's output, the logits and each block's output. Without it XLA:CPU
+  Placed on each projection's output, the embedding plus positions, the logits and each block's
+  output. Without it XLA:CPU
   fuses elementwise work into the layout copies before the weight-gradient dots and computes
   it there in transposed order, several inputs read with a stride; between the layers of an
   unrolled stack it fuses the residual stream's gradient, a sum over every later layer's

@@ -29,8 +29,11 @@ CPU_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander",
 class Choices:
   """What a program compiled for some devices does differently on XLA:CPU.
 
-  fusion_boundaries  the model ends fusions at each projection, the logits and each block
-                     (normstudy.core.layers.fusion_boundary; benchmarks/profile.py)
+  fusion_boundaries  the model ends fusions at each projection, the embedding plus positions,
+                     the logits and each block (normstudy.core.layers.fusion_boundary), and
+                     takes the operand layouts measured faster there: q, k, v projected
+                     token-major, the MLP's layers.widening_product (benchmarks/profile.py;
+                     the same bits, benchmarks/same_bits.py)
   compiler_options   XLA options of every compiled step
   runs_one_at_a_time a program's K runs, with the runs axis unsplit, step one after another
                      through the one-run program rather than as one vmapped program, so each
