@@ -40,43 +40,28 @@ def train(size: str, blocks: int) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   import throughput  # pylint: disable=import-outside-toplevel
-  from normstudy.engine import execution, sharding  # pylint: disable=import-outside-toplevel
 
   config = throughput.seed_config() if size == "seed" else throughput.size_config(size)
-  m, length = config.model, config.train.steps_per_dispatch
-  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  program = execution.ProgramSteps(config, mesh, num_runs=1)
-  rng = np.random.default_rng(0)
-  shape = (1, config.train.batch_size, m.max_len)
-  pool = []
-  for _ in range(4):
-    batch = {"tokens": rng.integers(0, m.vocab_size, shape, dtype=np.int32)}
-    if not m.causal:
-      batch["mask"] = rng.random(shape) < config.data.mask_prob
-    pool.append(batch)
-  state = program.initial([config])
-  times, faults = [], 0
-  for index in range(blocks + 1):
-    work = program.block_work([pool[(index * length + j) % 4] for j in range(length)], length)
-    before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-    state, metrics = program.step_block(state, work)
-    jax.device_get(metrics)
-    if index > 0:  # the first block compiles
-      times.append((time.perf_counter() - start) / length)
-      faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-  params = state[0].params if isinstance(state, list) else state.params
+  engine = throughput.EngineSteps(config)
+  length = engine.length
+
+  def timed(fn, calls):
+    """Seconds of each call after the first (which compiles), and the page faults they took."""
+    times, faults = [], 0
+    for index in range(calls + 1):
+      before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+      fn()
+      if index > 0:
+        times.append(time.perf_counter() - start)
+        faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    return times, faults
+
+  times, faults = timed(engine.block, blocks)
+  times = [t / length for t in times]
   digest = hashlib.sha256()
-  for leaf in jax.tree.leaves(jax.device_get(params)):
+  for leaf in jax.tree.leaves(engine.params()):
     digest.update(np.asarray(leaf).tobytes())
-  one_times, one_faults = [], 0
-  batch = sharding.global_batch(mesh, pool[0])
-  for index in range(length + 1):
-    before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-    state, metrics = program.step(state, batch)
-    jax.device_get(metrics)
-    if index > 0:  # the first step compiles
-      one_times.append(time.perf_counter() - start)
-      one_faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+  one_times, one_faults = timed(engine.one_step, length)
   return {"ms_per_step": 1e3 * statistics.median(times),
           "faults_per_step": faults / (blocks * length),
           "one_step_ms": 1e3 * statistics.median(one_times), "one_step_faults": one_faults / length,

@@ -72,37 +72,14 @@ def time_normstudy(size: str, steps: int) -> dict:
   """The child process: normstudy's engine at `size`, in blocks and one step per dispatch."""
   sys.path[:0] = [PEER, os.path.join(ROOT, "benchmarks"), ROOT]
   import cpumon  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
   import throughput  # pylint: disable=import-outside-toplevel
-  from normstudy.engine import execution, sharding  # pylint: disable=import-outside-toplevel
 
   config = throughput.size_config(size)
-  length = config.train.steps_per_dispatch
-  mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
-  program = execution.ProgramSteps(config, mesh, num_runs=1)
-  m = config.model
-  rng = np.random.default_rng(0)
-  pool = [{"tokens": rng.integers(0, m.vocab_size, (1, config.train.batch_size, m.max_len),
-                                  dtype=np.int32)} for _ in range(4)]
-  held = {"state": program.initial([config]), "i": 0}
-
-  def block():
-    batches = [pool[(held["i"] + j) % 4] for j in range(length)]
-    work = program.block_work(batches, length)
-    held["state"], metrics = program.step_block(held["state"], work)
-    jax.device_get(metrics)
-    held["i"] += length
-
-  def one_step():
-    batch = sharding.global_batch(mesh, pool[held["i"] % 4])
-    held["state"], metrics = program.step(held["state"], batch)
-    jax.device_get(metrics)
-    held["i"] += 1
-
+  engine, m = throughput.EngineSteps(config), config.model
+  length = engine.length
   tokens = config.train.batch_size * m.max_len
   result = {"size": size, "steps_per_dispatch": length}
-  for name, fn, per_call in (("blocks", block, length), ("one_step", one_step, 1)):
+  for name, fn, per_call in (("blocks", engine.block, length), ("one_step", engine.one_step, 1)):
     fn()  # compiles
     calls = max(2, -(-steps // per_call))
     windows = []

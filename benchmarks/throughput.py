@@ -244,6 +244,46 @@ def _encoder_batch(config):
           "mask": rng.random((1, config.train.batch_size, m.max_len)) < config.data.mask_prob}
 
 
+class EngineSteps:
+  """normstudy's engine stepping one run on one device as normstudy.main does: `block()` runs
+  train.steps_per_dispatch steps in one compiled loop, `one_step()` one step per dispatch (how an
+  evaluation, a telemetry step or the locate pass runs); each waits for its metrics. The batches
+  cycle through a pool of 4 random ones (encoders' with their masks). The benchmarks that time
+  the engine by blocks share it (benchmarks/peers.py, benchmarks/huge_pages.py)."""
+
+  def __init__(self, config, pool_size: int = 4):
+    m = config.model
+    self.length = config.train.steps_per_dispatch
+    self.mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
+    self.program = execution.ProgramSteps(config, self.mesh, num_runs=1)
+    rng, shape = np.random.default_rng(0), (1, config.train.batch_size, m.max_len)
+    self.pool = []
+    for _ in range(pool_size):
+      batch = {"tokens": rng.integers(0, m.vocab_size, shape, dtype=np.int32)}
+      if not m.causal:
+        batch["mask"] = rng.random(shape) < config.data.mask_prob
+      self.pool.append(batch)
+    self.state = self.program.initial([config])
+    self.index = 0
+
+  def block(self):
+    batches = [self.pool[(self.index + j) % len(self.pool)] for j in range(self.length)]
+    self.state, metrics = self.program.step_block(self.state,
+                                                  self.program.block_work(batches, self.length))
+    jax.device_get(metrics)
+    self.index += self.length
+
+  def one_step(self):
+    batch = sharding.global_batch(self.mesh, self.pool[self.index % len(self.pool)])
+    self.state, metrics = self.program.step(self.state, batch)
+    jax.device_get(metrics)
+    self.index += 1
+
+  def params(self):
+    state = self.state[0] if isinstance(self.state, list) else self.state
+    return jax.device_get(state.params)
+
+
 def placement_table(steps: int) -> list:
   """ms/step of the seed figure's recipe for every placement, float16 and float32, scanned
   and unrolled (engine, one run)."""
