@@ -82,13 +82,39 @@ def test_a_slow_divergence_is_a_loss_that_stays_above_its_start():
   assert warm.kind == outcomes.NOT_LEARNING
 
 
-def test_a_short_stretch_at_the_end_is_not_yet_a_death():
+def test_a_short_non_finite_stretch_at_the_end_fails_only_when_nothing_was_applied_since():
+  # 5 NaN steps at the end, every update skipped: its parameters are those that went
+  # non-finite, so it cannot recover: failed where the stretch began, though shorter than
+  # PERSIST_STEPS.
   steps, losses, skipped = _run([5.0] * 95 + [NAN] * 5, skipped=set(range(96, 101)))
   ended = outcomes.judge(steps, losses, skipped, {100: 3.2}, _info(), warmup_steps=20)
-  assert (ended.failed, ended.recoveries) == (False, 0)  # not left behind either
+  assert (ended.kind, ended.failed, ended.failed_at, ended.recoveries) == (
+      outcomes.DIVERGED_NONFINITE, True, 96, 0)
+  # The same stretch with an update applied inside it (step 98): it may still recover, so it
+  # is neither failed nor finished well: in trouble, censored at its end.
+  steps, losses, skipped = _run([5.0] * 95 + [NAN] * 5, skipped={96, 97, 99, 100})
+  ended = outcomes.judge(steps, losses, skipped, {100: 3.2}, _info(), warmup_steps=20)
+  assert (ended.kind, ended.failed, ended.failed_at) == (outcomes.IN_TROUBLE, False, None)
+  assert ended.status == schema.FINISHED
+  # Skipped steps with finite losses at the end are the scaler at work, not trouble.
+  steps, losses, skipped = _run([5.0] * 100, skipped={98, 99, 100})
+  ended = outcomes.judge(steps, losses, skipped, {100: 3.2}, _info(), warmup_steps=20)
+  assert (ended.kind, ended.failed) == (outcomes.NOT_LEARNING, False)
   steps, losses, skipped = _run([5.0] * 90 + [NAN] * 10, skipped=set(range(91, 101)))
   ended = outcomes.judge(steps, losses, skipped, {100: NAN}, _info(), warmup_steps=20)
   assert (ended.kind, ended.failed_at) == (outcomes.DIVERGED_NONFINITE, 91)
+
+
+def test_a_ten_step_run_non_finite_from_step_2_is_failed_at_step_2_not_finished():
+  # The case: lr 1e3 for 10 steps, the loss NaN from step 2, every update skipped and
+  # the scale still halving when the run reaches its end (finished, its eval loss NaN). Before,
+  # its 9-step stretch was shorter than PERSIST_STEPS: "finished, not learning".
+  steps, losses, skipped = _run([5.5] + [NAN] * 9, skipped=set(range(2, 11)))
+  ended = outcomes.judge(steps, losses, skipped, {10: NAN}, _info(), warmup_steps=5)
+  assert (ended.kind, ended.failed, ended.failed_at) == (outcomes.DIVERGED_NONFINITE, True, 2)
+  # Judged at a horizon inside the stretch, the same.
+  early = outcomes.judge(steps, losses, skipped, {10: NAN}, _info(), warmup_steps=5, horizon=4)
+  assert (early.kind, early.failed_at) == (outcomes.DIVERGED_NONFINITE, 2)
 
 
 @pytest.mark.parametrize("final,kind", [(2.99, outcomes.LEARNING), (3.0, outcomes.NOT_LEARNING),

@@ -7,7 +7,9 @@ A run fails when it did not recover from what went wrong:
   halted: non-finite    a non-finite gradient with nothing left to skip (train.on_nonfinite=halt,
                         or more than train.max_consecutive_skips in a row)
   diverged: non-finite  its loss went non-finite and stayed so to its end, for PERSIST_STEPS
-                        steps or more
+                        steps or more, or for fewer with every update since skipped: its
+                        parameters no longer change, so it cannot recover (a 10-step run at lr
+                        1e3, NaN from step 2, the scale still halving, ends so)
   diverged: loss up     after warm-up its loss stayed above its first logged loss to its end, for
                         PERSIST_STEPS steps or more
 Otherwise it survived, and how far it learned is said beside it:
@@ -15,6 +17,9 @@ Otherwise it survived, and how far it learned is said beside it:
                         unigram entropy, a model that uses no context, to the loss floor)
   not learning          at or above it: alive, on the plateau
   alive                 no threshold is known (a dataset without reference losses)
+  in trouble            it ended inside a stretch of non-finite losses shorter than
+                        PERSIST_STEPS in which some update was applied: neither failed nor
+                        finished well; a survival law counts it right-censored at its end
   unfinished            still running, or preempted before its end
 A skipped update or a non-finite stretch the run got past is a recovery, not a failure: fp16 loss
 scaling exists to skip such steps. Recoveries are counted (`Outcome.recoveries`: the stretches of
@@ -37,12 +42,13 @@ HALTED_SCALE = "halted: loss scale"
 HALTED_NONFINITE = "halted: non-finite"
 DIVERGED_NONFINITE = "diverged: non-finite"
 DIVERGED_LOSS_UP = "diverged: loss up"
+IN_TROUBLE = "in trouble"
 NOT_LEARNING = "not learning"
 LEARNING = "learning"
 ALIVE = "alive"
 UNFINISHED = "unfinished"
 FAILURES = (HALTED_SCALE, HALTED_NONFINITE, DIVERGED_NONFINITE, DIVERGED_LOSS_UP)
-KINDS = FAILURES + (NOT_LEARNING, LEARNING, ALIVE, UNFINISHED)
+KINDS = FAILURES + (IN_TROUBLE, NOT_LEARNING, LEARNING, ALIVE, UNFINISHED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +135,13 @@ def judge(steps, losses, skipped, eval_losses, info: schema.RunInfo, warmup_step
   reached = info.status == schema.FINISHED or beyond or bool(steps and steps[-1] >= end)
   if not reached:
     return Outcome(UNFINISHED, None, recoveries)
+  # A run that ends inside a stretch of non-finite losses too short to call a divergence.
+  stuck = _final_stretch(steps, nonfinite)
+  if stuck is not None:
+    since = [s for step, s in zip(steps, skipped) if step >= stuck]
+    if all(since):  # nothing applied since: its parameters are those that went non-finite
+      return Outcome(DIVERGED_NONFINITE, stuck, _recoveries(steps, troubled, stuck))
+    return Outcome(IN_TROUBLE, None, _recoveries(steps, troubled, stuck))
   threshold = info.learning_threshold
   final = [loss for step, loss in sorted(eval_losses.items()) if step <= end]
   if threshold is None or not final:
