@@ -33,10 +33,11 @@ from normstudy.core import config as config_lib
 # The law's arms, and plain Pre-LN at two more weight decays.
 ARMS = ("pre_norm_clip1", "pre_norm_input_norm_clip1", "post_norm_input_norm_clip1",
         "post_norm_deepnorm_clip1")
+DECAY_BASE = "pre_norm_clip1"  # the recipe's weight decay, 0.01
 WEIGHT_DECAYS = {"pre_norm_clip1_wd0": 0.0, "pre_norm_clip1_wd0.1": 0.1}
 VARIANTS = {name: survival.VARIANTS[name] for name in ARMS}
 for _name, _decay in WEIGHT_DECAYS.items():
-  _label, _settings = survival.VARIANTS["pre_norm_clip1"]
+  _label, _settings = survival.VARIANTS[DECAY_BASE]
   VARIANTS[_name] = (f"{_label} | Weight Decay={_decay:g}",
                      {**_settings, "optimizer.weight_decay": _decay})
 SWEEP_VARIANTS = tuple(VARIANTS)
@@ -49,7 +50,7 @@ SEEDS = [0, 1, 2]
 LEARNING_RATES = [round(10 ** (e / 6), 6) for e in range(-10, -3)]
 
 HELDOUT_STEPS = 2 * NUM_STEPS
-HELDOUT_ARMS = ("pre_norm_clip1", "post_norm_input_norm_clip1", "post_norm_deepnorm_clip1")
+HELDOUT_ARMS = ("pre_norm_clip1", "post_norm_deepnorm_clip1")
 HELDOUT_SEEDS = [0, 1, 2]
 # The failure fractions by HELDOUT_STEPS at which the held-out rates are placed.
 HELDOUT_FRACTIONS = (0.2, 0.5, 0.8)

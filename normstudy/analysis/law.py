@@ -92,8 +92,12 @@ def _terms(law: str, z, event):
     failed = -0.5 * z * z - 0.5 * math.log(2 * math.pi)
     alive = special.log_ndtr(-z)
     d_failed = -z
-    # d/dz log(1 - Phi(z)) = -phi(z) / (1 - Phi(z)), the inverse Mills ratio, computed in logs.
-    d_alive = -np.exp(-0.5 * z * z - 0.5 * math.log(2 * math.pi) - alive)
+    # d/dz log(1 - Phi(z)) = -phi(z) / (1 - Phi(z)), the inverse Mills ratio, computed in logs
+    # (far in the tail it is z + 1/z to within 1e-6).
+    inside = np.minimum(z, 40.0)
+    mills = np.exp(-0.5 * inside * inside - 0.5 * math.log(2 * math.pi) - special.log_ndtr(
+        -inside))
+    d_alive = -np.where(z < 40.0, mills, z + 1.0 / np.maximum(z, 40.0))
   else:
     ez = np.exp(np.minimum(z, 700.0))
     failed, alive = z - ez, -ez
@@ -130,6 +134,9 @@ class Data:
 def log_likelihood(law: str, log_t, event, mu, log_sigma):
   """The censored log-likelihood of the model ln T = mu + sigma W (arrays broadcast), with its
   derivatives in mu (per observation) and in log sigma (per observation)."""
+  # sigma held within e^-12 .. e^6: an optimiser's trial step must not overflow (a law that
+  # tight or that loose is no law of these runs).
+  log_sigma = np.clip(log_sigma, -12.0, 6.0)
   sigma = np.exp(log_sigma)
   z = (log_t - mu) / sigma
   terms, dz = _terms(law, z, event)

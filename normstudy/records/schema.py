@@ -74,6 +74,14 @@ LADDER_SENSITIVITY = "ladder_sensitivity.csv"
 LADDER_SENSITIVITY_COLUMNS = ("arm", "dtype", "num_layers", "d_model", "params", "seeds",
                               "lr_sensitivity", "lr_sensitivity_low", "lr_sensitivity_high",
                               "best_lr", "best_loss", "unigram_entropy", "failed_runs", "runs")
+# A drift experiment's workdir (normstudy.experiments.drift_runs trains it,
+# normstudy.analysis.horizon_report reads it): the declared experiment, the fit's sweep, one
+# held-out sweep per arm, and the held-out prediction, written from the fit before any held-out
+# run trains and never rewritten.
+DRIFT_PLAN = "drift.json"
+DRIFT_FIT = "fit"
+DRIFT_HELDOUT = "heldout"
+DRIFT_PREDICTION = "horizon_prediction.csv"
 # A learning-rate sweep's per-run table (normstudy.analysis writes it; a ladder's sensitivity
 # rungs are read from it).
 RUN_TABLE = "runs.csv"

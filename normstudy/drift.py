@@ -1,0 +1,81 @@
+"""Failure as a drift: time to failure as the quantity, a law over the horizon, a held-out
+horizon predicted before it is run, and the answer at MERT's 100K steps (`make drift`).
+
+  python -m normstudy.drift --config=configs/drift.py --workdir=DIR [--workers=N]
+  python -m normstudy.drift --workdir=DIR        # the analysis alone, from what DIR holds
+
+With --config, in order (re-running resumes: finished sweeps train nothing again):
+  1. DIR/drift.json: the experiment the file declares (normstudy.experiments.drift_runs);
+  2. the fit: every arm over the file's learning rates and seeds for NUM_STEPS steps, one
+     `normstudy.sweep` into DIR/fit;
+  3. the prediction: each arm's law fitted (normstudy.analysis.law), and for each held-out
+     arm the rates where it predicts HELDOUT_FRACTIONS of runs failing by HELDOUT_STEPS, with
+     the predicted fractions and lr*(HELDOUT_STEPS), written to DIR/horizon_prediction.csv
+     before any held-out run trains (never rewritten);
+  4. the held-out runs at those rates, one sweep per arm into DIR/heldout/<arm>;
+  5. the analysis (normstudy.analysis.horizon_report): law_fit.csv, critical_lr_law.csv,
+     law_tests.csv, horizon_heldout.csv, drift.csv and its summaries, drift.png, drift.md.
+Every sweep's command is recorded in drift.json.
+"""
+
+from absl import flags
+
+from normstudy import cli
+from normstudy import errors
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  flags.DEFINE_string("workdir", None, "The experiment's directory.")
+  flags.DEFINE_string("config", None, "A drift experiment file (configs/drift.py): train it "
+                      "into --workdir before the analysis.")
+  cli.define_workers_flag()
+  flags.declare_key_flag("workers")
+  flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+  import os
+  import time
+  if len(argv) > 1:
+    raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.check_workers(FLAGS.workers)
+  start = time.monotonic()
+  if FLAGS.config is not None:
+    _train()
+  elif not os.path.isdir(FLAGS.workdir):
+    raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory (train it first: "
+                           "--config=configs/drift.py)")
+  from normstudy.analysis import horizon_report
+  from normstudy.analysis import runs as runs_lib
+  try:
+    outputs = horizon_report.analyze(FLAGS.workdir)
+  except runs_lib.NoRunsError as e:
+    raise errors.UserError(str(e)) from None
+  for name, path in outputs.items():
+    print(f"{name}: {path}")
+  print(f"[drift] done in {time.monotonic() - start:.0f}s")
+
+
+def _train() -> None:
+  """The experiment checked and recorded before anything trains, then the fit, the prediction
+  and the held-out runs (module docstring)."""
+  from normstudy.analysis import horizon_report
+  from normstudy.experiments import drift_runs
+  from normstudy.experiments import grid
+  from normstudy.records import rundir
+  module = grid.load_config_module(FLAGS.config)
+  plan = drift_runs.experiment(FLAGS.config, module)
+  rundir.check_writable(FLAGS.workdir, "--workdir")
+  plan = drift_runs.write_plan(FLAGS.workdir, plan)
+  drift_runs.train_fit(plan, FLAGS.workdir, FLAGS.workers)
+  prediction = horizon_report.predict(FLAGS.workdir)
+  print("[drift] the held-out prediction (horizon_prediction.csv, written before the held-out "
+        "runs):")
+  print(prediction.to_string(index=False))
+  drift_runs.train_heldout(plan, FLAGS.workdir, drift_runs.rates_of(prediction), FLAGS.workers)
+
+
+if __name__ == "__main__":
+  cli.run(main, define_flags)
