@@ -40,6 +40,7 @@ LADDER_ARGS ?=
 LADDER_SENSITIVITY_DIR ?= runs/ladder_sensitivity
 SPIKE_HANDLING_DIR ?= runs/spike_handling
 SPIKE_FAILURE_DIR ?= runs/spike_failure
+DRIFT_DIR ?= runs/drift
 # Almost all of the suite's time is XLA compilation, which runs on one core per process: one
 # test worker per core (pytest-xdist); an idle worker takes tests queued for a busy one.
 PYTEST_ARGS ?= -n auto --dist worksteal
@@ -52,7 +53,7 @@ LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0]
 
 .PHONY: install corpora tpu-aot study study-text sensitivity techniques survival survival-depth survival-grid speed \
 	survival-bf16 survival-fp32 survival-context speed-context attention depth test test-fast \
-	ladder ladder-sensitivity spike-handling spike-failure benchmark clean
+	ladder ladder-sensitivity spike-handling spike-failure drift benchmark clean
 
 install: $(STAMP)
 
@@ -177,6 +178,13 @@ spike-failure: corpora
 	$(PY) -m normstudy.sweep --config=configs/spike_failure.py --workdir=$(SPIKE_FAILURE_DIR)
 	$(PY) -m normstudy.techniques --config=configs/spike_failure.py \
 		--workdir=$(SPIKE_FAILURE_DIR)
+
+# Failure as a drift (configs/drift.py): every arm's failure step over 7 rates x 3 seeds in
+# 960-step runs, the survival law fitted to them, the held-out horizon (1920 steps) predicted
+# and then trained, the drift measured directly, weight decay 0 / 0.01 / 0.1
+# (normstudy.drift; docs/results.md, "Failure as a drift").
+drift: install
+	$(PY) -m normstudy.drift --config=configs/drift.py --workdir=$(DRIFT_DIR)
 
 test: corpora tpu-aot
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests

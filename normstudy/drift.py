@@ -30,6 +30,8 @@ def define_flags():
   flags.DEFINE_string("workdir", None, "The experiment's directory.")
   flags.DEFINE_string("config", None, "A drift experiment file (configs/drift.py): train it "
                       "into --workdir before the analysis.")
+  flags.DEFINE_multi_string("sweep_arg", [], "With --config: an argument for every sweep it runs "
+                            "(repeatable), e.g. --sweep_arg=--config.model.d_model=32.")
   cli.define_workers_flag()
   flags.declare_key_flag("workers")
   flags.mark_flags_as_required(["workdir"])
@@ -44,6 +46,8 @@ def main(argv):
   start = time.monotonic()
   if FLAGS.config is not None:
     _train()
+  elif FLAGS.sweep_arg:
+    raise errors.UserError("--sweep_arg needs --config=FILE (the experiment to train)")
   elif not os.path.isdir(FLAGS.workdir):
     raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory (train it first: "
                            "--config=configs/drift.py)")
@@ -69,12 +73,14 @@ def _train() -> None:
   plan = drift_runs.experiment(FLAGS.config, module)
   rundir.check_writable(FLAGS.workdir, "--workdir")
   plan = drift_runs.write_plan(FLAGS.workdir, plan)
-  drift_runs.train_fit(plan, FLAGS.workdir, FLAGS.workers)
+  extra = tuple(FLAGS.sweep_arg)
+  drift_runs.train_fit(plan, FLAGS.workdir, FLAGS.workers, extra)
   prediction = horizon_report.predict(FLAGS.workdir)
   print("[drift] the held-out prediction (horizon_prediction.csv, written before the held-out "
         "runs):")
   print(prediction.to_string(index=False))
-  drift_runs.train_heldout(plan, FLAGS.workdir, drift_runs.rates_of(prediction), FLAGS.workers)
+  drift_runs.train_heldout(plan, FLAGS.workdir, drift_runs.rates_of(prediction), FLAGS.workers,
+                           extra)
 
 
 if __name__ == "__main__":

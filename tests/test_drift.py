@@ -224,3 +224,36 @@ def test_a_workdir_holding_another_experiment_is_refused(tmp_path):
   other = drift_runs.experiment("f.py", _Module(HELDOUT_STEPS=300))
   with pytest.raises(UserError, match="holds another drift experiment"):
     drift_runs.write_plan(str(tmp_path), other)
+
+
+@pytest.mark.slow
+def test_the_drift_command_trains_predicts_before_the_held_out_runs_and_resumes(tmp_path):
+  import runs
+  workdir = tmp_path / "drift"
+  tiny = [a for a in runs.TINY if "telemetry_every" not in a]  # the fixture's telemetry kept
+  sweep_args = [f"--sweep_arg={a}" for a in
+                [*tiny, f"--config.data.data_dir={tmp_path / 'tfds'}"]]
+  args = ("--config=tests/fixtures/drift_tiny.py", f"--workdir={workdir}", "--workers=1",
+          *sweep_args)
+  result = runs.run_module("normstudy.drift", *args)
+  assert "critical_lr_law:" in result.stdout and "drift:" in result.stdout
+  plan = json.loads((workdir / schema.DRIFT_PLAN).read_text())
+  assert plan["heldout"]["steps"] == 48 and len(plan["commands"]) == 2
+  prediction = pd.read_csv(workdir / schema.DRIFT_PREDICTION)
+  held = pd.read_csv(workdir / "horizon_heldout.csv")
+  assert list(held.lr) == list(prediction.lr) and list(held.runs) == [2]
+  # The prediction was on disk before any held-out run wrote its first record.
+  first_record = min(os.stat(p).st_mtime for p in
+                     (workdir / "heldout").rglob(schema.METRICS))
+  assert os.stat(workdir / schema.DRIFT_PREDICTION).st_mtime <= first_record
+  for name in ("law_fit", "critical_lr_law", "law_tests", "drift", "drift_killers"):
+    assert (workdir / f"{name}.csv").exists()
+  critical = pd.read_csv(workdir / "critical_lr_law.csv")
+  assert set(critical.arm) == {"pre_norm_clip1", "post_norm_deepnorm_clip1",
+                               "pre_norm_clip1_wd0"}
+  # Re-running trains nothing and keeps the prediction as it was.
+  before = (workdir / schema.DRIFT_PREDICTION).read_text()
+  again = runs.run_module("normstudy.drift", *args)
+  assert "held-out runs done" in again.stdout
+  assert (workdir / schema.DRIFT_PREDICTION).read_text() == before
+  assert not list((workdir / "heldout").rglob("*.tmp"))

@@ -192,7 +192,12 @@ def rate_law(drift: pd.DataFrame) -> pd.DataFrame:
       half = float(scipy_stats.t.ppf(0.975, len(rising) - 2)) * fit.stderr
       row.update(k=fit.slope, k_low=fit.slope - half, k_high=fit.slope + half)
     rows.append(row)
-  return pd.DataFrame(rows)
+  return pd.DataFrame(rows, columns=["arm", "runs", "k", "k_low", "k_high"])
+
+
+PREDICTION_COLUMNS = ("arm", "failed_predicted", "log10_ratio_median", "log10_ratio_q1",
+                      "log10_ratio_q3", "spearman", "spearman_p", "survivors_predicted",
+                      "survivors_predicted_beyond_end")
 
 
 def prediction_summary(drift: pd.DataFrame) -> pd.DataFrame:
@@ -216,4 +221,4 @@ def prediction_summary(drift: pd.DataFrame) -> pd.DataFrame:
                  "survivors_predicted": len(alive),
                  "survivors_predicted_beyond_end": int(
                      (alive.predicted_failure_step > alive.censored_at).sum())})
-  return pd.DataFrame(rows)
+  return pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))

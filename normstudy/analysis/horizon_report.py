@@ -329,13 +329,13 @@ def drift_tables(loaded, runs, heldout_loaded, heldout) -> dict:
   """drift.csv and its summaries (normstudy.analysis.drift_series) over the fit's and the
   held-out runs, each arm's killing series read from its fit runs."""
   killed = drift_series.killers(loaded, runs, dict(zip(runs.run, runs.min_scale)))
-  frames = [_drift_rows(loaded, runs, killed, FIT)]
+  fit = _drift_rows(loaded, runs, killed, FIT)
+  frames = [fit]
   for arm, mine in heldout_loaded.items():
     rows = heldout[heldout.arm == arm]
     frames.append(_drift_rows(mine, rows, killed, os.path.join(HELDOUT, arm)))
   drift = pd.concat(frames, ignore_index=True)
-  return {"drift": drift, "drift_killers": killed,
-          "drift_rates": drift_series.rate_law(drift[drift.run.str.startswith(FIT)]),
+  return {"drift": drift, "drift_killers": killed, "drift_rates": drift_series.rate_law(fit),
           "drift_predictions": drift_series.prediction_summary(drift)}
 
 
@@ -466,26 +466,29 @@ def observations(runs, heldout, chosen, totals, tables, labels, plan, prediction
         f"(extrapolated {math.log10(MERT_STEPS / r.longest_run):.1f} decades). Median time "
         f"to failure at MERT's 1.5e-3: {r.t50_at_mert:.3g} steps "
         f"({_interval(r.t50_at_mert_low, r.t50_at_mert_high)}).")
-  lines += ["", _heldout_text(tables, prediction, heldout), "", _drift_text(tables, labels), "",
+  lines += ["", _heldout_text(tables, prediction, heldout, runs, plan), "", _drift_text(tables, labels), "",
             _decay_text(fits, tests, labels, plan), "", _pairs_text(tests, labels)]
   return "\n".join(lines)
 
 
-def _heldout_text(tables, prediction, heldout) -> str:
+def _heldout_text(tables, prediction, heldout, runs, plan) -> str:
   if "horizon_heldout" not in tables:
     return ("The held-out horizon: not run yet" + (
         "; predicted (horizon_prediction.csv) before it." if prediction is not None else "."))
   held = tables["horizon_heldout"]
   inside, free_inside = int(held.inside.sum()), int(held.horizon_free_inside.sum())
   ll = heldout_likelihood(prediction, heldout)
-  return (f"The held-out horizon ({int(held.horizon.iloc[0])} steps, twice the longest fitted "
-          f"run; {int(held.runs.sum())} runs at {len(held)} (arm, rate) points, the rates "
-          "placed where the law predicted 20%, 50% and 80% failing, predicted in "
-          f"horizon_prediction.csv before they trained): the law's prediction held at {inside} "
-          f"of {len(held)} points (the failures within the 95% range its interval allows); the "
-          f"horizon-free reading (the {HORIZON_FREE}-step transition taken to hold at every "
-          f"horizon) at {free_inside} of {len(held)}. Binomial log-likelihood of the held-out "
-          f"failures: {ll['law']:.2f} under the law, {ll['horizon_free']:.2f} horizon-free.")
+  fractions = ", ".join(f"{100 * f:g}%" for f in plan["heldout"]["fractions"])
+  free = min(HORIZON_FREE, int(runs.num_steps.min()))
+  return (f"The held-out horizon ({int(held.horizon.iloc[0])} steps, "
+          f"{held.horizon.iloc[0] / runs.num_steps.max():g} times the longest fitted run; "
+          f"{int(held.runs.sum())} runs at {len(held)} (arm, rate) points, the rates placed "
+          f"where the law predicted {fractions} failing, predicted in horizon_prediction.csv "
+          f"before they trained): the law's prediction held at {inside} of {len(held)} points "
+          "(the failures within the 95% range its interval allows); the horizon-free reading "
+          f"(the {free}-step transition taken to hold at every horizon) at {free_inside} of "
+          f"{len(held)}. Binomial log-likelihood of the held-out failures: {ll['law']:.2f} "
+          f"under the law, {ll['horizon_free']:.2f} horizon-free.")
 
 
 def _drift_text(tables, labels) -> str:

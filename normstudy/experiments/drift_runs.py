@@ -127,21 +127,23 @@ def _check(code: int, what: str) -> None:
     raise RuntimeError(f"{what} stopped with exit code {code}; re-running resumes it")
 
 
-def train_fit(plan: dict, workdir: str, workers: int, log=print) -> None:
-  """The fit's sweep, in its own process (a finished sweep trains nothing again)."""
-  argv = fit_argv(plan, workdir, workers)
+def train_fit(plan: dict, workdir: str, workers: int, extra=(), log=print) -> None:
+  """The fit's sweep, in its own process (a finished sweep trains nothing again); `extra`:
+  arguments for it (normstudy.drift's --sweep_arg)."""
+  argv = [*fit_argv(plan, workdir, workers), *extra]
   _record(workdir, command_line(argv))
   log(f"[drift] the fit: {command_line(argv)}")
   _check(subprocess.run([sys.executable, "-m", "normstudy.sweep", *argv]).returncode, "the fit")
 
 
-def train_heldout(plan: dict, workdir: str, rates: dict, workers: int, log=print) -> None:
-  """Each held-out arm's sweep at `rates[arm]`; with workers != 1, the arms' sweeps side by
-  side (each with one worker), so two arms use two cores."""
+def train_heldout(plan: dict, workdir: str, rates: dict, workers: int, extra=(), log=print
+                  ) -> None:
+  """Each held-out arm's sweep at `rates[arm]` (with `extra` arguments); with workers != 1, the
+  arms' sweeps side by side (each with one worker), so two arms use two cores."""
   arms = plan["heldout"]["arms"]
   side_by_side = workers != 1 and len(arms) > 1
-  argvs = {arm: heldout_argv(plan, workdir, arm, rates[arm], 1 if side_by_side else workers)
-           for arm in arms}
+  argvs = {arm: [*heldout_argv(plan, workdir, arm, rates[arm], 1 if side_by_side else workers),
+                 *extra] for arm in arms}
   for arm, argv in argvs.items():
     _record(workdir, command_line(argv))
   start = time.monotonic()
