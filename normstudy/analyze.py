@@ -4,7 +4,10 @@
 
 With --against=FIRST (both directories searches of the same arms and seeds, e.g. float16 and
 bfloat16), also the interaction of the two: interaction.csv in DIR (normstudy.analysis.
-interaction: does a ratio of critical learning rates in FIRST hold in DIR, paired by seed).
+interaction: does a ratio of critical learning rates in FIRST hold in DIR).
+With --from_tables, a search's critical_lr.csv and critical_lr_tests.csv (and interaction.csv
+with --against) are re-derived from its tables alone (critical_lr_points.csv and runs.csv): how
+a committed search is re-analysed after its runs' records are gone.
 
 The library behind it is the package `normstudy.analysis` (import it in a notebook).
 """
@@ -30,6 +33,10 @@ def define_flags():
                       "A search of the same arms and seeds in another setting (e.g. float16, "
                       "against --workdir's bfloat16): also write their interaction "
                       "(interaction.csv in --workdir).")
+  flags.DEFINE_bool("from_tables", False,
+                    "Re-derive a search's critical_lr.csv and critical_lr_tests.csv (and, with "
+                    "--against, interaction.csv) from its committed tables, critical_lr_points.csv "
+                    "and runs.csv, without its runs' records (e.g. docs/survival).")
   flags.mark_flags_as_required(["workdir"])
 
 
@@ -41,6 +48,9 @@ def main(argv):
   from normstudy.records import storage
   storage.check_workdir(FLAGS.workdir)
   from normstudy import analysis  # pandas and matplotlib, once the command line is good
+  if FLAGS.from_tables:
+    _from_tables(analysis)
+    return
   against = _search_directory(FLAGS.against) if FLAGS.against else None
   try:
     # gs://: the run files are read into a local stage, the outputs uploaded beside them.
@@ -54,6 +64,20 @@ def main(argv):
       outputs = {name: storage.remote(path) for name, path in outputs.items()}
   except analysis.NoRunsError as e:
     raise errors.UserError(str(e).replace(workdir, FLAGS.workdir)) from None
+  for name, path in outputs.items():
+    print(f"{name}: {path}")
+
+
+def _from_tables(analysis) -> None:
+  import os
+  if not os.path.isdir(FLAGS.workdir):
+    raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory")
+  try:
+    outputs = analysis.critical_lr.from_tables(FLAGS.workdir)
+    if FLAGS.against:
+      outputs.update(analysis.interaction.from_tables(FLAGS.against, FLAGS.workdir))
+  except (analysis.NoRunsError, FileNotFoundError) as e:
+    raise errors.UserError(str(e)) from None
   for name, path in outputs.items():
     print(f"{name}: {path}")
 

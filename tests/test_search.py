@@ -14,6 +14,7 @@ from scipy import stats as scipy_stats
 
 from normstudy import errors
 from normstudy.analysis import critical_lr
+from normstudy.analysis import transition
 from normstudy.analysis import stats
 from normstudy.core import search
 import runs
@@ -138,7 +139,18 @@ def test_the_equivalence_factor_makes_both_one_sided_tests_just_reject():
   assert stats.equivalence_factor(diff, se, df) > 10 ** abs(diff)
 
 
-def test_arms_with_the_same_seeds_are_compared_paired():
+def _probe_rows(arm, center, rng, n=30, slope=15.0, group=""):
+  """Probes of one arm whose failures follow a logistic in log10 lr around `center`."""
+  import pandas as pd
+  x = rng.uniform(center - 0.5, center + 0.5, n)
+  failed = rng.random(n) < 1 / (1 + np.exp(-slope * (x - center)))
+  return pd.DataFrame({"run": [f"{arm}/{i}" for i in range(n)], "arm": arm, "group": group,
+                       "learning_rate": 10 ** x,
+                       "status": np.where(failed, "halted", "finished"),
+                       "outcome": np.where(failed, "halted: loss scale", "not learning")})
+
+
+def test_arms_are_compared_by_the_likelihood_ratio_with_the_exact_test_beside_it():
   import pandas as pd
   rows = []
   for arm, shift, noises in (("a", 0.0, [0.0, 0.05, -0.04, 0.01]),
@@ -149,26 +161,25 @@ def test_arms_with_the_same_seeds_are_compared_paired():
                    "critical_lr": lr, "low": lr / 1.01, "high": lr * 1.01, "rounds": 5,
                    "label": arm})
   points = pd.DataFrame(rows)
-  no_probes = pd.DataFrame(columns=["run", "arm", "group", "learning_rate", "status", "outcome"])
-  compared = critical_lr.tests(points, no_probes)
+  rng = np.random.default_rng(2)
+  probes = pd.concat([_probe_rows("a", -0.4, rng), _probe_rows("b", -0.38, rng)])
+  compared = critical_lr.tests(points, probes)
   row = compared.iloc[0]
-  assert row.test.startswith("paired t")
+  # No t-test on the lattice midpoints: its columns are gone.
+  assert not {"t", "df", "p", "p_holm", "test"} & set(compared.columns)
   la = np.log10(points[points.arm == "a"].critical_lr)
   lb = np.log10(points[points.arm == "b"].critical_lr)
-  assert row.p == pytest.approx(scipy_stats.ttest_rel(la, lb).pvalue)
   # The exact paired permutation test beside it: every sign pattern, as scipy enumerates them.
   assert row.p_exact == pytest.approx(scipy_stats.permutation_test(
       (la.to_numpy(), lb.to_numpy()), lambda x, y: np.mean(x - y), permutation_type="samples",
       n_resamples=np.inf).pvalue)
   assert row.ratio == pytest.approx(10 ** (la.mean() - lb.mean()))
-  # Not separated: the margin of two one-sided tests on the paired log differences, by hand,
-  # widened by each arm's bracket half-width (log10 1.01 here).
-  d = la.to_numpy() - lb.to_numpy()
-  se = d.std(ddof=1) / math.sqrt(len(d))
-  half = scipy_stats.t.ppf(0.95, len(d) - 1) * se
-  by_hand = max(abs(d.mean() - half), abs(d.mean() + half)) + 2 * math.log10(1.01)
-  assert not row.separated
-  assert math.log10(row.equivalence_factor) == pytest.approx(by_hand)
+  a = critical_lr._probes(probes[probes.arm == "a"])
+  b = critical_lr._probes(probes[probes.arm == "b"])
+  assert row.p_lrt == pytest.approx(transition.same_center_lrt(a, b)[1])
+  # Not separated by the primary test: the margin is the likelihood's two one-sided tests.
+  assert not row.separated and row.p_lrt_holm >= 0.05
+  assert row.equivalence_factor == pytest.approx(transition.equivalence_factor(a, b))
 
 
 @pytest.mark.slow
@@ -276,15 +287,16 @@ def test_sharing_a_search_names_what_it_needs(tmp_path, extra, message):
   assert not workdir.exists()
 
 
-def test_the_interaction_of_two_searches_is_tested_paired_by_seed():
-  """interaction.csv: per pair the seeds' log ratio in one search minus the other's, tested
-  against 0 with the paired t-test and the exact permutation test (scipy's, by hand)."""
+def test_the_interaction_of_two_searches_is_the_likelihood_ratio_of_one_log_ratio():
+  """interaction.csv: per pair the fitted ratio in each search and the likelihood-ratio test of
+  one log ratio for both (primary), the exact permutation test on the seeds' midpoints beside
+  it (scipy's, by hand)."""
   import pandas as pd
   from normstudy.analysis import interaction
   rng = np.random.default_rng(7)
-  logs = {name: {arm: rng.normal(mean, 0.05, 6) for arm, mean in means.items()}
-          for name, means in (("fp16", {"a": -0.4, "b": -0.6, "c": -0.5}),
-                              ("bf16", {"a": -0.5, "b": -0.5, "c": -0.5}))}
+  means = {"fp16": {"a": -0.4, "b": -0.8, "c": -0.5}, "bf16": {"a": -0.5, "b": -0.5, "c": -0.5}}
+  logs = {name: {arm: rng.normal(mean, 0.05, 6) for arm, mean in arms.items()}
+          for name, arms in means.items()}
 
   def points(name):
     return pd.DataFrame([{"group": "", "arm": arm, "seed": seed, "established": True,
@@ -292,16 +304,28 @@ def test_the_interaction_of_two_searches_is_tested_paired_by_seed():
                          for arm, values in logs[name].items()
                          for seed, value in enumerate(values)])
 
-  table = interaction.table(points("fp16"), points("bf16")).set_index(["arm_a", "arm_b"])
+  probes = {name: pd.concat([_probe_rows(arm, mean, rng, n=40) for arm, mean in arms.items()])
+            for name, arms in means.items()}
+  table = interaction.table(points("fp16"), points("bf16"), probes["fp16"],
+                            probes["bf16"]).set_index(["arm_a", "arm_b"])
   assert list(table.index) == [("a", "b"), ("a", "c"), ("b", "c")]
+  assert not {"t", "df", "p", "p_holm"} & set(table.columns)
   d16 = logs["fp16"]["a"] - logs["fp16"]["b"]
   d_bf = logs["bf16"]["a"] - logs["bf16"]["b"]
   row = table.loc[("a", "b")]
-  assert row.seeds == 6 and row.ratio == pytest.approx(10 ** d16.mean())
-  assert row.interaction == pytest.approx(10 ** (d16 - d_bf).mean())
-  assert row.p == pytest.approx(scipy_stats.ttest_rel(d16, d_bf).pvalue)
+  fits = {name: {arm: transition.fit(*critical_lr._probes(probes[name][probes[name].arm == arm]))
+                 for arm in "ab"} for name in means}
+  assert row.seeds == 6 and row.ratio == pytest.approx(
+      10 ** (fits["fp16"]["a"].center - fits["fp16"]["b"].center))
+  # The interaction is the ratio of the two fitted ratios, to the profile grid's step.
+  assert math.log10(row.interaction) == pytest.approx(
+      math.log10(row.ratio / row.other_ratio), abs=3 * transition.GRID_STEP)
   assert row.p_exact == pytest.approx(scipy_stats.permutation_test(
       (d16, d_bf), lambda x, y: np.mean(x - y), permutation_type="samples",
       n_resamples=np.inf).pvalue)
-  ranked = sorted(table.p)
-  assert table.p_holm.min() == pytest.approx(min(1.0, 3 * ranked[0]))
+  # a/b is 0.4 decades in fp16 and 0 in bf16: an interaction; a/c is 0.1 and 0: smaller.
+  assert row.p_lrt < 1e-3 and table.loc[("a", "c")].p_lrt > row.p_lrt
+  ranked = sorted(table.p_lrt)
+  assert table.p_lrt_holm.min() == pytest.approx(min(1.0, 3 * ranked[0]))
+
+

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from scipy import optimize
+from scipy import stats as scipy_stats
 
 from normstudy.analysis import transition
 from normstudy.core import search
@@ -145,3 +146,39 @@ def test_probes_whose_failures_fall_with_the_rate_are_no_transition_across_them(
     assert fit.width_low == pytest.approx(transition.WIDTH_PER_SLOPE / transition.MIN_SLOPE)
   statistic, p = transition.same_center_lrt((x, y), (x, (x > -0.5).astype(float)))
   assert statistic >= 0 and 0 <= p <= 1
+
+
+def test_the_equivalence_factor_is_where_the_log_ratios_profile_falls_by_the_tost_cutoff():
+  # Brute force: for a fixed log ratio d, the best common center and two slopes by scipy; the
+  # two one-sided likelihood-ratio tests at 5% rule out every d whose profile lies more than
+  # chi2(1, 0.90) / 2 below the maximum, and the factor is 10^max|d| of those not ruled out.
+  rng = np.random.default_rng(21)
+
+  def arm(center, n=40):
+    x = rng.uniform(center - 0.5, center + 0.5, n)
+    return x, (rng.random(n) < 1 / (1 + np.exp(-12.0 * (x - center)))).astype(float)
+
+  a, b = arm(-0.6), arm(-0.5)
+
+  def best(d):
+    def negative(params):
+      center, slope_a, slope_b = params
+      return (_negative_loglik([center, slope_a], *a)
+              + _negative_loglik([center - d, slope_b], *b))
+    starts = [[-0.6, 10.0, 10.0], [-0.5, 20.0, 5.0]]
+    return min(optimize.minimize(negative, s, method="L-BFGS-B",
+                                 bounds=[(-3, 2), (0, transition.MAX_SLOPE),
+                                         (0, transition.MAX_SLOPE)]).fun for s in starts)
+
+  fa, fb = transition.fit(*a), transition.fit(*b)
+  top = -best(fa.center - fb.center)
+  cutoff = scipy_stats.chi2.ppf(0.90, 1) / 2
+  drop = lambda d: -best(d) - (top - cutoff)  # noqa: E731
+  centre = fa.center - fb.center
+  low = optimize.brentq(drop, centre - 1.0, centre)
+  high = optimize.brentq(drop, centre, centre + 1.0)
+  factor = transition.equivalence_factor(a, b)
+  assert math.log10(factor) == pytest.approx(max(abs(low), abs(high)),
+                                             abs=3 * transition.GRID_STEP)
+  # Ratios beyond the factor are ruled out; 0 is not (the arms are 0.1 decades apart).
+  assert math.log10(factor) > abs(centre)

@@ -14,15 +14,20 @@ the critical learning rate at shorter horizons read off the same runs.
                          probes and failed (the runs the fit saw)
   critical_lr_points.csv per point: arm, group, seed, low, high, established, critical_lr (its
                          bracket's geometric midpoint)
-  critical_lr_tests.csv  every pair of arms in a group: the paired t-test on the seeds' log10
-                         midpoints when both arms have the same seeds (else Welch's) with the
-                         exact paired permutation test beside it (p_exact), the ratio of the
-                         seeds' geometric means and of the fitted critical learning rates, the
-                         likelihood-ratio test that the two transitions share one 50% point
-                         (p_lrt), each p Holm-adjusted over the family; for each pair the t-test
-                         does not separate, the factor within which the two are equivalent at
-                         95% (two one-sided tests on the midpoints, widened by both arms' mean
-                         bracket half-width: a midpoint is known only to within its bracket)
+                         and one_cell: the probes completely separated (every failure above
+                         every survival), so the 50% point is known only to lie in the one
+                         cell of the lattice between them; probing inside it says more
+  critical_lr_tests.csv  every pair of arms in a group: the likelihood-ratio test that the two
+                         transitions share one 50% point over every probe of both (p_lrt, the
+                         primary test; `separated` where its Holm-adjusted p < 0.05), the exact
+                         paired permutation test on the seeds' log10 midpoints beside it
+                         (p_exact), the ratio of the fitted critical learning rates and of the
+                         seeds' geometric mean midpoints, each p Holm-adjusted over the family;
+                         for each pair not separated, the factor within which the two are
+                         equivalent at 95% (two one-sided likelihood-ratio tests on the log
+                         ratio's profile: transition.equivalence_factor). No t-test: the
+                         midpoints sit on the search's lattice, so coinciding seeds give a
+                         variance of 0 and p-values near 0 that the likelihood does not support
   critical_lr_horizons.csv  arm, horizon, critical_lr, critical_lr_low, critical_lr_high (and
                          the group, label, transition width, probes and failures): the fit with
                          each run judged at 120, 240 and 480 steps (those its runs reach) by the
@@ -90,10 +95,18 @@ def _fitted(fit, prefix="critical_lr") -> dict:
   if fit is None:
     return {prefix: math.nan, f"{prefix}_low": math.nan, f"{prefix}_high": math.nan,
             "transition_decades": math.nan, "transition_low": math.nan,
-            "transition_high": math.nan}
+            "transition_high": math.nan, "one_cell": False}
   return {prefix: 10 ** fit.center, f"{prefix}_low": 10 ** fit.center_low,
           f"{prefix}_high": 10 ** fit.center_high, "transition_decades": fit.width,
-          "transition_low": fit.width_low, "transition_high": fit.width_high}
+          "transition_low": fit.width_low, "transition_high": fit.width_high,
+          "one_cell": one_cell(fit)}
+
+
+def one_cell(fit) -> bool:
+  """Whether the probes are completely separated: the likelihood rises with the slope to its
+  cap, so the 50% point is placed only within the lattice cell between the highest survival
+  and the lowest failure."""
+  return bool(fit.width <= transition.WIDTH_PER_SLOPE / transition.MAX_SLOPE * (1 + 1e-6))
 
 
 def table(points: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
@@ -115,44 +128,45 @@ def table(points: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
   return pd.DataFrame(rows, columns=[
       "arm", "label", "group", "seeds", "beyond", "rounds", "critical_lr", "critical_lr_low",
       "critical_lr_high", "spread_decades", "bracket_decades", "transition_decades",
-      "transition_low", "transition_high", "probes", "failed"])
+      "transition_low", "transition_high", "probes", "failed", "one_cell"])
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame) -> dict:
-  """The test of two arms' log10 critical learning rates (their established points): paired
-  by seed when both have the same seeds, else Welch's."""
+  """Two arms' established points side by side: the ratio of the seeds' geometric mean
+  midpoints (descriptive) and, paired by seed when both have the same seeds, the exact paired
+  permutation test on their log10 midpoints (every sign pattern: no variance to vanish when
+  seeds coincide on the search's lattice, as a t-test's does)."""
   a = a[a.established].sort_values("seed")
   b = b[b.established].sort_values("seed")
   la, lb = np.log10(a.critical_lr.to_numpy()), np.log10(b.critical_lr.to_numpy())
   paired = len(a) > 1 and list(a.seed) == list(b.seed)
-  tested = stats.mean_difference(la, lb, paired)
-  diff = tested["difference"]
-  return {"test": "paired t on log10 critical lr" if paired else "Welch t on log10 critical lr",
-          "n_a": len(la), "n_b": len(lb), "ratio": 10 ** diff if np.isfinite(diff) else math.nan,
-          "t": tested["t"], "df": tested["df"], "p": tested["p"],
-          "p_exact": stats.paired_permutation(la, lb) if paired else math.nan,
-          "equivalence_factor": stats.equivalence_factor(diff, tested["se"], tested["df"])
-          * 10 ** (_half_width(a) + _half_width(b))}
-
-
-def _half_width(points: pd.DataFrame) -> float:
-  """The mean half-width of the points' brackets in decades: how far a seed's true critical
-  value may lie from the midpoint the tests use, so an equivalence margin on midpoints widens by
-  the two arms' half-widths (with equal seeds' brackets of 1/16 decade, a factor 1.155)."""
-  return float(np.log10(points.high / points.low).mean() / 2) if len(points) else math.nan
+  diff = float(la.mean() - lb.mean()) if len(la) and len(lb) else math.nan
+  return {"n_a": len(la), "n_b": len(lb), "ratio": 10 ** diff if np.isfinite(diff) else math.nan,
+          "p_exact": stats.paired_permutation(la, lb) if paired else math.nan}
 
 
 def _fitted_ratio(runs, group, arm_a, arm_b) -> dict:
-  """The ratio of two arms' fitted critical learning rates and the likelihood-ratio test that
-  they share one 50% point."""
+  """The ratio of two arms' fitted critical learning rates, the likelihood-ratio test that they
+  share one 50% point, and the factor within which two one-sided likelihood-ratio tests show
+  them equivalent (transition.equivalence_factor)."""
   a = _probes(runs[(runs.arm == arm_a) & (runs.group == group)])
   b = _probes(runs[(runs.arm == arm_b) & (runs.group == group)])
   fa, fb = transition.fit(*a), transition.fit(*b)
   ratio = 10 ** (fa.center - fb.center) if fa is not None and fb is not None else math.nan
-  return {"fitted_ratio": ratio, "p_lrt": transition.same_center_lrt(a, b)[1]}
+  return {"fitted_ratio": ratio, "p_lrt": transition.same_center_lrt(a, b)[1],
+          "equivalence_factor": transition.equivalence_factor(a, b)}
+
+
+TEST_COLUMNS = ["group", "arm_a", "arm_b", "n_a", "n_b", "ratio", "p_exact", "fitted_ratio",
+                "p_lrt", "equivalence_factor"]
 
 
 def tests(points: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+  """critical_lr_tests.csv: every pair of arms in a group. The likelihood-ratio test of one 50%
+  point over every probe of both arms is primary (`separated`: its Holm-adjusted p < ALPHA);
+  the exact paired permutation test on the seeds' midpoints beside it; each Holm-adjusted over
+  the pairs. For a pair not separated, the equivalence factor: the smallest ratio the two
+  one-sided likelihood-ratio tests rule out."""
   rows = []
   for group, at in points.groupby("group", sort=False):
     arms = list(dict.fromkeys(at.arm))
@@ -160,13 +174,10 @@ def tests(points: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
       rows.append({"group": group, "arm_a": arm_a, "arm_b": arm_b,
                    **compare(at[at.arm == arm_a], at[at.arm == arm_b]),
                    **_fitted_ratio(runs, group, arm_a, arm_b)})
-  out = pd.DataFrame(rows, columns=["group", "arm_a", "arm_b", "test", "n_a", "n_b", "ratio",
-                                    "t", "df", "p", "p_exact", "equivalence_factor",
-                                    "fitted_ratio", "p_lrt"])
-  out["p_holm"] = stats.holm(out.p.tolist()) if len(out) else []
+  out = pd.DataFrame(rows, columns=TEST_COLUMNS)
   out["p_exact_holm"] = stats.holm(out.p_exact.tolist()) if len(out) else []
   out["p_lrt_holm"] = stats.holm(out.p_lrt.tolist()) if len(out) else []
-  out["separated"] = out.p_holm < stats.ALPHA
+  out["separated"] = out.p_lrt_holm < stats.ALPHA
   # A margin is what "not separated" bounds; for a separated pair it means nothing.
   out.loc[out.separated, "equivalence_factor"] = math.nan
   return out
@@ -272,16 +283,21 @@ def observations(by_arm: pd.DataFrame, compared: pd.DataFrame, by_horizon: pd.Da
            f"crosses 50% failing (a logistic in log10 lr, normstudy.analysis.transition), with "
            f"its 95% profile-likelihood interval; the transition's width runs from 10% to 90% "
            f"failing. A run fails by the failure rule (normstudy.records.outcomes). Pairs of "
-           f"arms: the paired t-test on the seeds' log10 bracket midpoints and the exact paired "
-           f"permutation test beside it, the likelihood-ratio test of one 50% point, each with "
-           f"Holm's correction over the pairs; a difference only at p < {stats.ALPHA}."]
+           f"arms: the {LRT} over every probe of both arms (primary) and the exact paired "
+           f"permutation test on the seeds' log10 bracket midpoints beside it, each with Holm's "
+           f"correction over the pairs; a difference only where the primary test's Holm p < "
+           f"{stats.ALPHA}. (No t-test: the midpoints sit on the search's lattice, so seeds that "
+           "coincide give a variance of 0.)"]
   for _, row in by_arm.iterrows():
     where = f" ({row.group})" if row.group else ""
     if not np.isfinite(row.critical_lr):
       lines.append(f"- {row.label}{where}: its {row.failed} failures of {row.probes} probes "
                    "place no transition inside the learning rates tried.")
       continue
-    lines.append(f"- {row.label}{where}: critical learning rate {row.critical_lr:.3g} (95% "
+    cell = (" in one cell: its probes are completely separated, so the rate lies between the "
+            "highest survival and the lowest failure and nowhere more precisely" if row.one_cell
+            else "")
+    lines.append(f"- {row.label}{where}: critical learning rate {row.critical_lr:.3g}{cell} (95% "
                  f"interval {row.critical_lr_low:.3g}-{row.critical_lr_high:.3g}; {row.failed} "
                  f"of {row.probes} probes failed), transition {row.transition_decades:.2f} "
                  f"decades wide ({row.transition_low:.2f}-{row.transition_high:.2f}); "
@@ -289,18 +305,21 @@ def observations(by_arm: pd.DataFrame, compared: pd.DataFrame, by_horizon: pd.Da
                  f"spread {row.spread_decades:.2f} decades"
                  + (f"; {row.beyond} seed(s) beyond the brackets" if row.beyond else "") + ".")
   for _, row in compared.iterrows():
-    n = (f"{row.n_a} seeds, paired" if row.test.startswith("paired")
-         else f"{row.n_a} and {row.n_b}")
-    text = stats.verdict_holm(row.test, n, row.p, row.p_holm)
-    exact = (f"; exact paired permutation p = {stats.format_p(row.p_exact)}, Holm-adjusted "
-             f"{stats.format_p(row.p_exact_holm)}" if np.isfinite(row.p_exact) else "")
-    lrt = (f"; fitted ratio {row.fitted_ratio:.3g}, {LRT} p = {stats.format_p(row.p_lrt)}, "
-           f"Holm-adjusted {stats.format_p(row.p_lrt_holm)}" if np.isfinite(row.p_lrt) else "")
-    margin = (f"; equivalent within a factor {row.equivalence_factor:.3g} at 95% (two one-sided "
-              "tests)" if np.isfinite(row.equivalence_factor) else "")
+    n = f"{row.n_a} and {row.n_b} seeds' probes"
+    text = stats.verdict_holm(LRT, n, row.p_lrt, row.p_lrt_holm)
+    exact = (f"; exact paired permutation test on the seeds' midpoints p = "
+             f"{stats.format_p(row.p_exact)}, Holm-adjusted {stats.format_p(row.p_exact_holm)}"
+             if np.isfinite(row.p_exact) else "")
+    margin = ""
+    if np.isfinite(row.equivalence_factor):
+      margin = (f"; equivalent within a factor {row.equivalence_factor:.3g} at 95% (two "
+                "one-sided likelihood-ratio tests: a larger ratio either way is ruled out)")
+    elif row.equivalence_factor == math.inf:
+      margin = "; no equivalence bound (the log ratio's profile stays high to the grid's edge)"
     lines.append(f"- {row.arm_a} against {row.arm_b}"
                  + (f" ({row.group})" if row.group else "")
-                 + f": ratio {row.ratio:.3g}, {text}{exact}{lrt}{margin}.")
+                 + f": fitted ratio {row.fitted_ratio:.3g} (seeds' midpoints {row.ratio:.3g}), "
+                 f"{text}{exact}{margin}.")
   lines += _horizon_lines(by_horizon, horizon_tests)
   return "\n".join(lines)
 
@@ -344,3 +363,55 @@ def analyze(loaded: runs_lib.Runs, runs: pd.DataFrame, workdir: str):
   horizon_tests.to_csv(outputs["critical_lr_horizon_tests"], index=False)
   outputs["critical_lr_figure"] = plot(points, by_arm, os.path.join(workdir, "critical_lr.png"))
   return outputs, observations(by_arm, compared, by_horizon, horizon_tests)
+
+
+def probes_table(workdir: str) -> pd.DataFrame:
+  """Every probe of a search as its tables hold it: runs.csv (arm, group, learning_rate, status,
+  outcome), or, where an older analysis wrote none, sweep.json's runs (each run's arm, point and
+  status; its failure rule's outcome where recorded). NoRunsError without either."""
+  path = os.path.join(workdir, schema.RUN_TABLE)
+  if os.path.exists(path):
+    return pd.read_csv(path, keep_default_na=False, na_values=[""]).fillna({"group": ""})
+  record = rundir_json(os.path.join(workdir, schema.SWEEP))
+  if not record.get("runs"):
+    raise runs_lib.NoRunsError(f"{workdir!r} holds neither runs.csv nor a sweep.json with runs")
+  rows = []
+  # A run a search trained in two rounds is listed in each: one directory, one probe.
+  for run in {run["name"]: run for run in record["runs"]}.values():
+    point = dict(run["point"])
+    lr = point.pop("optimizer.learning_rate")
+    point.pop(SEED_FIELD, None)
+    outcome = run.get("outcome")
+    status = run["status"]
+    if outcome is not None:  # the failure rule's verdict, where the sweep recorded it
+      status = (schema.HALTED if outcome.startswith("halted") else schema.DIVERGED
+                if outcome.startswith("diverged") else status)
+    rows.append({"run": run["name"], "arm": run["arm"],
+                 "group": ", ".join(f"{k}={v}" for k, v in point.items()),
+                 "learning_rate": float(lr), "status": status,
+                 "outcome": outcome or status})
+  return pd.DataFrame(rows)
+
+
+def rundir_json(path: str) -> dict:
+  from normstudy.records import rundir
+  return rundir.read_json(path)
+
+
+def from_tables(workdir: str) -> dict:
+  """critical_lr.csv and critical_lr_tests.csv written again from what an analysed search
+  directory holds as tables (critical_lr_points.csv: each seed's bracket; every probe's
+  learning rate and status: probes_table), without its runs' records: how a committed search is
+  re-analysed after its records are gone (`normstudy.analyze --from_tables`). Returns the
+  paths; NoRunsError when either table is missing."""
+  points_path = os.path.join(workdir, "critical_lr_points.csv")
+  if not os.path.exists(points_path):
+    raise runs_lib.NoRunsError(f"{workdir!r} holds no critical_lr_points.csv: --from_tables "
+                               "needs an analysed search's tables")
+  points = pd.read_csv(points_path, keep_default_na=False, na_values=[""]).fillna({"group": ""})
+  runs = probes_table(workdir)
+  outputs = {"critical_lr": os.path.join(workdir, "critical_lr.csv"),
+             "critical_lr_tests": os.path.join(workdir, "critical_lr_tests.csv")}
+  table(points, runs).to_csv(outputs["critical_lr"], index=False)
+  tests(points, runs).to_csv(outputs["critical_lr_tests"], index=False)
+  return outputs

@@ -18,14 +18,15 @@ techniques.csv, one row per technique and dtype (TECHNIQUE_COLUMNS):
                holds with few seeds), Holm-adjusted over the family: every technique in every
                dtype
   margin       for a pair the test does not separate, the factor within which the two are
-               equivalent at 95%: two one-sided t-tests on the seeds' log10 bracket midpoints,
-               widened by both arms' mean bracket half-width (critical_lr.compare); NaN for a
+               equivalent at 95%: two one-sided likelihood-ratio tests on the profile of the
+               log ratio of the two 50% points (transition.equivalence_factor); NaN for a
                separated pair, where a margin means nothing
   loss_at_recipe   the mean final eval loss over the recipe sweep's seeds
   step_time_ratio  the technique's median step time over its baseline's (the recipe sweep's
                runs, two to a program, each program on its own core: > 1 is slower)
-and beside them: test, n (seeds of each arm), p_t (the paired t-test on midpoints), the
-baseline's critical learning rate, loss_at_recipe_baseline and separated (p_holm < 0.05).
+and beside them: test, n (seeds and probes of each arm), the baseline's critical learning rate,
+loss_at_recipe_baseline and separated (p_holm < 0.05). No t-test on the seeds' bracket
+midpoints: they sit on the search's lattice, so coinciding seeds give a variance of 0.
 techniques_summary.csv holds the same one row per technique, a column per dtype (`summary`).
 """
 
@@ -45,8 +46,7 @@ TECHNIQUES = "techniques.csv"
 TECHNIQUE_COLUMNS = ["technique", "label", "baseline", "dtype", "critical_lr", "critical_lr_low",
                      "critical_lr_high", "ratio", "p", "p_holm", "margin", "loss_at_recipe",
                      "step_time_ratio"]
-EXTRA_COLUMNS = ["test", "n", "p_t", "baseline_critical_lr", "loss_at_recipe_baseline",
-                 "separated"]
+EXTRA_COLUMNS = ["test", "n", "baseline_critical_lr", "loss_at_recipe_baseline", "separated"]
 TEST = "likelihood-ratio test of one 50% point"
 
 
@@ -77,7 +77,7 @@ def compare_searches(found: pd.DataFrame, points: pd.DataFrame, runs: pd.DataFra
         else math.nan,
         "p": transition.same_center_lrt(a, b)[1], "test": TEST,
         "n": f"{tested['n_a']} and {tested['n_b']} seeds, {len(a[1])} and {len(b[1])} probes",
-        "p_t": tested["p"], "equivalence_factor": tested["equivalence_factor"],
+        "equivalence_factor": transition.equivalence_factor(a, b),
         "baseline_critical_lr": base.critical_lr})
   return rows
 

@@ -175,3 +175,67 @@ def fit(log_lr, failed) -> Transition | None:
   return Transition(len(y), int(y.sum()), center, float(center_low), float(center_high),
                     WIDTH_PER_SLOPE / max(slope, 1e-12), WIDTH_PER_SLOPE / slope_high,
                     WIDTH_PER_SLOPE / slope_low if slope_low > 0 else math.inf)
+
+
+# --- Two arms' 50% points against each other: the profile of their log ratio.
+
+EQUIVALENCE_CUTOFF = float(scipy_stats.chi2.ppf(0.90, 1)) / 2  # two one-sided tests at 5%
+
+
+def _common_grid(*arms) -> np.ndarray:
+  xs = np.concatenate([np.asarray(x, dtype=float) for x, _ in arms])
+  return np.arange(xs.min() - MARGIN, xs.max() + MARGIN + GRID_STEP / 2, GRID_STEP)
+
+
+def _shift_profile(pa: np.ndarray, pb: np.ndarray) -> np.ndarray:
+  """ll(k) = max over i of pa[i] + pb[i - k], for every shift k (in grid steps) from -(n-1) to
+  n - 1: the profile log-likelihood of center_a - center_b = k GRID_STEP."""
+  n = len(pa)
+  out = np.full(2 * n - 1, -np.inf)
+  for k in range(-(n - 1), n):
+    if k >= 0:
+      out[k + n - 1] = np.max(pa[k:] + pb[:n - k])
+    else:
+      out[k + n - 1] = np.max(pa[:n + k] + pb[-k:])
+  return out
+
+
+def log_ratio_profile(a: tuple, b: tuple) -> tuple[np.ndarray, np.ndarray]:
+  """(log10 ratios center_a - center_b, their profile log-likelihood) of two arms' probes
+  ((log_lr, failed) each), each arm with its own slope, read on the GRID_STEP grid."""
+  centers = _common_grid(a, b)
+  ll = _shift_profile(profile(*a, centers), profile(*b, centers))
+  shifts = np.arange(-(len(centers) - 1), len(centers)) * GRID_STEP
+  return shifts, ll
+
+
+def equivalence_factor(a: tuple, b: tuple) -> float:
+  """The smallest factor F such that the two arms' 50% points are shown within F of each other
+  by two one-sided likelihood-ratio tests at 5% (the 90% profile interval of their log ratio,
+  Schuirmann's 1987 construction on the likelihood): F = 10^max(|low|, |high|). Ratios beyond
+  F either way are ruled out; inf when the interval reaches the grid's edge, NaN when either
+  transition lies beyond its probes."""
+  if fit(*a) is None or fit(*b) is None:
+    return math.nan
+  shifts, ll = log_ratio_profile(a, b)
+  inside = np.flatnonzero(ll >= ll.max() - EQUIVALENCE_CUTOFF)
+  if inside[0] == 0 or inside[-1] == len(ll) - 1:
+    return math.inf
+  return float(10 ** max(abs(shifts[inside[0]]), abs(shifts[inside[-1]])))
+
+
+def interaction_lrt(first: tuple, other: tuple) -> tuple[float, float, float]:
+  """Does a pair's log ratio of 50% points differ between two settings (e.g. float16 and
+  float32)? `first` and `other` are ((log_lr, failed) of arm a, of arm b) in each. The
+  likelihood-ratio test of one log ratio for both settings (each arm's center and slope free
+  otherwise): (the fitted interaction, the ratio of the two ratios; statistic; p on chi2(1)).
+  NaN when a transition lies beyond its probes."""
+  if any(fit(*arm) is None for arm in (*first, *other)):
+    return math.nan, math.nan, math.nan
+  centers = _common_grid(*first, *other)
+  ll_first = _shift_profile(profile(*first[0], centers), profile(*first[1], centers))
+  ll_other = _shift_profile(profile(*other[0], centers), profile(*other[1], centers))
+  shifts = np.arange(-(len(centers) - 1), len(centers)) * GRID_STEP
+  statistic = max(0.0, 2 * float(ll_first.max() + ll_other.max() - (ll_first + ll_other).max()))
+  interaction = shifts[np.argmax(ll_first)] - shifts[np.argmax(ll_other)]
+  return float(10 ** interaction), statistic, float(scipy_stats.chi2.sf(statistic, 1))
