@@ -329,3 +329,20 @@ def test_the_interaction_of_two_searches_is_the_likelihood_ratio_of_one_log_rati
   assert table.p_lrt_holm.min() == pytest.approx(min(1.0, 3 * ranked[0]))
 
 
+
+
+def test_the_committed_search_re_derives_from_its_tables_byte_for_byte(tmp_path):
+  """docs/survival's critical_lr.csv and critical_lr_tests.csv are what --from_tables writes from
+  its critical_lr_points.csv and runs.csv: the committed numbers are reproducible without the
+  runs' records."""
+  import shutil
+  source = os.path.join(runs.REPO, "docs", "survival")
+  for name in ("critical_lr_points.csv", "runs.csv"):
+    shutil.copy(os.path.join(source, name), tmp_path / name)
+  result = runs.run_inline("normstudy.analyze", f"--workdir={tmp_path}", "--from_tables")
+  assert "critical_lr_tests:" in result.stdout
+  for name in ("critical_lr.csv", "critical_lr_tests.csv"):
+    assert (tmp_path / name).read_bytes() == open(os.path.join(source, name), "rb").read(), name
+  refused = runs.run_module("normstudy.analyze", f"--workdir={tmp_path / 'none'}",
+                            "--from_tables", check=False)
+  assert refused.returncode == 2 and "Traceback" not in refused.stderr

@@ -371,7 +371,7 @@ def probes_table(workdir: str) -> pd.DataFrame:
   status; its failure rule's outcome where recorded). NoRunsError without either."""
   path = os.path.join(workdir, schema.RUN_TABLE)
   if os.path.exists(path):
-    return pd.read_csv(path, keep_default_na=False, na_values=[""]).fillna({"group": ""})
+    return read_table(path)
   record = rundir_json(os.path.join(workdir, schema.SWEEP))
   if not record.get("runs"):
     raise runs_lib.NoRunsError(f"{workdir!r} holds neither runs.csv nor a sweep.json with runs")
@@ -393,6 +393,14 @@ def probes_table(workdir: str) -> pd.DataFrame:
   return pd.DataFrame(rows)
 
 
+def read_table(path: str) -> pd.DataFrame:
+  """A committed table, its `group` column text ("" where a search has no other axes)."""
+  table = pd.read_csv(path, dtype={"group": str})
+  if "group" in table:
+    table["group"] = table["group"].fillna("")
+  return table
+
+
 def rundir_json(path: str) -> dict:
   from normstudy.records import rundir
   return rundir.read_json(path)
@@ -408,7 +416,7 @@ def from_tables(workdir: str) -> dict:
   if not os.path.exists(points_path):
     raise runs_lib.NoRunsError(f"{workdir!r} holds no critical_lr_points.csv: --from_tables "
                                "needs an analysed search's tables")
-  points = pd.read_csv(points_path, keep_default_na=False, na_values=[""]).fillna({"group": ""})
+  points = read_table(points_path)
   runs = probes_table(workdir)
   outputs = {"critical_lr": os.path.join(workdir, "critical_lr.csv"),
              "critical_lr_tests": os.path.join(workdir, "critical_lr_tests.csv")}

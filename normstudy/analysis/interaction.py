@@ -119,8 +119,7 @@ def from_tables(first_dir: str, other_dir: str) -> dict:
   """interaction.csv and .md written again from the two searches' tables
   (critical_lr_points.csv and runs.csv each: critical_lr.from_tables's inputs)."""
   def tables(directory):
-    read = lambda name: pd.read_csv(os.path.join(directory, name), keep_default_na=False,  # noqa
-                                    na_values=[""]).fillna({"group": ""})
-    return read("critical_lr_points.csv"), critical_lr.probes_table(directory)
+    return (critical_lr.read_table(os.path.join(directory, "critical_lr_points.csv")),
+            critical_lr.probes_table(directory))
   (first, first_runs), (other, other_runs) = tables(first_dir), tables(other_dir)
   return write(first, other, first_runs, other_runs, first_dir, other_dir)
