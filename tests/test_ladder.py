@@ -264,3 +264,23 @@ def test_rungs_exactly_on_a_line_keep_their_own_measurement_error():
   # The residual SD wins where it is the larger.
   noisy = lrs * 10 ** np.array([0.2, -0.2, 0.2, -0.2])
   assert ladder.fit(WIDTHS, noisy, own).sd == ladder.fit(WIDTHS, noisy).residual_sd
+
+
+def test_the_held_out_rung_says_what_a_flat_law_would_have_predicted():
+  # A flat law: the other rungs' mean log10 rate with the t prediction interval of a new
+  # observation, sd * sqrt(1 + 1/n) * t(0.975, n - 1), computed here by hand.
+  sizes = np.array([16, 32, 64, 128])
+  lrs = np.array([0.30, 0.21, 0.16, 0.10])
+  got = ladder.heldout(sizes, lrs)
+  logs = np.log10(lrs[:3])
+  half = scipy_stats.t.ppf(0.975, 2) * logs.std(ddof=1) * math.sqrt(1 + 1 / 3)
+  assert got["flat_predicted"] == pytest.approx(10 ** logs.mean())
+  assert (got["flat_low"], got["flat_high"]) == (pytest.approx(10 ** (logs.mean() - half)),
+                                                 pytest.approx(10 ** (logs.mean() + half)))
+  assert got["flat_inside"] == (got["flat_low"] <= 0.10 <= got["flat_high"])
+  # Why the check matters: on 4 evenly spaced rungs a noise-free line of any slope leaves its
+  # largest rung 2 steps from the others' mean, inside the flat law's t(0.975, 2) x 1 step x
+  # sqrt(4/3) = 4.97 steps: the flat law passes every such held-out test too.
+  for slope in (-0.3, -1.0, -3.0):
+    line = ladder.heldout(sizes, 10 ** (-0.5 + slope * np.log10(sizes / 16)))
+    assert line["flat_inside"]

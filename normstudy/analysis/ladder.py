@@ -12,7 +12,10 @@ with one variance, fitted by least squares (`fit`). Its checks:
             Linear Regression Analysis, section 2.5), and says whether the measured value falls
             inside; with 3 rungs left the interval has 1 degree of freedom and is wide, as it
             should be (tests/test_ladder.py: coverage of the true value in a simulated ladder
-            with a known power law)
+            with a known power law). Beside it, what a flat law (no size effect: the mean of
+            the other rungs, its t prediction interval with n - 1 degrees of freedom) predicts
+            for the same rung and whether it would also pass: a held-out test that both laws
+            pass does not tell a size effect from none
   interaction `interaction`: two arms measured at the same rungs, whether their ratio changes
             with size: the least-squares slope of log10(critical_lr_a / critical_lr_b) against
             log10 size, its t-test against 0 (n - 2 degrees of freedom)
@@ -40,7 +43,8 @@ LEVEL = 0.95
 LADDER_COLUMNS = list(schema.LADDER_COLUMNS)
 FIT_COLUMNS = ["arm", "dtype", "axis", "slope", "slope_low", "slope_high", "heldout_predicted",
                "heldout_low", "heldout_high", "heldout_measured", "heldout_inside", "rungs",
-               "intercept", "residual_sd", "interval_sd"]
+               "intercept", "residual_sd", "interval_sd", "flat_predicted", "flat_low",
+               "flat_high", "flat_inside"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +124,31 @@ def heldout(sizes, critical_lrs, measured_sd=None) -> dict:
   predicted, low, high = fit(sizes[rest], lrs[rest], floor).prediction(sizes[largest])
   measured = float(lrs[largest])
   inside = bool(low <= measured <= high) if np.isfinite(low) else None
+  flat = flat_prediction(lrs[rest], floor)
   return {"predicted": predicted, "low": low, "high": high, "measured": measured,
-          "inside": inside}
+          "inside": inside, "flat_predicted": flat[0], "flat_low": flat[1],
+          "flat_high": flat[2],
+          "flat_inside": bool(flat[1] <= measured <= flat[2]) if np.isfinite(flat[1]) else None}
+
+
+def flat_prediction(critical_lrs, measured_sd=None) -> tuple[float, float, float]:
+  """What a law without a size effect predicts for a new rung: (the geometric mean of
+  `critical_lrs`, low, high), the 95% t prediction interval of a new observation around the mean
+  of their log10 values (n - 1 degrees of freedom), its scatter floored by the rungs' own
+  measurement SD as `fit`'s is."""
+  y = np.log10(np.asarray(critical_lrs, dtype=float))
+  n = len(y)
+  centre = float(y.mean())
+  if n < 2:
+    return 10 ** centre, math.nan, math.nan
+  sd = float(y.std(ddof=1))
+  if measured_sd is not None:
+    known = np.asarray(measured_sd, dtype=float)
+    known = known[np.isfinite(known)]
+    if len(known):
+      sd = max(sd, float(math.sqrt(np.mean(known ** 2))))
+  half = scipy_stats.t.ppf(0.5 + LEVEL / 2, n - 1) * sd * math.sqrt(1 + 1 / n)
+  return 10 ** centre, 10 ** (centre - half), 10 ** (centre + half)
 
 
 def interaction(sizes, critical_lrs_a, critical_lrs_b, measured_sd=None) -> dict:
@@ -178,14 +205,17 @@ def fit_table(ladder: pd.DataFrame) -> pd.DataFrame:
       line = fit(rows[axis], rows.critical_lr, own)
       held = (heldout(rows[axis].to_numpy(), rows.critical_lr.to_numpy(), own) if len(rows) >= 3
               else {"predicted": math.nan, "low": math.nan, "high": math.nan,
-                    "measured": math.nan, "inside": None})
+                    "measured": math.nan, "inside": None, "flat_predicted": math.nan,
+                    "flat_low": math.nan, "flat_high": math.nan, "flat_inside": None})
       out.append({"arm": arm, "dtype": dtype, "axis": axis, "slope": line.slope,
                   "slope_low": line.slope_low, "slope_high": line.slope_high,
                   "heldout_predicted": held["predicted"], "heldout_low": held["low"],
                   "heldout_high": held["high"], "heldout_measured": held["measured"],
                   "heldout_inside": held["inside"], "rungs": len(rows),
                   "intercept": line.intercept, "residual_sd": line.residual_sd,
-                  "interval_sd": line.sd})
+                  "interval_sd": line.sd, "flat_predicted": held["flat_predicted"],
+                  "flat_low": held["flat_low"], "flat_high": held["flat_high"],
+                  "flat_inside": held["flat_inside"]})
   return pd.DataFrame(out, columns=FIT_COLUMNS)
 
 
