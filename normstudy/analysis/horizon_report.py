@@ -91,6 +91,13 @@ def data_of(rows: pd.DataFrame) -> law_lib.Data:
   return law_lib.Data.of(rows.learning_rate, np.maximum(rows.time, 1.0), rows.failed)
 
 
+def law_arms(plan: dict, runs: pd.DataFrame) -> list:
+  """The arms a law is fitted to, in order: the declared law arms, then the weight decays' (one
+  family for all of them, chosen over all: the prediction and the report choose alike)."""
+  present = set(runs.arm)
+  return [arm for arm in dict.fromkeys([*plan["arms"], *plan["decay_arms"]]) if arm in present]
+
+
 def fit_laws(runs: pd.DataFrame, arms) -> tuple:
   """(the law chosen by the summed likelihood over `arms`, {law: summed log-likelihood},
   {arm: Law}); arms whose failures cannot place a law are left out."""
@@ -290,7 +297,7 @@ def predict(workdir: str) -> pd.DataFrame:
     return pd.read_csv(path)
   plan = read_plan(workdir)
   _, runs = runs_table(os.path.join(workdir, FIT))
-  _, _, laws = fit_laws(runs, plan["arms"])
+  _, _, laws = fit_laws(runs, law_arms(plan, runs))
   missing = [arm for arm in plan["heldout"]["arms"] if arm not in laws]
   if missing:
     raise ValueError(f"no law for held-out arm(s) {', '.join(missing)}: too few failures")
@@ -345,8 +352,7 @@ def analyze(workdir: str) -> dict:
   plan = read_plan(workdir)
   loaded, runs = runs_table(os.path.join(workdir, FIT))
   labels = {arm: rows.arm_label.iloc[0] for arm, rows in runs.groupby("arm", sort=False)}
-  arms = [a for a in dict.fromkeys([*plan["arms"], *plan["decay_arms"]]) if a in labels]
-  chosen, totals, laws = fit_laws(runs, arms)
+  chosen, totals, laws = fit_laws(runs, law_arms(plan, runs))
   floors = {arm: law_lib.fit_floor(fitted.data, chosen) for arm, fitted in laws.items()}
   fits = fit_table(runs, laws, totals, floors, labels)
   longest = {arm: float(runs[runs.arm == arm].num_steps.max()) for arm in laws}
@@ -509,11 +515,16 @@ def _drift_text(tables, labels) -> str:
                "runs)")
     if len(pred) and pred.failed_predicted.iloc[0]:
       p = pred.iloc[0]
-      text += (f"; the first quarter's line predicts the failure step within a median factor "
-               f"{10 ** abs(p.log10_ratio_median):.2f} ({'late' if p.log10_ratio_median > 0 else 'early'}; "
-               f"log10 ratio IQR {p.log10_ratio_q1:.2f} to {p.log10_ratio_q3:.2f}, "
-               f"Spearman rho {p.spearman:.2f}, p = {stats.format_p(p.spearman_p)}, "
-               f"n = {p.failed_predicted})")
+      if np.isfinite(p.log10_ratio_median):
+        text += (f"; the first quarter's line puts the failure step a median factor "
+                 f"{10 ** abs(p.log10_ratio_median):.2f} "
+                 f"{'late' if p.log10_ratio_median > 0 else 'early'} (log10 ratio IQR "
+                 f"{p.log10_ratio_q1:.2f} to {p.log10_ratio_q3:.2f}; Spearman's rho of "
+                 f"predicted and observed {p.spearman:.2f}, p = {stats.format_p(p.spearman_p)}, "
+                 f"n = {p.failed_predicted} failed runs)")
+      else:
+        text += (f"; in its first quarter the series does not rise in any of the "
+                 f"{p.failed_predicted} runs that failed later, so the quarter predicts nothing")
     lines.append(text + ".")
   return "\n".join(lines)
 
@@ -533,8 +544,10 @@ def _decay_text(fits, tests, labels, plan) -> str:
                  f"({_interval(r.floor_low, r.floor_high)}); a floor > 0 "
                  + floor.verdict.replace("different", "separated") + ".")
   for r in tests[tests.family == "tau"].itertuples():
-    lines.append(f"- {r.test}: estimate {r.estimate:.2f} per decade of wd (tau scaling: "
-                 f"{-math.log(10):.2f}); {r.verdict}.")
+    held = "rejected" if r.p_holm < stats.ALPHA else "not rejected"
+    lines.append(f"- {r.test.replace('likelihood-ratio test: ', 'Is the ')}? The fitted "
+                 f"coefficient of log10(wd) in ln T is {r.estimate:.2f} (tau scaling: "
+                 f"{-math.log(10):.2f}; none: 0); {held} ({r.verdict.split(' (', 1)[1]}.")
   for r in tests[(tests.family == "weight decay") & tests.test.str.contains("one law")
                  ].itertuples():
     lines.append(f"- {decays[r.arm_a]:g} against {decays[r.arm_b]:g}: {r.verdict}.")
