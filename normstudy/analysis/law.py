@@ -138,12 +138,25 @@ def log_likelihood(law: str, log_t, event, mu, log_sigma):
   # tight or that loose is no law of these runs).
   log_sigma = np.clip(log_sigma, -12.0, 6.0)
   sigma = np.exp(log_sigma)
-  z = (log_t - mu) / sigma
-  terms, dz = _terms(law, z, event)
-  value = terms - np.where(event, log_sigma + log_t, 0.0)
-  d_mu = -dz / sigma
-  d_log_sigma = -dz * z - np.where(event, 1.0, 0.0)
+  # A trial point far from the optimum can overflow (a tiny sigma puts z near 1e6): its value
+  # is then -inf, which an optimiser's line search steps back from, without numpy's warnings.
+  with np.errstate(over="ignore", invalid="ignore"):
+    z = (log_t - mu) / sigma
+    terms, dz = _terms(law, z, event)
+    value = terms - np.where(event, log_sigma + log_t, 0.0)
+    d_mu = -dz / sigma
+    d_log_sigma = -dz * z - np.where(event, 1.0, 0.0)
   return value, d_mu, d_log_sigma
+
+
+def _objective(value, grad):
+  """(negative log-likelihood, its gradient) for an optimiser: a non-finite point becomes a very
+  large finite one (BFGS steps back from it)."""
+  with np.errstate(over="ignore", invalid="ignore"):
+    total = -float(np.sum(value))
+  if not np.isfinite(total) or not np.all(np.isfinite(grad)):
+    return 1e300, np.zeros_like(grad)
+  return total, grad
 
 
 def fit_design(law: str, design, log_t, event, groups=None, fixed_sigma=None, start=None):
@@ -164,18 +177,20 @@ def fit_design(law: str, design, log_t, event, groups=None, fixed_sigma=None, st
   def negative(theta):
     beta, log_sigmas = split(theta)
     value, d_mu, d_ls = log_likelihood(law, log_t, event, design @ beta, log_sigmas[groups])
-    grad = -(design.T @ d_mu)
-    if free_sigma:
-      grad = np.concatenate([grad, -np.bincount(groups, d_ls, minlength=k)])
-    return -float(value.sum()), grad
+    with np.errstate(over="ignore", invalid="ignore"):
+      grad = -(design.T @ d_mu)
+      if free_sigma:
+        grad = np.concatenate([grad, -np.bincount(groups, d_ls, minlength=k)])
+    return _objective(value, grad)
 
   if start is None:
     beta0, *_ = np.linalg.lstsq(design, log_t, rcond=None)
     spread = float(np.std(log_t - design @ beta0)) or 0.5
     start = np.concatenate([beta0, np.full(k, math.log(max(spread, 0.05)))]) if free_sigma \
         else beta0
-  result = optimize.minimize(negative, np.asarray(start, dtype=float), jac=True,
-                             method="BFGS", options={"gtol": 1e-7, "maxiter": 500})
+  with np.errstate(over="ignore", invalid="ignore"):  # the line search's trial steps
+    result = optimize.minimize(negative, np.asarray(start, dtype=float), jac=True,
+                               method="BFGS", options={"gtol": 1e-7, "maxiter": 500})
   beta, log_sigmas = split(result.x)
   return beta, log_sigmas, -float(result.fun)
 
@@ -228,12 +243,14 @@ class Law:
       mu = log_t0 - sigma * w0 + b * (d.x - x0)
       value, d_mu, d_ls = log_likelihood(self.law, log_t, d.event, mu, log_sigma)
       # mu depends on log sigma through -sigma w0.
-      grad_b = float(np.sum(d_mu * (d.x - x0)))
-      grad_ls = float(np.sum(d_ls) + np.sum(d_mu) * (-sigma * w0))
-      return -float(value.sum()), -np.array([grad_b, grad_ls])
+      with np.errstate(over="ignore", invalid="ignore"):
+        grad_b = float(np.sum(d_mu * (d.x - x0)))
+        grad_ls = float(np.sum(d_ls) + np.sum(d_mu) * (-sigma * w0))
+      return _objective(value, -np.array([grad_b, grad_ls]))
 
-    result = optimize.minimize(negative, np.array([self.b, math.log(self.sigma)]), jac=True,
-                               method="BFGS", options={"gtol": 1e-7, "maxiter": 300})
+    with np.errstate(over="ignore", invalid="ignore"):  # the line search's trial steps
+      result = optimize.minimize(negative, np.array([self.b, math.log(self.sigma)]), jac=True,
+                                 method="BFGS", options={"gtol": 1e-7, "maxiter": 300})
     return -float(result.fun)
 
   def _interval(self, profile, estimate: float, scale: float):
