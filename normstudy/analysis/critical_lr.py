@@ -304,8 +304,10 @@ def observations(by_arm: pd.DataFrame, compared: pd.DataFrame, by_horizon: pd.Da
                  f"{row.seeds} seeds' brackets, at most {row.bracket_decades:.2f} decades wide, "
                  f"spread {row.spread_decades:.2f} decades"
                  + (f"; {row.beyond} seed(s) beyond the brackets" if row.beyond else "") + ".")
+  probes = dict(zip(zip(by_arm.group, by_arm.arm), by_arm.probes))
   for _, row in compared.iterrows():
-    n = f"{row.n_a} and {row.n_b} seeds' probes"
+    n = (f"{probes.get((row.group, row.arm_a), 'the')} and "
+         f"{probes.get((row.group, row.arm_b), 'the')} probes of {row.n_a} and {row.n_b} seeds")
     text = stats.verdict_holm(LRT, n, row.p_lrt, row.p_lrt_holm)
     exact = (f"; exact paired permutation test on the seeds' midpoints p = "
              f"{stats.format_p(row.p_exact)}, Holm-adjusted {stats.format_p(row.p_exact_holm)}"
@@ -420,6 +422,35 @@ def from_tables(workdir: str) -> dict:
   runs = probes_table(workdir)
   outputs = {"critical_lr": os.path.join(workdir, "critical_lr.csv"),
              "critical_lr_tests": os.path.join(workdir, "critical_lr_tests.csv")}
-  table(points, runs).to_csv(outputs["critical_lr"], index=False)
-  tests(points, runs).to_csv(outputs["critical_lr_tests"], index=False)
+  by_arm, compared = table(points, runs), tests(points, runs)
+  by_arm.to_csv(outputs["critical_lr"], index=False)
+  compared.to_csv(outputs["critical_lr_tests"], index=False)
+  observations_path = os.path.join(workdir, "observations.md")
+  horizon_paths = [os.path.join(workdir, f"critical_lr_horizon{s}.csv") for s in ("s", "_tests")]
+  if os.path.exists(observations_path):
+    by_horizon, horizon_tests = (read_table(path) if os.path.exists(path) else pd.DataFrame()
+                                 for path in horizon_paths)
+    text = observations(by_arm, compared, by_horizon, horizon_tests)
+    if _replace_section(observations_path, text):
+      outputs["observations"] = observations_path
   return outputs
+
+
+SECTION = "## Critical learning rate (search)\n\n"
+
+
+def _replace_section(path: str, text: str) -> bool:
+  """Replaces the critical learning rate's paragraphs of an observations.md (from its heading to
+  the outcomes' paragraph or the next section) with `text`; False when it has no such section."""
+  with open(path, encoding="utf-8") as f:
+    held = f.read()
+  start = held.find(SECTION)
+  if start < 0:
+    return False
+  body = start + len(SECTION)
+  ends = [i for i in (held.find("\n\nHow the runs ended", body), held.find("\n## ", body))
+          if i >= 0]
+  end = min(ends) if ends else len(held)
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(held[:body] + text + held[end:])
+  return True
