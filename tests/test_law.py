@@ -213,3 +213,18 @@ def test_data_are_checked():
     law.Data.of([0.1], [0], [True])
   with pytest.raises(ValueError, match="a law needs failures at 2 or more"):
     law.fit(law.Data.of([0.1, 0.1, 0.01], [5, 7, 100], [True, True, False]))
+
+
+def test_held_out_runs_that_outlive_the_law_are_a_shift_and_those_that_follow_it_are_not():
+  rng = np.random.default_rng(17)
+  fitted = _world(1.0, -4.0, 0.25, "lognormal", rng, horizon=960)
+  same = _world(1.0, -4.0, 0.25, "lognormal", rng, horizon=1920, lrs=LRS[1:4])
+  longer = _world(2.5, -4.0, 0.25, "lognormal", rng, horizon=1920, lrs=LRS[1:4])
+  delta, _, p_longer = law.shift_lrt(fitted, longer, "lognormal")
+  assert p_longer < 0.01 and delta > 0.5
+  assert law.shift_lrt(fitted, same, "lognormal")[2] > 0.05
+  # Its level over worlds where the held-out runs follow the fitted law.
+  ps = [law.shift_lrt(_world(1.0, -4.0, 0.25, "lognormal", rng, 960),
+                      _world(1.0, -4.0, 0.25, "lognormal", rng, 1920, lrs=LRS[1:4]),
+                      "lognormal")[2] for _ in range(60)]
+  assert sum(p < 0.05 for p in ps) <= 8  # 3 expected; binomial P(>= 9) < 0.01
