@@ -379,7 +379,8 @@ def analyze(workdir: str) -> dict:
   for name, frame in tables.items():
     outputs[name] = os.path.join(workdir, f"{name}.csv")
     frame.to_csv(outputs[name], index=False)
-  outputs["figure"] = plot(runs, laws, tables, labels, os.path.join(workdir, "drift.png"))
+  outputs["figure"] = plot(runs, laws, tables, labels, os.path.join(workdir, "drift.png"),
+                           heldout)
   text = observations(runs, heldout, chosen, totals, tables, labels, plan, prediction)
   outputs["observations"] = os.path.join(workdir, "drift.md")
   with open(outputs["observations"], "w", encoding="utf-8") as f:
@@ -390,9 +391,11 @@ def analyze(workdir: str) -> dict:
 # --- The figure and the observations.
 
 
-def plot(runs: pd.DataFrame, laws: dict, tables: dict, labels: dict, path: str) -> str:
+def plot(runs: pd.DataFrame, laws: dict, tables: dict, labels: dict, path: str,
+         heldout: pd.DataFrame | None = None) -> str:
   """drift.png: (left) each run's failure step against its learning rate, survivors as open
-  marks at their end, with each arm's fitted median T50(lr); (middle) lr*(H) against the
+  marks at their end (triangles: the fit's runs; squares: the held-out runs), with each arm's
+  fitted median T50(lr); (middle) lr*(H) against the
   horizon with its 95% band, MERT's rate and 100K steps marked; (right) the killing series'
   slope per 100 steps against the learning rate."""
   import matplotlib
@@ -409,6 +412,12 @@ def plot(runs: pd.DataFrame, laws: dict, tables: dict, labels: dict, path: str) 
     axes[0].scatter(alive.learning_rate, alive.time, s=22, facecolors="none", edgecolors=color,
                     marker="^")
     axes[0].plot(lr_grid, fitted.median_time(lr_grid), color=color, label=labels[arm], lw=1.2)
+    if heldout is not None and len(heldout):
+      held = heldout[heldout.arm == arm]
+      axes[0].scatter(held[held.failed].learning_rate, held[held.failed].time, s=18,
+                      color=color, marker="s")
+      axes[0].scatter(held[~held.failed].learning_rate, held[~held.failed].time, s=26,
+                      facecolors="none", edgecolors=color, marker="s")
     critical = tables["critical_lr_law"]
     rows = critical[critical.arm == arm]
     horizons = np.geomspace(100, MERT_STEPS, 60)
@@ -423,7 +432,7 @@ def plot(runs: pd.DataFrame, laws: dict, tables: dict, labels: dict, path: str) 
   axes[0].axvline(MERT_LR, color="gray", ls=":", lw=1)
   axes[0].axhline(MERT_STEPS, color="gray", ls=":", lw=1)
   axes[0].set_xlabel("learning rate")
-  axes[0].set_ylabel("failure step (open: alive at its end) and fitted median T50")
+  axes[0].set_ylabel("failure step (open: alive at its end; squares held out), fitted T50")
   axes[0].set_ylim(5, 3e6)
   axes[0].legend(fontsize=7, loc="upper right")
   axes[1].axhline(MERT_LR, color="gray", ls=":", lw=1, label="MERT's lr 1.5e-3")
