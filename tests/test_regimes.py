@@ -120,11 +120,13 @@ def test_outcomes_count_every_run_that_ended_once():
       for lr, kind, recoveries in [
           (1.0, "halted: loss scale", 0), (0.9, "halted: non-finite", 0),
           (0.8, "diverged: non-finite", 1), (0.7, "diverged: loss up", 0),
-          (0.5, "not learning", 2), (0.4, "not learning", 1), (0.1, "learning", 0),
-          (0.2, "unfinished", 0)]])
+          (0.6, "in trouble", 0), (0.5, "not learning", 2), (0.4, "not learning", 1),
+          (0.1, "learning", 0), (0.2, "unfinished", 0)]])
   table = outcomes.table(runs).set_index("outcome")
   assert list(table.index) == list(outcomes.CLASSES)
-  assert list(table.runs) == [1, 1, 1, 1, 2, 1, 0]  # the unfinished run is in no class
+  # Each class once, "in trouble" (ended inside a short non-finite stretch) among them; the
+  # unfinished run is in no class.
+  assert list(table.runs) == [1, 1, 1, 1, 1, 2, 1, 0]
   assert (table.loc["not learning", "lr_min"], table.loc["not learning", "lr_max"]) == (0.4, 0.5)
   assert table.loc["not learning", "recoveries"] == 3 and table.threshold.iloc[0] == 3.0
   text = outcomes.observations(table.reset_index())
