@@ -448,7 +448,7 @@ def _replace_section(path: str, text: str) -> bool:
   if start < 0:
     return False
   body = start + len(SECTION)
-  ends = [i for i in (held.find("\n\nHow the runs ended", body), held.find("\n## ", body))
+  ends = [i for i in (held.find("\n\nHow the runs ended", body), held.find("\n\n## ", body))
           if i >= 0]
   end = min(ends) if ends else len(held)
   with open(path, "w", encoding="utf-8") as f:
