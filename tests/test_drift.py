@@ -89,6 +89,12 @@ def _plan(arms, decays, heldout_arms, steps=200, heldout_steps=400):
                       "fractions": [0.2, 0.5, 0.8]}, "commands": []}
 
 
+@pytest.fixture(autouse=True)
+def fewer_draws(monkeypatch):
+  """The held-out shift test's bootstrap at 200 draws: its calibration is test_law.py's."""
+  monkeypatch.setattr(horizon_report, "SHIFT_DRAWS", 200)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
   root = str(tmp_path_factory.mktemp("drift"))

@@ -228,3 +228,22 @@ def test_held_out_runs_that_outlive_the_law_are_a_shift_and_those_that_follow_it
                       _world(1.0, -4.0, 0.25, "lognormal", rng, 1920, lrs=LRS[1:4]),
                       "lognormal")[2] for _ in range(60)]
   assert sum(p < 0.05 for p in ps) <= 8  # 3 expected; binomial P(>= 9) < 0.01
+
+
+def test_the_bootstrap_calibrates_the_shift_test_where_chi2_cannot():
+  # Every held-out run survived: the shifted law's maximum is at an infinite shift. Under the
+  # null (held-out runs from the fitted law) the bootstrap p is about uniform: it keeps its level.
+  rng = np.random.default_rng(23)
+  ps = []
+  for _ in range(12):
+    fitted = _world(1.0, -4.0, 0.25, "weibull", rng, horizon=960)
+    held = _world(1.0, -4.0, 0.25, "weibull", rng, horizon=1920, lrs=LRS[:2])
+    _, statistic, p_chi2, p = law.shift_lrt_bootstrap(fitted, held, "weibull", draws=60, seed=1)
+    assert statistic == pytest.approx(law.shift_lrt(fitted, held, "weibull")[1])
+    assert 1 / 61 <= p <= 1
+    ps.append(p)
+  assert sum(p < 0.05 for p in ps) <= 3
+  # A held-out set that plainly outlives the law is separated by it too.
+  fitted = _world(1.0, -4.0, 0.25, "weibull", rng, horizon=960)
+  longer = _world(3.0, -4.0, 0.25, "weibull", rng, horizon=1920, lrs=LRS[2:5])
+  assert law.shift_lrt_bootstrap(fitted, longer, "weibull", draws=100)[3] < 0.05

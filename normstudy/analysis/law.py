@@ -486,3 +486,31 @@ def shift_lrt(fitted: Data, heldout: Data, law: str) -> tuple[float, float, floa
                                 log_t, event)
   statistic = max(0.0, 2 * (shifted - one))
   return float(beta[2]), statistic, float(scipy_stats.chi2.sf(statistic, 1))
+
+
+def shift_lrt_bootstrap(fitted: Data, heldout: Data, law: str, draws: int = 1000,
+                        seed: int = 0) -> tuple[float, float, float, float]:
+  """shift_lrt calibrated by a parametric bootstrap: runs drawn from the one law fitted to both
+  sets, censored where each real run was planned to end (its set's longest time), the statistic
+  recomputed `draws` times; p = (1 + as large) / (1 + draws). When every held-out run survives,
+  the shifted law's maximum lies at an infinite shift and chi2(1) misstates the statistic's law
+  (it was anti-conservative on the drift runs: 0.018 against 0.030). Returns (delta, statistic,
+  chi2 p, bootstrap p)."""
+  delta, observed, p_chi2 = shift_lrt(fitted, heldout, law)
+  x, log_t, event, groups = _joined([fitted, heldout])
+  beta, log_sigmas, _ = fit_design(law, np.column_stack([np.ones(len(x)), x]), log_t, event)
+  sigma = math.exp(log_sigmas[0])
+  ends = np.where(groups == 0, fitted.t.max(), heldout.t.max())
+  rng = np.random.default_rng(seed)
+  larger = done = 0
+  while done < draws:
+    w = (rng.standard_normal(len(x)) if law == "lognormal"
+         else np.log(rng.exponential(size=len(x))))
+    t = np.exp(beta[0] + beta[1] * x + sigma * w)
+    failed = t <= ends
+    t = np.where(failed, np.maximum(t, 1e-9), ends)
+    a = Data(x[groups == 0], t[groups == 0], failed[groups == 0])
+    b = Data(x[groups == 1], t[groups == 1], failed[groups == 1])
+    done += 1
+    larger += shift_lrt(a, b, law)[1] >= observed - 1e-9
+  return delta, observed, p_chi2, (1 + larger) / (1 + draws)
