@@ -50,6 +50,7 @@ import pandas as pd
 from normstudy.analysis import runs as runs_lib
 from normstudy.analysis import stats
 from normstudy.analysis import transition
+from normstudy.records import rundir
 from normstudy.records import schema
 
 SEED_FIELD = "train.seed"
@@ -374,7 +375,7 @@ def probes_table(workdir: str) -> pd.DataFrame:
   path = os.path.join(workdir, schema.RUN_TABLE)
   if os.path.exists(path):
     return read_table(path)
-  record = rundir_json(os.path.join(workdir, schema.SWEEP))
+  record = rundir.read_json(os.path.join(workdir, schema.SWEEP))
   if not record.get("runs"):
     raise runs_lib.NoRunsError(f"{workdir!r} holds neither runs.csv nor a sweep.json with runs")
   rows = []
@@ -401,11 +402,6 @@ def read_table(path: str) -> pd.DataFrame:
   if "group" in table:
     table["group"] = table["group"].fillna("")
   return table
-
-
-def rundir_json(path: str) -> dict:
-  from normstudy.records import rundir
-  return rundir.read_json(path)
 
 
 def from_tables(workdir: str) -> dict:

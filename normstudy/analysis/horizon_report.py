@@ -123,8 +123,7 @@ def critical_table(laws: dict, longest: dict) -> pd.DataFrame:
                                      "extrapolated", "law"])
 
 
-def fit_table(runs: pd.DataFrame, laws: dict, totals: dict, floors: dict,
-              labels: dict) -> pd.DataFrame:
+def fit_table(runs: pd.DataFrame, laws: dict, floors: dict, labels: dict) -> pd.DataFrame:
   """law_fit.csv (module docstring)."""
   rows = []
   for arm, fitted in laws.items():
@@ -146,7 +145,6 @@ def fit_table(runs: pd.DataFrame, laws: dict, totals: dict, floors: dict,
         "floor_p": floor.p})
   frame = pd.DataFrame(rows)
   frame["floor_p_holm"] = stats.holm(frame.floor_p.tolist())
-  frame.attrs["totals"] = totals
   return frame
 
 
@@ -368,7 +366,7 @@ def analyze(workdir: str) -> dict:
   labels = {arm: rows.arm_label.iloc[0] for arm, rows in runs.groupby("arm", sort=False)}
   chosen, totals, laws = fit_laws(runs, law_arms(plan, runs))
   floors = {arm: law_lib.fit_floor(fitted.data, chosen) for arm, fitted in laws.items()}
-  fits = fit_table(runs, laws, totals, floors, labels)
+  fits = fit_table(runs, laws, floors, labels)
   longest = {arm: float(runs[runs.arm == arm].num_steps.max()) for arm in laws}
   heldout_loaded, heldout = _heldout_runs(workdir, plan["heldout"]["arms"])
   tables = {"law_fit": fits, "critical_lr_law": critical_table(laws, longest),

@@ -422,8 +422,7 @@ def fit_floor(data: Data, law: str, points: int = 60) -> Floor:
   statistic = max(0.0, 2 * (maximum - without))
   p = 0.5 * float(scipy_stats.chi2.sf(statistic, 1)) if statistic > 0 else 1.0
   inside = grid[profile >= maximum - CUTOFF]
-  top_open = bool(profile[-1 if best != len(grid) - 1 else -2] >= maximum - CUTOFF) and \
-      inside.max() >= grid[points - 1]
+  top_open = inside.max() >= grid[points - 1]  # still inside at the grid's top: no upper end
   return Floor(floor=float(grid[best]), low=float(inside.min()),
                high=math.nan if top_open else float(inside.max()), loglik=maximum,
                loglik_without=float(without), statistic=statistic, p=p)

@@ -8,7 +8,6 @@ held-out arms, horizon, seeds and fractions, and every command it ran), so the a
 from it alone.
 """
 
-import json
 import os
 import shlex
 import subprocess
@@ -22,7 +21,7 @@ from normstudy.records import schema
 PLAN = schema.DRIFT_PLAN
 FIT = schema.DRIFT_FIT
 HELDOUT = schema.DRIFT_HELDOUT
-# What configs/drift.py must declare: name -> (what it is, check).
+# What configs/drift.py must declare: name -> what it is (checked by `experiment`).
 DECLARED = {
     "ARMS": "the law's arms (names of VARIANTS)",
     "DECAY_BASE": "the arm the weight decays vary (a name of VARIANTS)",
@@ -165,7 +164,3 @@ def train_heldout(plan: dict, workdir: str, rates: dict, workers: int, extra=(),
 def rates_of(prediction) -> dict:
   """{arm: [rates]} of a prediction table (horizon_prediction.csv)."""
   return {arm: [float(r) for r in rows.lr] for arm, rows in prediction.groupby("arm", sort=False)}
-
-
-def describe(plan: dict) -> str:
-  return json.dumps({k: v for k, v in plan.items() if k != "commands"})
