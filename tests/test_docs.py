@@ -169,3 +169,19 @@ def test_every_number_quoted_in_prose_is_its_csvs():
         expected = formatter.format("{value:" + spec + "}", value=value)
       assert number == expected, (doc, path, selector, column, number, expected)
   assert checked >= 50  # the survival and depth claims of README.md and docs/results.md
+
+
+def test_timing_history_is_one_table_and_the_guides_name_no_dates():
+  """Timings of sittings live in benchmarks/history.csv (date, commit, cpu, what, seconds);
+  docs/development.md and docs/throughput.md are guides and name no date."""
+  path = os.path.join(runs.REPO, "benchmarks", "history.csv")
+  with open(path, encoding="utf-8") as f:
+    rows = list(csv.DictReader(f))
+  assert rows and list(rows[0]) == ["date", "commit", "cpu", "what", "seconds"]
+  for row in rows:
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d", row["date"]), row
+    assert re.fullmatch(r"[0-9a-f]{7}|", row["commit"]), row
+    assert row["what"] and float(row["seconds"]) > 0, row
+  for name in ("development.md", "throughput.md"):
+    text = open(os.path.join(runs.REPO, "docs", name), encoding="utf-8").read()
+    assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", text), name
