@@ -38,6 +38,7 @@ LADDER_DIR ?= runs/ladder
 # e.g. LADDER_ARGS=--dtypes=float16 (one dtype), --sweep_arg=--workers=1
 LADDER_ARGS ?=
 LADDER_SENSITIVITY_DIR ?= runs/ladder_sensitivity
+LADDER_MUP_DIR ?= runs/ladder_mup
 SPIKE_HANDLING_DIR ?= runs/spike_handling
 SPIKE_FAILURE_DIR ?= runs/spike_failure
 DRIFT_DIR ?= runs/drift
@@ -53,7 +54,7 @@ LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0]
 
 .PHONY: install corpora tpu-aot study study-text sensitivity techniques survival survival-depth survival-grid speed \
 	survival-bf16 survival-fp32 survival-context speed-context attention depth test test-fast \
-	ladder ladder-sensitivity spike-handling spike-failure drift benchmark clean
+	ladder ladder-mup ladder-sensitivity spike-handling spike-failure drift benchmark clean
 
 install: $(STAMP)
 
@@ -155,6 +156,12 @@ depth: install
 # held-out largest rung and the extrapolation to MERT's 24 x 1024 (normstudy.ladder).
 ladder: corpora
 	$(PY) -m normstudy.ladder --config=configs/ladder.py --workdir=$(LADDER_DIR) $(LADDER_ARGS)
+
+# The ladder under parametrizations built for transfer (configs/ladder_mup.py): muP and u-muP on the
+# width rungs, CompleteP on the depth rungs, float16 and float32; ladder_parametrization.csv sets
+# each slope beside sp's from docs/ladder (normstudy.analysis.transfer).
+ladder-mup: corpora
+	$(PY) -m normstudy.ladder --config=configs/ladder_mup.py --workdir=$(LADDER_MUP_DIR) $(LADDER_MUP_ARGS)
 
 # Wortsman's learning-rate sensitivity on the ladder's rungs (configs/ladder_sensitivity.py): a
 # grid of learning rates x seeds per rung and arm on Shakespeare's plays, then

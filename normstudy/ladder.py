@@ -76,6 +76,19 @@ def main(argv):
                "params": ladder.parameters(model)}
     for name, path in analysis.analyze(table, targets, FLAGS.workdir).items():
       print(f"{name}: {path}")
+    transfer = ladder.recorded_transfer(FLAGS.workdir)
+    if transfer is not None:
+      from normstudy.analysis import transfer as transfer_analysis
+      if not os.path.isfile(transfer["reference"]):
+        raise errors.UserError(f"{FLAGS.workdir}/ladder.json compares with the sp ladder "
+                               f"{transfer['reference']}, which is not a file (run from the "
+                               "repository root, or make ladder)")
+      import pandas as pd
+      reference = pd.read_csv(transfer["reference"])
+      for name, path in transfer_analysis.analyze(
+          table, reference, transfer["arms"], ladder.arm_parametrizations(FLAGS.workdir),
+          targets, FLAGS.workdir).items():
+        print(f"{name}: {path}")
   if sensitive:
     from normstudy.analysis import ladder_sensitivity
     for name, path in ladder_sensitivity.analyze(sensitive, FLAGS.workdir).items():
@@ -88,14 +101,21 @@ def _train(ladder) -> None:
   from normstudy.experiments import grid
   from normstudy.records import rundir
   module = grid.load_config_module(FLAGS.config)
-  declared = ladder.ladder_spec(module, FLAGS.config)["dtypes"]
+  parts = ladder.ladder_parts(module, FLAGS.config, grid.load_config_module)
+  transfer = ladder.transfer_spec(module, FLAGS.config)
+  declared = sorted({d for _, path, part in parts for d in ladder.ladder_spec(part, path)["dtypes"]})
   unknown = [d for d in FLAGS.dtypes or () if d not in declared]
   if unknown:
     raise errors.UserError(f"--dtypes={','.join(FLAGS.dtypes)}: {', '.join(unknown)} is not "
                            f"among {FLAGS.config}'s LADDER_DTYPES ({', '.join(declared)})")
   rundir.check_writable(FLAGS.workdir, "--workdir")
-  rungs = ladder.plan_rungs(FLAGS.config, module, FLAGS.dtypes)
-  ladder.train_rungs(rungs, FLAGS.workdir, tuple(FLAGS.sweep_arg))
+  rungs = []
+  for name, path, part in parts:
+    own = ladder.ladder_spec(part, path)["dtypes"]
+    chosen = [d for d in FLAGS.dtypes if d in own] if FLAGS.dtypes else None
+    if chosen != []:
+      rungs += ladder.plan_rungs(path, part, chosen, name)
+  ladder.train_rungs(rungs, FLAGS.workdir, tuple(FLAGS.sweep_arg), transfer=transfer)
 
 
 if __name__ == "__main__":

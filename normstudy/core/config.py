@@ -75,6 +75,13 @@ _MODEL = (
        "Post-LN", ("a number in (0, 1)", lambda v: 0 < v < 1)),
     _f("model.peri_ln_embedding_norm", True, "peri_ln: its norm on the embedding output",
        "True or False"),
+    _f("model.base_width", 128, "parametrization mup, completep: the width at which they equal "
+       "sp's learning rates and logits (m_N = d_model / base_width)", _INT_1),
+    _f("model.base_depth", 4, "parametrization completep: the depth at which its branches are "
+       "sp's (m_L = num_layers / base_depth)", _INT_1),
+    _f("model.base_head_dim", 0, "parametrization mup, completep: the head width at which "
+       "their 1/d_head attention scale equals sp's 1/sqrt(d_head); 0: each model's own (heads "
+       "added with width, not widened)", ("an integer >= 0", lambda v: v >= 0)),
     _f("model.dtype", "float32", "compute dtype; parameters stay float32",
        ("float32", "bfloat16", "float16")),
     _f("model.scan_layers", None, "True: the layers under nn.scan (compile time flat in depth); "
@@ -125,6 +132,9 @@ _OPTIMIZER = (
        "recorded", ("an integer >= 19 (a shorter ring never holds 20)", lambda v: v >= 19)),
     _f("optimizer.clip_norm", 1.0, "optax.clip_by_global_norm on the unscaled gradient, once "
        "per step", ("None or 0 (off), or a number > 0", lambda v: v is None or v >= 0)),
+    _f("optimizer.loss_scale.kind", "dynamic", "float16: dynamic (fairseq's scaler: the loss "
+       "scaled, overflowing steps skipped) or none (gradients as they come; for "
+       "parametrization umup, whose gradients are unit-scaled)", ("dynamic", "none")),
     _f("optimizer.loss_scale.initial_scale", 128.0, "fp16 dynamic loss scaling: the first scale "
        "(fairseq's default)", _POSITIVE),
     _f("optimizer.loss_scale.growth_interval", 2**14, "fp16: finite steps in a row that double "

@@ -18,20 +18,41 @@ from flax.linen import spmd
 import jax
 import jax.numpy as jnp
 
+from normstudy.core import parametrizations
 from normstudy.core import placements
 from normstudy.core import telemetry
 from normstudy.core.registry import Registry
 
 
 class RoleBox(spmd.LogicallyPartitioned):
-  """A parameter's logical axis names plus its weight-decay role, declared where it is created."""
+  """A parameter's logical axis names plus its weight-decay role and its parametrization role
+  (normstudy.core.parametrizations.ROLES, with its fan-in), declared where it is created."""
   decay: bool = struct.field(default=True, pytree_node=False)
+  role: str = struct.field(default="vector", pytree_node=False)
+  fan_in: int = struct.field(default=1, pytree_node=False)
 
 
-def param(module, name, init, shape, axes, decay=True):
+def param(module, name, init, shape, axes, decay=True, role="vector", fan_in=1):
+  """A float32 parameter of `module`, as it is used: under a parametrization
+  (module.cfg.parametrization) its initialiser is that parametrization's for `role` and the value
+  returned is the stored one times its forward multiplier (so its gradient carries the factor
+  too, as muP's multipliers do)."""
+  cfg = getattr(module, "cfg", None)
+  if cfg is not None and role != "vector":
+    if parametrizations.unit_init(cfg, role):
+      init = nn.initializers.normal(1.0)
+    elif (factor := parametrizations.init_multiplier(cfg, role)) != 1.0:
+      init = _times(init, factor)
+
   def boxed(*args):
-    return RoleBox(init(*args), names=axes, decay=decay)
-  return module.param(name, boxed, shape, jnp.float32)
+    return RoleBox(init(*args), names=axes, decay=decay, role=role, fan_in=fan_in)
+  value = module.param(name, boxed, shape, jnp.float32)
+  multiplier = 1.0 if cfg is None else parametrizations.forward_multiplier(cfg, role, fan_in)
+  return value if multiplier == 1.0 else value * multiplier
+
+
+def _times(init, factor):
+  return lambda *args: init(*args) * factor
 
 
 def _plus_bias(module, name, y, axes, dims=None):
@@ -270,7 +291,8 @@ ACTIVATIONS.register("gelu_tanh", _float32_gelu(approximate=True))
 ACTIVATIONS.register("relu", jax.nn.relu)
 
 
-def attention_scores(q, k, alpha: float = 0.0, form: str = "pb_relax", scores_dtype=None):
+def attention_scores(q, k, alpha: float = 0.0, form: str = "pb_relax", scores_dtype=None,
+                     scale: float | None = None):
   """Pre-softmax attention logits in float32, from q and k [b, h, l, d] in the compute dtype.
 
   `scores_dtype` (model.attention_scores_dtype="float32"): q and k are cast to it first, so the
@@ -282,15 +304,17 @@ def attention_scores(q, k, alpha: float = 0.0, form: str = "pb_relax", scores_dt
     further from fp16's 65504.
   `after_product` (MERT's released fairseq code): W = (q / sqrt(d)) K^T in the compute dtype,
     then (W/alpha - max_row(W/alpha)) * alpha; no protection once the product overflows.
-  Softmax ignores a per-row shift, so all three agree in real arithmetic. Returns (logits,
+  Softmax ignores a per-row shift, so all three agree in real arithmetic. `scale`: what q.k is
+  multiplied by in place of 1/sqrt(d) (a parametrization's, normstudy.core.parametrizations).
+  Returns (logits,
   row_shift): logits + row_shift are the unshifted scores (row_shift is zero without relax).
   """
   if scores_dtype is not None:
     q, k = q.astype(scores_dtype), k.astype(scores_dtype)
   dtype = q.dtype
   head_dim = q.shape[-1]
-  divisor = alpha * math.sqrt(head_dim) if alpha > 0 and form == "pb_relax" else math.sqrt(
-      head_dim)
+  root = math.sqrt(head_dim) if scale is None else 1.0 / scale
+  divisor = alpha * root if alpha > 0 and form == "pb_relax" else root
   scores = jnp.einsum("bhqd,bhkd->bhqk", q / jnp.asarray(divisor, dtype), k)
   if alpha <= 0:
     return scores.astype(jnp.float32), jnp.zeros(scores.shape[:-1] + (1,), jnp.float32)
@@ -332,7 +356,8 @@ class ConvPositions(nn.Module):
     dtype = cfg.compute_dtype
     group_width = cfg.d_model // cfg.conv_pos_groups
     kernel = param(self, "kernel", xavier_normal(1.0, in_axis=1, out_axis=2),
-                   (cfg.conv_pos_width, group_width, cfg.d_model), (None, None, "embed"))
+                   (cfg.conv_pos_width, group_width, cfg.d_model), (None, None, "embed"),
+                   role="hidden", fan_in=cfg.conv_pos_width * group_width)
     y = grouped_conv1d(x.astype(dtype), kernel.astype(dtype), cfg.conv_pos_groups)
     y = _plus_bias(self, "bias", y, ("embed",))
     return ACTIVATIONS.get(cfg.activation)(y)
@@ -343,15 +368,17 @@ class ConvPositions(nn.Module):
 FUSED_IMPLEMENTATION = "cudnn"
 
 
-def fused_attention(q, k, v, causal: bool, implementation: str | None = None):
+def fused_attention(q, k, v, causal: bool, implementation: str | None = None,
+                    scale: float | None = None):
   """softmax(q k^T / sqrt(d)) v through one fused kernel (jax.nn.dot_product_attention; on a GPU
   cuDNN's FlashAttention-style kernel, Dao et al. 2022): the [b, h, l, l] scores are never
   written to memory, and the softmax's running statistics are float32 inside the kernel.
   q, k, v are [b, h, l, d] in float16 or bfloat16, as Attention holds them; so is the result.
-  `implementation`: jax's ("cudnn", "xla"); None is FUSED_IMPLEMENTATION."""
+  `implementation`: jax's ("cudnn", "xla"); None is FUSED_IMPLEMENTATION. `scale`: in place of
+  1/sqrt(d) (a parametrization's)."""
   heads_minor = lambda x: x.transpose(0, 2, 1, 3)  # noqa: E731  (the function takes [b, l, h, d])
   out = jax.nn.dot_product_attention(heads_minor(q), heads_minor(k), heads_minor(v),
-                                     is_causal=causal,
+                                     is_causal=causal, scale=scale,
                                      implementation=implementation or FUSED_IMPLEMENTATION)
   return heads_minor(out)
 
@@ -372,7 +399,7 @@ class Attention(nn.Module):
     v_init = projection_init(cfg, self.branch_gain, in_axis=0, out_axis=(1, 2))
 
     def project(name, init):
-      w = param(self, name, init, qkv_shape, qkv_axes)
+      w = param(self, name, init, qkv_shape, qkv_axes, role="hidden", fan_in=cfg.d_model)
       # Projected token-major [batch, length, heads, head_dim], as a plain product of the
       # tokens by the weights, then moved once to heads-major [batch, heads, length, head_dim]
       # for the score and context products (which are measurably faster on CPU without
@@ -395,10 +422,12 @@ class Attention(nn.Module):
     if cfg.attention_kernel == "cudnn" and not (self.probe.stats or self.probe.locate):
       # Telemetry and locate steps read the scores, so they take the explicit path below (the
       # same function; it rounds differently only on those steps).
-      return self._out(x, fused_attention(q, k, v, cfg.causal))
+      return self._out(x, fused_attention(q, k, v, cfg.causal,
+                                          scale=parametrizations.attention_scale(cfg)))
     logits, row_shift = attention_scores(
         q, k, cfg.attention_relax, cfg.attention_relax_form,
-        jnp.float32 if cfg.attention_scores_dtype == "float32" else None)
+        jnp.float32 if cfg.attention_scores_dtype == "float32" else None,
+        parametrizations.attention_scale(cfg))
     logits = constrain(logits, ("batch", "heads", "length", "kv_length"))
     telemetry.sow_site(self, self.probe, "attn_scores", logits)
     raw_logits = logits  # what telemetry reports: the scores before any cap
@@ -431,7 +460,10 @@ class Attention(nn.Module):
     dtype = cfg.compute_dtype
     batch, length = x.shape[0], x.shape[1]
     wo = param(self, "out", projection_init(cfg, self.branch_gain, in_axis=(0, 1), out_axis=2),
-               (cfg.num_heads, cfg.head_dim, cfg.d_model), ("heads", "kv", "embed"))
+               (cfg.num_heads, cfg.head_dim, cfg.d_model), ("heads", "kv", "embed"),
+               role="hidden", fan_in=cfg.d_model)
+    if (multiplier := parametrizations.attention_output_multiplier(cfg)) != 1.0:
+      context = context * jnp.asarray(multiplier, context.dtype)
     if self.inner_norm:
       joined = context.transpose(0, 2, 1, 3).reshape(batch, length, cfg.d_model)
       joined = make_norm(cfg, "inner_norm")(joined)
@@ -455,13 +487,17 @@ class Mlp(nn.Module):
     cfg = self.cfg
     dtype = cfg.compute_dtype
     init = projection_init(cfg, self.branch_gain)
-    w1 = param(self, "fc1", init, (cfg.d_model, cfg.d_ff), ("embed", "mlp"))
-    w2 = param(self, "fc2", init, (cfg.d_ff, cfg.d_model), ("mlp", "embed"))
+    w1 = param(self, "fc1", init, (cfg.d_model, cfg.d_ff), ("embed", "mlp"), role="hidden",
+               fan_in=cfg.d_model)
+    w2 = param(self, "fc2", init, (cfg.d_ff, cfg.d_model), ("mlp", "embed"), role="hidden",
+               fan_in=cfg.d_ff)
     h = boundary(cfg, _plus_bias(self, "fc1_bias", widening_product(cfg, x, w1.astype(dtype)),
                                  ("mlp",)))
     telemetry.sow_site(self, self.probe, "mlp_preact", h)
     telemetry.sow_stat(self, self.probe, "mlp_preact_absmax", lambda: telemetry.absmax(h))
     h = ACTIVATIONS.get(cfg.activation)(h)
+    if (multiplier := parametrizations.activation_multiplier(cfg)) != 1.0:
+      h = h * jnp.asarray(multiplier, h.dtype)
     if self.inner_norm:
       h = make_norm(cfg, "inner_norm", axis_name="mlp")(h)
     out = boundary(cfg, _plus_bias(self, "fc2_bias",
@@ -530,13 +566,28 @@ class Block(nn.Module):
                     (cfg.d_model,), ("embed",), decay=False)
       return lambda h: dropped(h) * scale.astype(h.dtype)
 
+    per_layer = parametrizations.branches_per_layer(cfg)
+
+    def wrap(x, f, prefix, position):
+      """The placement's wrap of branch `position` of this layer, under the parametrization's
+      residual scales (x <- skip x + b F(x), as skip (x + (b / skip) F(x)), so the placement's
+      wiring is untouched)."""
+      scales = parametrizations.residual_scales(cfg, index * per_layer + position)
+      if scales is None:
+        return placement.wrap(x, branch(f, prefix), norms_of(prefix), context(prefix))
+      multiplier, skip = scales
+      inner = branch(f, prefix)
+      scaled = lambda h: inner(h) * jnp.asarray(multiplier / skip).astype(h.dtype)  # noqa: E731
+      x = placement.wrap(x, scaled, norms_of(prefix), context(prefix))
+      return x if isinstance(skip, float) and skip == 1.0 else x * jnp.asarray(skip).astype(
+          x.dtype)
+
     mlp = Mlp(cfg, gain, placement.inner_norm, self.probe, name="mlp")
     if cfg.attention != "none":
       attention = Attention(cfg, gain, placement.inner_norm, self.probe, name="attention")
-      x = placement.wrap(x, branch(attention, "attention"), norms_of("attention"),
-                         context("attention"))
+      x = wrap(x, attention, "attention", 0)
     telemetry.sow_site(self, self.probe, "resid_attn", x)
-    x = placement.wrap(x, branch(mlp, "mlp"), norms_of("mlp"), context("mlp"))
+    x = wrap(x, mlp, "mlp", per_layer - 1)
     telemetry.sow_site(self, self.probe, "resid_mlp", x)
     telemetry.sow_stat(self, self.probe, "act_rms", lambda: telemetry.rms(x))
     telemetry.sow_stat(self, self.probe, "resid_absmax", lambda: telemetry.absmax(x))

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from normstudy.core import config as config_lib
 from normstudy.core import layers
+from normstudy.core import parametrizations
 from normstudy.core import placements
 from normstudy.core import telemetry
 
@@ -109,7 +110,8 @@ class Transformer(nn.Module):
     dtype = cfg.compute_dtype
     placement = placements.get(cfg.placement)
     embedding = layers.param(self, "embedding", nn.initializers.normal(layers.BERT_STD),
-                             (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
+                             (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), role="embedding",
+                             fan_in=cfg.vocab_size)
     x = jnp.take(embedding, tokens, axis=0)
     if cfg.emb_grad_shrink < 1:
       # GLM-130B's embedding gradient shrink (Zeng et al. 2022, section 3.3): the forward value
@@ -119,7 +121,7 @@ class Transformer(nn.Module):
     if not cfg.causal:
       mask_embedding = layers.param(self, "mask_embedding",
                                     nn.initializers.normal(layers.BERT_STD), (cfg.d_model,),
-                                    ("embed",))
+                                    ("embed",), role="embedding")
       if mask is not None:
         # Before positions: a masked position keeps its position (wav2vec2/HuBERT mask the
         # features, then add the positions).
@@ -127,7 +129,8 @@ class Transformer(nn.Module):
     length = tokens.shape[1]
     if cfg.position_embedding == "learned":
       x = x + layers.param(self, "pos_embedding", nn.initializers.normal(layers.BERT_STD),
-                           (cfg.max_len, cfg.d_model), (None, "embed"))[:length]
+                           (cfg.max_len, cfg.d_model), (None, "embed"), role="embedding",
+                           fan_in=cfg.max_len)[:length]
     elif cfg.position_embedding == "sinusoidal":
       x = x + layers.sinusoidal_positions(cfg.max_len, cfg.d_model)[:length]
     # A boundary on the float32 sum: without it XLA:CPU fuses the position embedding's gradient
@@ -161,10 +164,13 @@ class Transformer(nn.Module):
     if placement.final_norm:
       x = layers.make_norm(cfg, "final_norm")(x)
     if cfg.tie_embeddings:
-      head = embedding.T
+      head = embedding.T  # times the readout's multiplier (muP's MuSharedReadout)
+      if (multiplier := parametrizations.forward_multiplier(cfg, "readout", cfg.d_model)) != 1.0:
+        head = head * multiplier
     else:
       head = layers.param(self, "head", layers.projection_init(cfg),
-                          (cfg.d_model, cfg.vocab_size), ("embed", "vocab"))
+                          (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), role="readout",
+                          fan_in=cfg.d_model)
     logits = jnp.einsum("bld,dv->blv", x, head.astype(dtype)).astype(jnp.float32)
     if placement.unit_sphere:
       # nGPT's s_z (Loshchilov et al. 2024, section 2.2.1): h and the head's columns are unit
@@ -261,6 +267,35 @@ def _decay_mask(cfg):
   # Traced once per model config: every step a program compiles asks for it.
   boxed = jax.eval_shape(boxed_init(cfg), jax.random.key(0))
   return jax.tree.map(lambda box: box.decay, boxed, is_leaf=_is_box)
+
+
+def optimizer_multipliers(model_cfg: Any) -> tuple:
+  """(learning-rate factors, epsilon factors): parameter-shaped trees of floats from the
+  parametrization (normstudy.core.parametrizations: each parameter's role, fan-in and whether it
+  is inside a block), or (None, None) when every factor is 1 (sp: the optimizer as it was)."""
+  cfg = ModelConfig.create(model_cfg)
+  lrs, epss = _multipliers(cfg)
+  flat = [f for tree in (lrs, epss) for f in jax.tree.leaves(tree)]
+  if all(f == 1.0 for f in flat):
+    return None, None
+  return (jax.tree.map(lambda f: f, lrs), jax.tree.map(lambda f: f, epss))
+
+
+def _in_block(path) -> bool:
+  names = [getattr(k, "key", None) for k in path]
+  return any(n == "layers" or (isinstance(n, str) and n.startswith("layer_")) for n in names)
+
+
+@functools.lru_cache(maxsize=32)
+def _multipliers(cfg):
+  boxed = jax.eval_shape(boxed_init(cfg), jax.random.key(0))
+
+  def factor(of):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, box: of(box, _in_block(path)), boxed, is_leaf=_is_box)
+  return (factor(lambda box, inside: parametrizations.lr_multiplier(cfg, box.role, box.fan_in,
+                                                                   inside)),
+          factor(lambda box, inside: parametrizations.eps_multiplier(cfg, box.role)))
 
 
 @functools.lru_cache(maxsize=32)

@@ -83,28 +83,44 @@ def scale_by_adam_atan2(b1, b2) -> optax.GradientTransformation:
       m / (1.0 - b1**t), ATAN2_B * jnp.sqrt(v / (1.0 - b2**t))))
 
 
-def _adam_atan2(hp, mask):
-  return [scale_by_adam_atan2(hp["b1"], hp["b2"]),
+# Each flavour puts `pre` right before its Adam direction and `post` right after it (a
+# parametrization's per-parameter epsilon and rate; empty lists otherwise), so decoupled decay
+# keeps lr x weight_decay for every parameter.
+def _adam_atan2(hp, mask, pre, post):
+  return [*pre, scale_by_adam_atan2(hp["b1"], hp["b2"]), *post,
           optax.add_decayed_weights(hp["weight_decay"], mask)]
 
 
-def _adamw(hp, mask):
-  return [optax.scale_by_adam(b1=hp["b1"], b2=hp["b2"], eps=hp["eps"]),
+def _adamw(hp, mask, pre, post):
+  return [*pre, optax.scale_by_adam(b1=hp["b1"], b2=hp["b2"], eps=hp["eps"]), *post,
           optax.add_decayed_weights(hp["weight_decay"], mask)]
 
 
-def _adam(hp, mask):
+def _adam(hp, mask, pre, post):
   return [optax.add_decayed_weights(hp["weight_decay"], mask),
-          optax.scale_by_adam(b1=hp["b1"], b2=hp["b2"], eps=hp["eps"])]
+          *pre, optax.scale_by_adam(b1=hp["b1"], b2=hp["b2"], eps=hp["eps"]), *post]
 
 
-def _adam_fairseq(hp, mask):
+def _adam_fairseq(hp, mask, pre, post):
   del mask  # fairseq decays every parameter, norm gains and biases included
-  return [scale_by_fairseq_adam(hp["b1"], hp["b2"], hp["eps"]),
+  return [*pre, scale_by_fairseq_adam(hp["b1"], hp["b2"], hp["eps"]), *post,
           optax.add_decayed_weights(hp["weight_decay"])]
 
 
-# name -> (hyperparameters, decay mask) -> the optax transforms between clipping and the rate.
+def scale_leaves(factors) -> optax.GradientTransformation:
+  """Each leaf's update times its constant in `factors` (a tree of floats shaped like the
+  parameters). Stateless."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda u, f: u if f == 1.0 else u * jnp.asarray(f, u.dtype), updates,
+                        factors), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+# name -> (hyperparameters, decay mask, pre, post) -> the optax transforms between clipping and
+# the rate.
 OPTIMIZERS: Registry = Registry("optimizer.name")
 OPTIMIZERS.register("adamw", _adamw)  # decay decoupled from the gradient statistics
 OPTIMIZERS.register("adam", _adam)  # L2 added to the gradient before Adam
@@ -178,7 +194,8 @@ def skip_spikes(inner: optax.GradientTransformation, sigma: float,
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def make_optimizer(opt_cfg, hp: dict, decay_mask) -> optax.GradientTransformation:
+def make_optimizer(opt_cfg, hp: dict, decay_mask, lr_multipliers=None,
+                   eps_multipliers=None) -> optax.GradientTransformation:
   """clip_by_global_norm -> Adam flavour with weight decay -> update clipping (when
   `update_clip` > 0) -> -learning rate (schedule); all of it inside skip_spikes when
   `skip_spikes` > 0 (whose update then takes loss= and grad_norm=).
@@ -186,6 +203,10 @@ def make_optimizer(opt_cfg, hp: dict, decay_mask) -> optax.GradientTransformatio
   Clipping sees the unscaled gradient once per step; `clip_norm` 0 leaves it untouched (the
   clip's threshold is then infinite, so the chain's structure is the same for every run).
   `decay_mask` (normstudy.core.model.decay_mask) says which parameters weight decay applies to.
+  `lr_multipliers`, `eps_multipliers` (normstudy.core.model.optimizer_multipliers; None: all 1):
+  a parametrization's per-parameter factors on Adam's direction (the decay keeps its own rate:
+  normstudy.core.parametrizations) and on its epsilon (written as the gradient divided by the
+  factor before Adam: m / (sqrt(v) + c eps) = (m / c) / (sqrt(v / c^2) + eps)).
   Works with traced `hp`: build it inside the step. Its state does not depend on `hp`.
   """
   clip = jnp.where(hp["clip_norm"] > 0, hp["clip_norm"], jnp.inf)
@@ -193,7 +214,11 @@ def make_optimizer(opt_cfg, hp: dict, decay_mask) -> optax.GradientTransformatio
   update_clip = [clip_update_rms(opt_cfg.update_clip)] if opt_cfg.update_clip > 0 else []
   chain = optax.chain(
       optax.clip_by_global_norm(clip),
-      *OPTIMIZERS.get(opt_cfg.name)(hp, decay_mask),
+      *OPTIMIZERS.get(opt_cfg.name)(
+          hp, decay_mask,
+          [] if eps_multipliers is None else [scale_leaves(jax.tree.map(
+              lambda c: 1.0 / c, eps_multipliers))],
+          [] if lr_multipliers is None else [scale_leaves(lr_multipliers)]),
       *update_clip,
       optax.scale_by_schedule(lambda count: -learning_rate(opt_cfg.schedule, hp, count)),
   )

@@ -21,6 +21,7 @@ from normstudy.core import life
 from normstudy.core import loss as loss_lib
 from normstudy.core import model as model_lib
 from normstudy.core import optimizer as optimizer_lib
+from normstudy.core import parametrizations
 from normstudy.core import placements
 from normstudy.core import precision
 from normstudy.core import telemetry
@@ -50,9 +51,10 @@ def init_state(config, values: dict, params=None) -> TrainState:
   seed, hparams = values["seed"], values["hparams"]
   if params is None:
     params = model_lib.boxed_init(cfg)(jax.random.key(seed))
-  tx = optimizer_lib.make_optimizer(config.optimizer, hparams, model_lib.decay_mask(cfg))
+  tx = optimizer_lib.make_optimizer(config.optimizer, hparams, model_lib.decay_mask(cfg),
+                                    *model_lib.optimizer_multipliers(cfg))
   zero = jnp.zeros((), jnp.int32)
-  dynamic = config.model.dtype == "float16"
+  dynamic = config.model.dtype == "float16" and config.optimizer.loss_scale.kind == "dynamic"
   ls = values["loss_scale"]
   return TrainState(
       step=zero, opt_step=zero, params=params, opt_state=tx.init(params),
@@ -140,12 +142,26 @@ def _gradients(cfg, model, loss_cfg, telemetry_on: bool, qk_clip_on: bool):
       loss, terms = loss_lib.objective(cfg, loss_cfg, logits, batch)
       observed = jax.lax.stop_gradient((terms, sown, logits if telemetry_on else None, heads))
       # float32/bfloat16 skip the scaling passes (the scale is 1 and static there).
-      return (loss * scale if float16 else loss), (loss, observed)
+      scaled = loss * scale if float16 else loss
+      if not unit_backward:
+        return scaled, (loss, (observed, None))
+      backward = jax.lax.stop_gradient(backward_scale(logits, batch))
+      return scaled * backward, (loss, (observed, backward))
 
-    grads, (loss, observed) = jax.grad(scaled_loss, has_aux=True)(state.params)
+    grads, (loss, (observed, backward)) = jax.grad(scaled_loss, has_aux=True)(state.params)
     if float16:
       grads = jax.tree.map(lambda g: g / scale, grads)
+    if unit_backward:  # undone in float32: what the clip and the optimizer see is the gradient
+      grads = jax.tree.map(lambda g: g / backward, grads)
     return grads, loss, observed
+
+  unit_backward = parametrizations.loss_backward_scale(cfg, 1.0) is not None
+
+  def backward_scale(logits, batch):
+    """The parametrization's backward scale of the loss (u-muP's unit-scaled cross entropy;
+    normstudy.core.parametrizations.loss_backward_scale)."""
+    _, _, weights = loss_lib.targets(cfg, logits, batch)
+    return jnp.asarray(parametrizations.loss_backward_scale(cfg, jnp.sum(weights)), jnp.float32)
 
   return gradients
 
@@ -165,6 +181,7 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
   """
   cfg = _model_config(config, fusion_boundaries)
   mask = model_lib.decay_mask(model_lib.ModelConfig.create(config.model))
+  multipliers = model_lib.optimizer_multipliers(config.model)
   model = _model(cfg, telemetry.Probe(stats=telemetry_on))
   opt_cfg, loss_cfg = config.optimizer, config.loss
   qk_clip_on = config.model.qk_clip > 0
@@ -177,7 +194,7 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
     grads, loss, (terms, sown, logits, heads) = gradients(state, batch)
     finite = jnp.logical_and(precision.all_finite(grads), jnp.isfinite(loss))
     grad_norm = optax.tree.norm(grads)
-    tx = optimizer_lib.make_optimizer(opt_cfg, hp, mask)
+    tx = optimizer_lib.make_optimizer(opt_cfg, hp, mask, *multipliers)
     spikes = {"loss": loss, "grad_norm": grad_norm} if opt_cfg.skip_spikes > 0 else {}
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params, **spikes)
     new_params = optax.apply_updates(state.params, updates)

@@ -14,6 +14,7 @@ Techniques that are block designs (Sub-LN, Peri-LN, Mix-LN, ReZero) are placemen
 import dataclasses
 from typing import Any, Callable
 
+from normstudy.core import parametrizations
 from normstudy.core.fields import Field
 from normstudy.core.fields import get_field
 from normstudy.records.names import number
@@ -69,7 +70,35 @@ def _needs_attention(field: str, what: str) -> Conflict:
                             "config.model.attention='none' has no attention: turn one off")
 
 
+def _parametrization_conflicts():
+  p = parametrizations
+  return (
+      Conflict(lambda c: c.model.placement == "ngpt",
+               lambda c: f"config.model.parametrization={c.model.parametrization!r} scales "
+                         "matrices that config.model.placement='ngpt' keeps on the unit "
+                         "sphere; allowed with ngpt: 'sp'"),
+      Conflict(lambda c: c.model.parametrization in ("completep", "umup")
+               and c.model.placement not in p.DEPTH_PLACEMENTS,
+               lambda c: f"config.model.parametrization={c.model.parametrization!r} scales "
+                         "residual branches as derived for Pre-LN; config.model.placement="
+                         f"{c.model.placement!r} is not; allowed: "
+                         f"{', '.join(repr(n) for n in p.DEPTH_PLACEMENTS)}, or "
+                         "parametrization 'sp' or 'mup'"),
+      Conflict(lambda c: c.model.parametrization == "umup" and c.model.tie_embeddings,
+               lambda c: "config.model.parametrization='umup' scales the embedding and the "
+                         "readout differently; config.model.tie_embeddings=True shares them; "
+                         "allowed: tie_embeddings=False"),
+  )
+
+
 TECHNIQUES = (
+    Technique(Field("model.parametrization", "sp", "how init, multipliers and per-parameter "
+                    "learning rates scale with width and depth (normstudy.core."
+                    "parametrizations): sp (standard), mup (Yang et al. 2022), completep (Dey "
+                    "et al. 2025), umup (Blake et al. 2024)", parametrizations.NAMES),
+              lambda v, c: {"mup": "muP", "completep": "CompleteP", "umup": "u-muP"}[v],
+              "Yang et al. 2022 (muP); Dey et al. 2025 (CompleteP); Blake et al. 2024 (u-muP)",
+              conflicts=_parametrization_conflicts()),
     Technique(Field("model.attention_relax", 0.0,
                     "attention relax alpha (PB-Relax; MERT: 32), in the form "
                     "model.attention_relax_form", "0 (off) or a number > 0",

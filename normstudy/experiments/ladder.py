@@ -89,6 +89,30 @@ def first_model(workdir: str) -> dict:
   return _model_of(rung_directories(workdir)[0])
 
 
+def arm_parametrizations(workdir: str) -> dict:
+  """{arm: its model.parametrization} over every rung below `workdir` (a run's config.json per
+  arm; "sp" where the field predates it)."""
+  out = {}
+  for rung in rung_directories(workdir):
+    with open(os.path.join(rung, "sweep.json"), encoding="utf-8") as f:
+      runs = json.load(f)["runs"]
+    for run in runs:
+      if run["arm"] in out:
+        continue
+      with open(os.path.join(rung, run["name"], "config.json"), encoding="utf-8") as f:
+        out[run["arm"]] = json.load(f)["model"].get("parametrization", "sp")
+  return out
+
+
+def recorded_transfer(workdir: str) -> dict | None:
+  """The transfer spec ladder.json recorded (transfer_spec), or None."""
+  path = os.path.join(workdir, LADDER_PLAN)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f).get("transfer")
+
+
 # --- Training a ladder: each rung a critical-learning-rate search, as its own `normstudy.sweep`.
 
 LADDER_PLAN = "ladder.json"
@@ -155,10 +179,44 @@ def ladder_spec(module, path: str) -> dict:
   return {"rungs": rungs, "dtypes": dtypes, "search": search_, "learning_rates": None}
 
 
-def plan_rungs(path: str, module, dtypes=None) -> list:
+def ladder_parts(module, path: str, load) -> list:
+  """[(part name, path, module)]: a file declaring LADDER_PARTS ({name: ladder file},
+  configs/ladder_mup.py) is those files, each trained into DIR/<name>/; any other ladder file is
+  itself, one part named "". `load(path)` loads a file (normstudy.experiments.grid's). UserError
+  for a LADDER_PARTS of another shape or naming a file that is not a ladder."""
+  parts = getattr(module, "LADDER_PARTS", None)
+  if parts is None:
+    return [("", path, module)]
+  if not (isinstance(parts, dict) and parts and all(
+      isinstance(k, str) and k and "/" not in k and isinstance(v, str)
+      for k, v in parts.items())):
+    raise UserError(f"{path}: LADDER_PARTS = {parts!r} is not allowed; allowed: a non-empty "
+                    "{part name: ladder file path}")
+  out = []
+  for name, part_path in parts.items():
+    part = load(part_path)
+    ladder_spec(part, part_path)
+    out.append((name, part_path, part))
+  return out
+
+
+def transfer_spec(module, path: str) -> dict | None:
+  """What a parts file declares for ladder_parametrization.csv: {"reference": the sp ladder's
+  ladder.csv (TRANSFER_REFERENCE), "arms": {arm: its sp arm} (TRANSFER_ARMS)}, or None."""
+  reference = getattr(module, "TRANSFER_REFERENCE", None)
+  arms = getattr(module, "TRANSFER_ARMS", None)
+  if reference is None and arms is None:
+    return None
+  if not isinstance(reference, str) or not isinstance(arms, dict) or not arms:
+    raise UserError(f"{path}: TRANSFER_REFERENCE (a ladder's ladder.csv) and TRANSFER_ARMS ({{arm: "
+                    "its sp arm}}) go together")
+  return {"reference": reference, "arms": dict(arms)}
+
+
+def plan_rungs(path: str, module, dtypes=None, part: str = "") -> list:
   """Every rung of the ladder file `path` (its loaded `module`), dtype by dtype, in the file's
   order: each a Rung whose argv trains its search (or its learning-rate grid, as an axis of
-  the sweep) into `<dtype>/L<layers>_d<width>`."""
+  the sweep) into `[<part>/]<dtype>/L<layers>_d<width>`."""
   spec = ladder_spec(module, path)
   search_ = spec["search"]
   if search_ is not None:
@@ -170,7 +228,7 @@ def plan_rungs(path: str, module, dtypes=None) -> list:
   out = []
   for dtype in dtypes or spec["dtypes"]:
     for num_layers, d_model in spec["rungs"]:
-      directory = os.path.join(dtype, f"L{num_layers}_d{d_model}")
+      directory = os.path.join(part, dtype, f"L{num_layers}_d{d_model}")
       overrides = {"model.dtype": dtype, **module.rung_overrides(num_layers, d_model)}
       argv = (f"--config={path}", *measure,
               *(f"--config.{k}={v}" for k, v in overrides.items()))
@@ -178,12 +236,13 @@ def plan_rungs(path: str, module, dtypes=None) -> list:
   return out
 
 
-def train_rungs(rungs: list, workdir: str, extra_argv=(), log=print) -> None:
+def train_rungs(rungs: list, workdir: str, extra_argv=(), log=print, transfer=None) -> None:
   """Trains every rung in turn, each `python -m normstudy.sweep ARGV --workdir=workdir/<rung>`
   in its own process (a finished rung's search trains nothing again: re-running resumes),
   writing ladder.json (each rung's directory and command) first and logging progress with an
   ETA from the rungs done. A rung that fails stops the ladder: RuntimeError naming it (its own
-  lines say why), or UserError when the sweep refused its input."""
+  lines say why), or UserError when the sweep refused its input. `transfer` (transfer_spec's)
+  is recorded in ladder.json for the analysis."""
   import subprocess
   import sys
   import time
@@ -191,6 +250,8 @@ def train_rungs(rungs: list, workdir: str, extra_argv=(), log=print) -> None:
                      "directory": r.directory,
                      "command": r.command() + f" --workdir={os.path.join(workdir, r.directory)}"
                      + "".join(f" {a}" for a in extra_argv)} for r in rungs]}
+  if transfer is not None:
+    plan["transfer"] = transfer
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, LADDER_PLAN), "w", encoding="utf-8") as f:
     json.dump(plan, f, indent=2)

@@ -82,6 +82,14 @@ RULES = (
                     "'cudnn' runs in bfloat16 only (in float16 its float32 scores could not "
                     "overflow as float16 attention does); allowed: 'bfloat16', or "
                     "attention_kernel='xla'"),
+    # Without a scaler, float16 gradients under- and overflow unless the model keeps them at
+    # unit scale (u-muP's backward scales).
+    _rule(lambda c: c.optimizer.loss_scale.kind == "dynamic" or c.model.dtype != "float16"
+          or c.model.parametrization == "umup",
+          lambda c: "config.optimizer.loss_scale.kind='none' trains float16 without a loss "
+                    "scaler, whose gradients would underflow or overflow under config.model."
+                    f"parametrization={c.model.parametrization!r}; allowed: 'dynamic', or "
+                    "parametrization 'umup' (unit-scaled gradients)"),
     _rule(lambda c: c.model.norm != "dyt" or c.model.placement != "rezero",
           lambda c: "config.model.norm='dyt' replaces the norms; config.model.placement="
                     "'rezero' has none"),

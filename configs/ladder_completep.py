@@ -1,0 +1,26 @@
+"""configs/ladder_mup.py's CompleteP part: the ladder's depth rungs (configs/ladder.py: 2 to 16
+layers at width 32) for plain Pre-LN under CompleteP, base 4 layers x 32 (at the 4 x 32 rung
+CompleteP is sp's model and rate)."""
+
+from configs import ladder
+from normstudy.core import config as config_lib
+
+VARIANTS = {
+    "pre_norm_clip1_completep": (ladder.VARIANTS["pre_norm_clip1"][0], {
+        **ladder.VARIANTS["pre_norm_clip1"][1], "model.parametrization": "completep",
+        "model.base_width": 32, "model.base_depth": 4}),
+}
+SWEEP_VARIANTS = tuple(VARIANTS)
+STUDY_VARIANTS = SWEEP_VARIANTS
+
+LADDER_RUNGS = [rung for rung in ladder.LADDER_RUNGS if rung[1] == 32]  # the depth rungs
+LADDER_DTYPES = ladder.LADDER_DTYPES
+LADDER_SEARCH = ladder.LADDER_SEARCH
+SWEEP = ladder.SWEEP
+SWEEP_SETTINGS = ladder.SWEEP_SETTINGS
+rung_overrides = ladder.rung_overrides
+base_config = ladder.base_config
+
+
+def get_config(variant: str = "pre_norm_clip1_completep"):
+  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/ladder_completep.py")

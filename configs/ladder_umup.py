@@ -1,0 +1,32 @@
+"""configs/ladder_mup.py's u-muP part: the ladder's width rungs (configs/ladder.py) for plain
+Pre-LN under u-muP (untied head; its rules need no base shape), in float16 without a loss scaler
+and with fairseq's (in float32 the two arms are one model).
+
+u-muP's learning rate is the base of per-parameter rates (a hidden matrix's is lr / sqrt(fan_in)
+on unit-scale weights used times 1 / sqrt(fan_in)), so its critical value lies about a decade and
+a half above sp's: the search starts from [0.3, 30] (it widens the bracket where that is wrong)."""
+
+from configs import ladder
+from normstudy.core import config as config_lib
+
+_UMUP = {"model.parametrization": "umup", "model.tie_embeddings": False}
+VARIANTS = {
+    "pre_norm_clip1_umup": ("{auto} | No Loss Scaler", {
+        **ladder.VARIANTS["pre_norm_clip1"][1], **_UMUP, "optimizer.loss_scale.kind": "none"}),
+    "pre_norm_clip1_umup_scaler": ("{auto} | Loss Scaler", {
+        **ladder.VARIANTS["pre_norm_clip1"][1], **_UMUP}),
+}
+SWEEP_VARIANTS = tuple(VARIANTS)
+STUDY_VARIANTS = SWEEP_VARIANTS
+
+LADDER_RUNGS = [rung for rung in ladder.LADDER_RUNGS if rung[0] == 4]  # the width rungs
+LADDER_DTYPES = ladder.LADDER_DTYPES
+LADDER_SEARCH = {**ladder.LADDER_SEARCH, "low": 0.3, "high": 30.0}
+SWEEP = ladder.SWEEP
+SWEEP_SETTINGS = ladder.SWEEP_SETTINGS
+rung_overrides = ladder.rung_overrides
+base_config = ladder.base_config
+
+
+def get_config(variant: str = "pre_norm_clip1_umup"):
+  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/ladder_umup.py")

@@ -1,0 +1,190 @@
+"""Parametrizations (model.parametrization): how initialisation, forward multipliers and
+per-parameter learning rates scale with width and depth, so that a learning rate tuned on a small
+model transfers to a large one.
+
+Every parameter declares its role where it is created (normstudy.core.layers.param):
+  embedding  the token and learned position tables and the mask embedding (fan-in: the vocabulary)
+  hidden     the blocks' matrices (q, k, v, out, fc1, fc2) and the position convolution's kernel
+  readout    the untied output head (a tied head is the embedding's transpose, with the
+             readout's forward multiplier)
+  vector     norm gains and biases, projection biases, LayerScale and the placements' scalars
+A parameter inside a block is `in_block` (what u-muP's depth rule scales). The width multiplier is
+m_N = d_model / base_width, the depth multiplier m_L = num_layers / base_depth.
+
+  sp        the standard parametrization: the code as it was (init by model.init and the
+            placement's gain, one learning rate, attention 1/sqrt(d_head)).
+  mup       muP for Adam (Yang et al. 2022, "Tensor Programs V", Table 8, the form the `mup`
+            package implements, with Table 3's attention rule): hidden matrices initialised with
+            variance proportional to 1/fan_in (model.init="xavier" already is; "bert"'s
+            normal(0.02) is multiplied by m_N^-1/2) and their Adam learning rate times 1/m_N; the
+            output logits times 1/m_N (MuReadout; MuSharedReadout when tied); attention logits
+            q.k / d_head times sqrt(base_head_dim) (Table 3's 1/d, equal to sp's 1/sqrt(d_head)
+            at the base head width); embeddings, vectors and the readout keep the base rate.
+  completep muP in width plus CompleteP's depth rules at alpha = 1 (Dey et al. 2025, "Don't be
+            lazy: CompleteP enables compute-efficient deep transformers", Table 1): each residual
+            branch times 1/m_L; the hidden matrices' learning rate m_N^-1 m_L^(alpha-1) = m_N^-1
+            and their Adam epsilon times m_N^-1 m_L^-alpha; initialisation and the vectors' rates
+            as muP's. Pre-LN only (the table is derived for x + F(LN(x))).
+  umup      u-muP (Blake et al. 2024, "u-muP: The Unit-Scaled Maximal Update Parametrization",
+            Table 2 and its residual and operation scales; unit scaling, Blake et al. 2023): every
+            matrix initialised N(0, 1); hidden matrices used times fan_in^-1/2 with Adam rate
+            fan_in^-1/2, the readout times 1/fan_in (rate 1), embeddings times 1 with rate
+            d_model^-1/2; inside blocks every rate times num_layers^-1/2; attention logits
+            q.k / d_head and its output divided by the attention's empirical scale; GELU's output
+            times its unit scale; the residual stream mixed by the tau rule (skip and branch scales
+            with skip^2 + branch^2 = 1, so the stream stays at unit scale); and the loss's gradient
+            scaled to unit size in the backward pass (the cross entropy's V / sqrt(V - 1) per
+            token, the mean's 1/N undone), undone exactly in float32 before the clip, so
+            float16 gradients sit near 1 without a loss scaler (optimizer.loss_scale.kind=none).
+            No base shapes: u-muP's rules are absolute. Pre-LN, untied head. Not reproduced: the
+            readout's separate backward scale (1/sqrt(fan_out); its gradient here is its forward
+            multiplier's) and the weights' gradient multipliers (Adam sees the true gradient).
+
+Weight decay, for every parametrization, is independent of the per-parameter rates (Wang &
+Aitchison 2025, "How to set AdamW's weight decay as you scale model and dataset size"): the
+multipliers scale Adam's direction only, so lr x weight_decay, the decay's timescale
+tau = 1 / (lr x weight_decay), is the same for every parameter at every width (CompleteP's table
+scales the decay by m_N for the same reason).
+"""
+
+import math
+
+# The parametrizations' names, in the order the schema lists them.
+NAMES = ("sp", "mup", "completep", "umup")
+# Placements the depth rules are derived for (a branch added to an identity residual stream).
+DEPTH_PLACEMENTS = ("pre_ln",)
+ROLES = ("embedding", "hidden", "readout", "vector")
+
+
+def width_mult(cfg) -> float:
+  """m_N = d_model / base_width."""
+  return cfg.d_model / cfg.base_width
+
+
+def depth_mult(cfg) -> float:
+  """m_L = num_layers / base_depth."""
+  return cfg.num_layers / cfg.base_depth
+
+
+def _width_rules(cfg) -> bool:
+  return cfg.parametrization in ("mup", "completep")
+
+
+def unit_init(cfg, role: str) -> bool:
+  """Whether a parameter of `role` is initialised N(0, 1) (u-muP's matrices) in place of its
+  sp initialiser."""
+  return cfg.parametrization == "umup" and role in ("embedding", "hidden", "readout")
+
+
+def init_multiplier(cfg, role: str) -> float:
+  """The factor on a parameter's sp initialiser (muP: a hidden matrix's normal(0.02) "bert"
+  init times m_N^-1/2, so its variance goes as 1/fan_in as Xavier's already does)."""
+  if _width_rules(cfg) and role == "hidden" and cfg.init == "bert":
+    return width_mult(cfg) ** -0.5
+  return 1.0
+
+
+def forward_multiplier(cfg, role: str, fan_in: int) -> float:
+  """The constant a parameter is multiplied by where it is used (its gradient carries the same
+  factor): u-muP's fan_in^-1/2 (hidden) and 1/fan_in (readout); muP's 1/m_N on the readout."""
+  if cfg.parametrization == "umup":
+    return {"hidden": fan_in ** -0.5, "readout": 1.0 / fan_in}.get(role, 1.0)
+  if _width_rules(cfg) and role == "readout":
+    return 1.0 / width_mult(cfg)
+  return 1.0
+
+
+def lr_multiplier(cfg, role: str, fan_in: int, in_block: bool) -> float:
+  """The factor on the learning rate of one parameter (its Adam direction; module docstring)."""
+  if _width_rules(cfg):
+    return 1.0 / width_mult(cfg) if role == "hidden" else 1.0
+  if cfg.parametrization == "umup":
+    own = {"hidden": fan_in ** -0.5, "embedding": cfg.d_model ** -0.5}.get(role, 1.0)
+    return own * (cfg.num_layers ** -0.5 if in_block else 1.0)
+  return 1.0
+
+
+def eps_multiplier(cfg, role: str) -> float:
+  """The factor on Adam's epsilon of one parameter: CompleteP's m_N^-1 m_L^-1 on hidden
+  matrices; 1 otherwise."""
+  if cfg.parametrization == "completep" and role == "hidden":
+    return 1.0 / (width_mult(cfg) * depth_mult(cfg))
+  return 1.0
+
+
+def attention_scale(cfg) -> float | None:
+  """What q.k is multiplied by before the softmax; None: sp's 1/sqrt(d_head), as the code always
+  computed it (the same operations, the same bits)."""
+  head_dim = cfg.d_model // cfg.num_heads
+  if _width_rules(cfg):
+    base = cfg.base_head_dim or head_dim
+    return math.sqrt(base) / head_dim
+  if cfg.parametrization == "umup":
+    return 1.0 / head_dim
+  return None
+
+
+def _log_interpolation(alpha: float, lower: float, upper: float) -> float:
+  """exp(alpha log upper + (1 - alpha) log lower): u-muP's interpolation between an operation's
+  scale in its two limits (Blake et al. 2024, appendix on unit-scaled operations)."""
+  return math.exp(alpha * math.log(upper) + (1 - alpha) * math.log(lower))
+
+
+def attention_output_multiplier(cfg) -> float:
+  """u-muP: the attention's output (before its projection) divided by its empirical scale at
+  attention multiplier 1: interpolated between sqrt(log S / S) (uniform attention over S
+  positions) and 1 (one position), with alpha = 1 / (1 + 4 d_head); times sqrt(1 - dropout).
+  1 for the others."""
+  if cfg.parametrization != "umup":
+    return 1.0
+  head_dim = cfg.d_model // cfg.num_heads
+  length = cfg.max_len
+  scale = _log_interpolation(1.0 / (1.0 + 4.0 * head_dim),
+                             math.sqrt(math.log(length) / length), 1.0)
+  return math.sqrt(1.0 - cfg.dropout) / scale
+
+
+# A standard normal through ReLU has standard deviation sqrt((1 - 1/pi) / 2).
+_RELU_UNIT = math.sqrt(2.0 / (1.0 - 1.0 / math.pi))
+
+
+def activation_multiplier(cfg) -> float:
+  """u-muP: the MLP activation's output times its unit scale (GELU at multiplier 1: interpolated
+  between 2 and ReLU's sqrt(2 / (1 - 1/pi)) with alpha = 1 / (1 + 1/4); ReLU: the latter).
+  1 for the others."""
+  if cfg.parametrization != "umup":
+    return 1.0
+  if cfg.activation == "relu":
+    return _RELU_UNIT
+  return _log_interpolation(1.0 / (1.0 + 0.25), 2.0, _RELU_UNIT)
+
+
+def branches_per_layer(cfg) -> int:
+  return 1 if cfg.attention == "none" else 2
+
+
+def residual_scales(cfg, branch):
+  """(branch multiplier, skip multiplier) of residual branch `branch` (0-based over the stack's
+  branches, attention then MLP in each layer; an int, or a traced integer under nn.scan):
+  x <- skip x + branch F(x).
+
+  completep: (1 / m_L, 1). umup (Blake et al. 2024, Pre-LN's tau rule with every residual
+  multiplier 1): the branch's variance 1/L against the stream's 1 + i/L so far, tau = 1 / (L + i),
+  branch sqrt(tau / (1 + tau)) and skip sqrt(1 / (1 + tau)), L the number of layers (u-muP's depth
+  scale L^-1/2 on each branch). None for the others (no operation)."""
+  if cfg.parametrization == "completep":
+    return 1.0 / depth_mult(cfg), 1.0
+  if cfg.parametrization == "umup":
+    tau = 1.0 / (cfg.num_layers + branch)
+    return (tau / (1.0 + tau)) ** 0.5, (1.0 / (1.0 + tau)) ** 0.5
+  return None
+
+
+def loss_backward_scale(cfg, count):
+  """u-muP: the factor the loss's gradient is multiplied by in the backward pass (and divided by
+  in float32 after it): unit scaling's cross entropy, V / sqrt(V - 1) per predicted token, times
+  the `count` tokens the mean divides by. None for the others."""
+  if cfg.parametrization != "umup":
+    return None
+  v = cfg.vocab_size
+  return count * (v / math.sqrt(v - 1))
