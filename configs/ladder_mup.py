@@ -33,3 +33,9 @@ TRANSFER_ARMS = {
     "pre_norm_clip1_umup_scaler": "pre_norm_clip1",
     "pre_norm_clip1_completep": "pre_norm_clip1",
 }
+
+
+def get_config(variant: str = "pre_norm_clip1_mup"):
+  """The muP part's arm (a config file builds a config; the parts train their own)."""
+  from configs import ladder_mup_width
+  return ladder_mup_width.get_config(variant)
