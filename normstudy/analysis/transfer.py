@@ -85,7 +85,7 @@ def transfer_table(ladder: pd.DataFrame, reference: pd.DataFrame, arms: dict,
                                                                 sp_rows.critical_lr_high))
                    if len(sp_rows) >= 3 else None)
         key = ["num_layers", "d_model"]
-        mine, theirs = rows.set_index(key), sp_rows.set_index(key)
+        mine, theirs = rows.set_index(key, drop=False), sp_rows.set_index(key, drop=False)
         shared = [k for k in mine.index if k in theirs.index]
         same = {"slope": math.nan, "p": math.nan}
         if len(shared) >= 3:

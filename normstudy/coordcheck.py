@@ -1,0 +1,104 @@
+"""The coordinate check: does a parametrization keep each layer's scale as the model widens?
+
+  python -m normstudy.coordcheck --config=configs/ladder.py:pre_norm_clip1 \\
+      --widths=16,32,64,128,256 [--parametrizations=sp,mup,umup] [--learning_rates=...] \\
+      [--steps=10] [--workdir=DIR]
+
+For each parametrization and width (d_ff 4x, heads --head_dim wide, u-muP with an untied head) the
+config's model is trained --steps steps at a constant rate on one fixed batch of random tokens;
+after each step the RMS of every block's output and of the logits, and of their change since
+initialisation, is recorded (normstudy.experiments.coordinates; the `mup` package's coord check).
+Writes DIR/coordcheck.csv (parametrization, width, step, layer, quantity, rms) and
+DIR/coordcheck.png (normstudy.analysis.coordinates_figure).
+"""
+
+from absl import flags
+from ml_collections import config_flags
+
+from normstudy import cli
+from normstudy import errors
+
+FLAGS = flags.FLAGS
+NAMES = ("sp", "mup", "completep", "umup")
+
+
+def define_flags():
+  config_flags.DEFINE_config_file("config", None, "Config file[:variant] whose model is widened.",
+                                  lock_config=False)
+  flags.DEFINE_string("workdir", "runs/coordcheck", "Where coordcheck.csv and .png go.")
+  flags.DEFINE_list("widths", ["16", "32", "64", "128", "256"], "d_model of each model.")
+  flags.DEFINE_list("parametrizations", ["sp", "mup", "umup"], "Which to check.")
+  flags.DEFINE_list("learning_rates", None, "One constant rate per parametrization (default: "
+                    "the config's for each, times 100 for umup, whose hidden rates are "
+                    "lr / sqrt(fan_in) on unit-scale weights).")
+  flags.DEFINE_integer("steps", 10, "Train steps after initialisation.")
+  flags.DEFINE_integer("head_dim", 16, "Each head's width (heads are added as the model widens).")
+  flags.mark_flags_as_required(["config"])
+
+
+def _numbers(name, texts, kind, least):
+  try:
+    values = [kind(t) for t in texts]
+  except ValueError:
+    values = None
+  if not values or any(v < least for v in values):
+    raise errors.UserError(f"--{name}={','.join(texts)} is not allowed; allowed: a "
+                           f"comma-separated list of {kind.__name__}s >= {least}")
+  return values
+
+
+def main(argv):
+  import os
+  import time
+  if len(argv) > 1:
+    raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+  widths = _numbers("widths", FLAGS.widths, int, 1)
+  unknown = [p for p in FLAGS.parametrizations if p not in NAMES]
+  if unknown or not FLAGS.parametrizations:
+    raise errors.UserError(f"--parametrizations={','.join(FLAGS.parametrizations)} is not "
+                           f"allowed; allowed: a comma-separated list of {', '.join(NAMES)}")
+  config = FLAGS.config
+  if FLAGS.learning_rates is None:
+    lrs = [config.optimizer.learning_rate * (100 if p == "umup" else 1)
+           for p in FLAGS.parametrizations]
+  else:
+    lrs = _numbers("learning_rates", FLAGS.learning_rates, float, 0.0)
+    if len(lrs) != len(FLAGS.parametrizations):
+      raise errors.UserError(f"--learning_rates gives {len(lrs)} rates for "
+                             f"{len(FLAGS.parametrizations)} parametrizations; give one each")
+  for name, value in (("steps", FLAGS.steps), ("head_dim", FLAGS.head_dim)):
+    if value < 1:
+      raise errors.UserError(f"--{name}={value} is not allowed; allowed: an integer >= 1")
+  from normstudy.experiments import coordinates
+  from normstudy.experiments import validation
+  for p, lr in zip(FLAGS.parametrizations, lrs):
+    for width in widths:
+      validation.validate(coordinates.width_config(config, p, width, FLAGS.head_dim, lr))
+  from normstudy.records import rundir
+  rundir.check_writable(FLAGS.workdir, "--workdir")
+  import pandas as pd
+  from normstudy.analysis import coordinates_figure
+  from normstudy.analysis.plots import save
+  start, done, total = time.monotonic(), 0, len(widths) * len(lrs)
+  rows = []
+
+  def progress(p, width):
+    nonlocal done
+    done += 1
+    spent = time.monotonic() - start
+    print(f"[coordcheck] {p} at width {width}: {done}/{total} | {spent:.0f}s | ETA "
+          f"{spent / done * (total - done):.0f}s", flush=True)
+
+  for p, lr in zip(FLAGS.parametrizations, lrs):
+    rows += coordinates.measure(config, p, widths, FLAGS.steps, lr, FLAGS.head_dim, progress)
+  os.makedirs(FLAGS.workdir, exist_ok=True)
+  table = pd.DataFrame(rows, columns=coordinates.COLUMNS)
+  path = os.path.join(FLAGS.workdir, "coordcheck.csv")
+  table.to_csv(path, index=False)
+  figure = os.path.join(FLAGS.workdir, "coordcheck.png")
+  save(coordinates_figure.figure(table), figure)
+  print(f"coordcheck: {path}\nfigure: {figure}")
+
+
+if __name__ == "__main__":
+  cli.run(main, define_flags)
