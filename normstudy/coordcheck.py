@@ -8,8 +8,9 @@ For each parametrization and width (d_ff 4x, heads --head_dim wide, u-muP with a
 config's model is trained --steps steps at a constant rate on one fixed batch of random tokens;
 after each step the RMS of every block's output and of the logits, and of their change since
 initialisation, is recorded (normstudy.experiments.coordinates; the `mup` package's coord check).
-Writes DIR/coordcheck.csv (parametrization, width, step, layer, quantity, rms) and
-DIR/coordcheck.png (normstudy.analysis.coordinates_figure).
+Writes DIR/coordcheck.csv (parametrization, width, step, layer, quantity, rms),
+DIR/coordcheck.png (normstudy.analysis.coordinates_figure) and DIR/coordcheck.json (the command
+and each parametrization's rate).
 """
 
 from absl import flags
@@ -95,6 +96,13 @@ def main(argv):
   table = pd.DataFrame(rows, columns=coordinates.COLUMNS)
   path = os.path.join(FLAGS.workdir, "coordcheck.csv")
   table.to_csv(path, index=False)
+  import json
+  import shlex
+  import sys
+  with open(os.path.join(FLAGS.workdir, "coordcheck.json"), "w", encoding="utf-8") as f:
+    json.dump({"command": " ".join(["python -m normstudy.coordcheck",
+                                    *map(shlex.quote, sys.argv[1:])]),
+               "learning_rates": dict(zip(FLAGS.parametrizations, lrs))}, f, indent=2)
   figure = os.path.join(FLAGS.workdir, "coordcheck.png")
   save(coordinates_figure.figure(table), figure)
   print(f"coordcheck: {path}\nfigure: {figure}")

@@ -18,6 +18,9 @@ def test_under_mup_the_coordinates_stay_flat_in_width_and_under_sp_they_grow(tmp
   table = pd.read_csv(tmp_path / "coordcheck.csv")
   assert list(table.columns) == ["parametrization", "width", "step", "layer", "quantity", "rms"]
   assert (tmp_path / "coordcheck.png").exists()
+  recorded = runs.read_json(tmp_path / "coordcheck.json")
+  assert recorded["command"].startswith("python -m normstudy.coordcheck --config=configs/ladder")
+  assert recorded["learning_rates"] == {"sp": 3e-3, "mup": 3e-3}
   # Step 0's update is no change at all; every later one is some.
   updates = table[table.quantity == "update"]
   assert (updates[updates.step == 0].rms == 0).all()
