@@ -308,3 +308,29 @@ def test_parametrized_runs_resume_bit_exactly(tmp_path):
     whole = runs.trajectory(tmp_path / name / "whole")
     assert [r["step"] for r in whole] == list(range(1, 25))
     assert runs.trajectory(tmp_path / name / "resumed") == whole
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", ["post_ln", "deepnorm", "sandwich_ln", "sub_ln", "peri_ln",
+                                       "mix_ln", "reordered_ln", "rezero"])
+def test_mup_trains_with_every_placement_it_allows(make_config, placement):
+  """muP's rules are per matrix: they combine with every placement but nGPT (refused above)."""
+  from conftest import train_losses
+  config = _config(make_config, "mup", placement=placement, num_layers=2)
+  validation.validate(config)
+  losses, _ = train_losses(config, 15)
+  assert np.isfinite(losses).all()
+  assert losses[-1] < losses[0] - 0.2, losses
+
+
+def test_a_refused_combination_stops_the_run_before_anything_is_written(tmp_path):
+  result = runs.run_module("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
+                           f"--workdir={tmp_path / 'never'}",
+                           "--config.model.parametrization=completep",
+                           "--config.model.placement=deepnorm", check=False)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "error: config.model.parametrization='completep' scales residual branches as derived for "
+      "Pre-LN; config.model.placement='deepnorm' is not; allowed: 'pre_ln', or parametrization "
+      "'sp' or 'mup'"]
+  assert not (tmp_path / "never").exists()

@@ -136,9 +136,48 @@ def transfer_table(ladder: pd.DataFrame, reference: pd.DataFrame, arms: dict,
   return table[COLUMNS]
 
 
+def figure(ladder: pd.DataFrame, reference: pd.DataFrame, table: pd.DataFrame):
+  """ladder_parametrization.png: per size axis and dtype (panels), each parametrized arm's rungs
+  with their intervals and fitted line (solid) beside its sp arm's (dashed, open markers)."""
+  from matplotlib.figure import Figure
+  from normstudy.analysis.plots import style
+  panels_of = list(dict.fromkeys(zip(table.axis, table.dtype)))
+  fig = Figure(figsize=(4.2 * max(1, len(panels_of)), 4.0), layout="constrained")
+  axes = np.atleast_1d(fig.subplots(1, max(1, len(panels_of))))
+  arms = list(dict.fromkeys(table.arm))
+  for ax, (axis, dtype) in zip(axes, panels_of):
+    for r in table[(table.axis == axis) & (table.dtype == dtype)].itertuples():
+      look = style(arms.index(r.arm))
+      for source, arm, line, fill in ((ladder, r.arm, "-", look["color"]),
+                                      (reference, r.sp_arm, "--", "none")):
+        rows = _rungs(source, arm, dtype, axis).sort_values(axis)
+        if rows.empty:
+          continue
+        ax.errorbar(rows[axis], rows.critical_lr,
+                    yerr=[rows.critical_lr - rows.critical_lr_low,
+                          rows.critical_lr_high - rows.critical_lr],
+                    color=look["color"], marker="o", markerfacecolor=fill, linestyle=line,
+                    capsize=2, label=(f"{arm}: slope {r.slope:.2f}" if line == "-" else
+                                      f"  sp ({arm}): slope {r.sp_slope:.2f}"))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(axis)
+    ax.set_ylabel("critical learning rate (50% fail)")
+    ax.set_title(f"{axis}, {dtype}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=5)
+  fig.suptitle("Critical learning rate against size, under each parametrization and under sp")
+  return fig
+
+
 def analyze(ladder: pd.DataFrame, reference: pd.DataFrame, arms: dict, parametrizations: dict,
             targets: dict, workdir: str) -> dict:
-  """Writes ladder_parametrization.csv into `workdir`; returns its path."""
+  """Writes ladder_parametrization.csv and ladder_parametrization.png (+ .svg) into `workdir`;
+  returns their paths."""
+  from normstudy.analysis.plots import save
   path = os.path.join(workdir, TABLE)
-  transfer_table(ladder, reference, arms, parametrizations, targets).to_csv(path, index=False)
-  return {"ladder_parametrization": path}
+  table = transfer_table(ladder, reference, arms, parametrizations, targets)
+  table.to_csv(path, index=False)
+  picture = os.path.join(workdir, "ladder_parametrization.png")
+  save(figure(ladder, reference, table), picture)
+  return {"ladder_parametrization": path, "ladder_parametrization_figure": picture}
