@@ -80,12 +80,14 @@ run "${tpu[@]}" ssh "$name" --zone="$zone" --worker=all --command \
 -c ~/$(basename "$constraints")"
 # NORMSTUDY_TPU_POD: every worker joins one jax.distributed job (JAX reads the pod's workers
 # from the TPU VM's metadata; normstudy.engine.sharding.initialize_distributed). setsid and
-# nohup detach it from the ssh session; its output goes to run.log, its pid to run.pid.
+# nohup detach it from the ssh session; its output goes to run.log, its pid to run.pid. The
+# braces put only the run in the background: with `cd && setsid ... &` the whole list was a
+# background subshell that kept ssh's output open, and ssh waited for the run to end.
 train="NORMSTUDY_TPU_POD=1 .venv/bin/python -m normstudy.main --config=$(printf '%q' "$config") \
 --workdir=$(printf '%q' "$workdir")"
 for override in "$@"; do train+=" $(printf '%q' "$override")"; done
-command="cd ~/normstudy && setsid nohup bash -c $(printf '%q' "$train") > run.log 2>&1 < /dev/null & \
-echo \$! > ~/normstudy/run.pid"
+command="cd ~/normstudy && { setsid nohup bash -c $(printf '%q' "$train") > run.log 2>&1 < /dev/null & \
+echo \$! > ~/normstudy/run.pid; }"
 run "${tpu[@]}" ssh "$name" --zone="$zone" --worker=all --command "$command"
 echo "the run is detached on every worker; its log: ~/normstudy/run.log on each" >&2
 if [ "$follow" = 1 ]; then

@@ -67,6 +67,64 @@ def test_tpu_pod_workers_run_detached_with_every_argument_intact(tmp_path):
       "--workdir=gs://b/s", label]
 
 
+FAKE_GCLOUD = """#!/bin/bash
+# Stands in for gcloud: `... ssh NAME --command CMD` runs the command that starts the run (the one
+# with setsid) here, its output read through a pipe as ssh reads the remote session's: the pipe
+# ends only when every process holding it has closed it. Everything else succeeds at once.
+command=""
+while [ $# -gt 0 ]; do
+  if [ "$1" = --command ]; then command="$2"; fi
+  shift
+done
+case "$command" in *setsid*) bash -c "$command" | cat ;; esac
+exit 0
+"""
+
+
+def test_tpu_pod_returns_as_soon_as_every_worker_has_started_the_run(tmp_path):
+  """A fake gcloud whose session lasts as long as anything holds its output, and a run that
+  takes 30 s: the launch returns in under 2 s, the run going on detached."""
+  import shutil
+  repo = tmp_path / "repo"
+  shutil.copytree(os.path.join(runs.REPO, "launch"), repo / "launch")
+  venv_python = repo / ".venv" / "bin" / "python"  # the launching machine's: answers at once
+  venv_python.parent.mkdir(parents=True)
+  venv_python.write_text("#!/bin/sh\necho 0.0\n")
+  venv_python.chmod(0o755)
+  for command in (["init", "-q"], ["add", "-A"],
+                  ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+    subprocess.run(["git", "-C", str(repo), *command], check=True, capture_output=True)
+  home = tmp_path / "home"
+  worker_python = home / "normstudy" / ".venv" / "bin" / "python"  # the run: 30 s
+  worker_python.parent.mkdir(parents=True)
+  worker_python.write_text("#!/bin/sh\nsleep 30\n")
+  worker_python.chmod(0o755)
+  fake_bin = tmp_path / "bin"
+  fake_bin.mkdir()
+  (fake_bin / "gcloud").write_text(FAKE_GCLOUD)
+  (fake_bin / "gcloud").chmod(0o755)
+  start = time.monotonic()
+  launch = subprocess.Popen(
+      ["bash", str(repo / "launch" / "tpu_pod.sh"), "--name", "p", "--zone", "z", "--config",
+       "c", "--workdir", "gs://b/s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True,
+      env=dict(os.environ, HOME=str(home), PATH=f"{fake_bin}:{os.environ['PATH']}"))
+  try:
+    _, stderr = launch.communicate(timeout=10)
+  except subprocess.TimeoutExpired:
+    os.killpg(launch.pid, 9)
+    launch.communicate()
+    pytest.fail("tpu_pod.sh waited for the run: it had not returned after 10 s")
+  elapsed = time.monotonic() - start
+  pid = int((home / "normstudy" / "run.pid").read_text())
+  try:
+    assert launch.returncode == 0, stderr
+    assert elapsed < 2, elapsed
+    assert os.path.exists(f"/proc/{pid}")  # the run goes on after the launch returned
+  finally:
+    os.killpg(os.getpgid(pid), 9) if os.path.exists(f"/proc/{pid}") else None
+
+
 def test_tpu_pod_waits_for_the_run_only_when_following_it():
   result = _launch("tpu_pod.sh", "--name", "p", "--zone", "z", "--config", "c", "--workdir",
                    "gs://b/s", "--delete", "--dry-run")
