@@ -68,10 +68,15 @@ tasks_per_node=1
 # user text sits inside the quoted task script (labels may hold quotes and spaces).
 args=("$venv/bin/python" -m normstudy.main --config="$config" --workdir="$workdir" "$@")
 quoted_args="$(printf '%q ' "${args[@]}")"
-# JAX reads SLURM_* itself (jax.distributed.initialize() with no arguments); per GPU, each task
-# sees only its own device.
-visible=""
-[ "$per_gpu" = 1 ] && visible='export CUDA_VISIBLE_DEVICES=$SLURM_LOCALID; '
+# JAX reads SLURM_* itself (jax.distributed.initialize()), and left alone it gives each process
+# the one device numbered SLURM_LOCALID: GPU 0 of each node with one task per node (jax#16788),
+# an invalid ordinal for every task above 0 once CUDA_VISIBLE_DEVICES shows it one GPU. So each
+# task is told which devices it uses (NORMSTUDY_LOCAL_DEVICE_IDS, passed on as local_device_ids
+# by normstudy.engine.sharding.initialize_distributed): one process per node, every GPU of the
+# node; per GPU, the one it is shown, numbered 0 there.
+all_gpus="$(seq -s, 0 $((gpus - 1)))"
+visible="export NORMSTUDY_LOCAL_DEVICE_IDS=$all_gpus; "
+[ "$per_gpu" = 1 ] && visible='export CUDA_VISIBLE_DEVICES=$SLURM_LOCALID NORMSTUDY_LOCAL_DEVICE_IDS=0; '
 logs="$repo/logs"
 [ "$DRY_RUN" = 1 ] || mkdir -p "$logs"
 # The job's python must find the GPUs before anything trains (a CPU jax trains on the CPU).
@@ -94,6 +99,19 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "sbatch <<'SCRIPT'"
   echo "$script"
   echo "SCRIPT"
+  # What each task will see (on stderr: stdout is the script).
+  for ((node = 0; node < nodes; node++)); do
+    for ((local = 0; local < tasks_per_node; local++)); do
+      task=$((node * tasks_per_node + local))
+      if [ "$per_gpu" = 1 ]; then
+        seen="CUDA_VISIBLE_DEVICES=$local (1 GPU, numbered 0 in the task), local_device_ids=0"
+      else
+        seen="every GPU of the node ($gpus), local_device_ids=$all_gpus"
+      fi
+      echo "task $task (node $node, SLURM_LOCALID $local): $seen; process $task of $((nodes * tasks_per_node))" >&2
+    done
+  done
+  echo "the job's devices: $((nodes * gpus)) GPUs in $((nodes * tasks_per_node)) processes" >&2
 else
   echo "$script" | sed 's/^/#   /'
   sbatch <<<"$script"

@@ -144,6 +144,54 @@ def test_slurm_dry_run_prints_the_batch_script():
   assert "-m normstudy.main --config=configs/lm.py:small --workdir=runs/lm" in out
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("per_gpu", [False, True])
+def test_each_slurm_task_is_told_its_devices_and_the_mesh_spans_the_job(tmp_path, per_gpu):
+  """The batch script's task line, run as each task of a simulated job (SLURM's variables, local
+  processes on 127.0.0.1, CPU devices standing in for the GPUs a task sees): one task per node
+  uses all 8 devices of its node (16 in the mesh of 2 nodes); per GPU, each task is shown one
+  device, numbered 0 as it is told to use (not its SLURM_LOCALID, an invalid ordinal there)."""
+  import json
+  import random
+  import re
+  layout = (["--nodes", "1", "--gpus-per-node", "2", "--per-gpu"] if per_gpu
+            else ["--nodes", "2", "--gpus-per-node", "8", "--shared-workdir"])
+  result = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "w",
+                   "--venv", ".venv", "--dry-run", *layout)
+  assert result.returncode == 0, result.stderr
+  wrapper = re.search(r"srun bash -c '(.*)' normstudy ", result.stdout).group(1)
+  tasks, seen = 2, 1 if per_gpu else 8
+  plan = [l for l in result.stderr.splitlines() if l.startswith("task ")]
+  assert len(plan) == tasks
+  job = str(random.randrange(4096))  # JAX's coordinator port comes from the job id
+  flags = os.environ.get("XLA_FLAGS", "")
+  procs = []
+  for task in range(tasks):
+    env = dict(os.environ, SLURM_JOB_ID=job, SLURM_STEP_NODELIST="localhost",
+               SLURM_NTASKS=str(tasks), SLURM_PROCID=str(task),
+               SLURM_LOCALID=str(task if per_gpu else 0),
+               XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={seen}",
+               PYTHONPATH=os.path.join(runs.REPO, "tests"))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    procs.append(subprocess.Popen(
+        ["bash", "-c", wrapper, "normstudy", os.path.join(runs.REPO, ".venv", "bin", "python"),
+         os.path.join(runs.REPO, "tests", "slurm_probe.py")], cwd=runs.REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+  for task, proc in enumerate(procs):
+    out, err = proc.communicate(timeout=runs.bound(120))
+    assert proc.returncode == 0, err[-2000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["joined"] and got["process_index"] == task and got["process_count"] == tasks
+    assert got["local_devices"] == seen and got["devices"] == got["mesh"] == tasks * seen
+    if per_gpu:
+      assert got["cuda_visible_devices"] == str(task) and got["local_device_ids"] == [0]
+      assert f"CUDA_VISIBLE_DEVICES={task} (1 GPU, numbered 0 in the task)" in plan[task]
+    else:
+      assert got["cuda_visible_devices"] is None
+      assert got["local_device_ids"] == list(range(8))
+      assert "local_device_ids=0,1,2,3,4,5,6,7" in plan[task]
+
+
 def test_sweep_starts_one_job_per_variant():
   result = _launch("sweep.sh", "--config", "configs/seed_figure.py", "--workdir", "runs/sweep",
                    "--dry-run", "--", "--", "--config.train.num_steps=10")

@@ -163,3 +163,21 @@ def test_any_cluster_jax_detects_joins_one_distributed_job(monkeypatch, cluster)
   if cluster == "SlurmCluster":
     monkeypatch.setattr(kinds[cluster], "get_process_count", classmethod(lambda cls: 1))
     assert sharding.detected_cluster() is None
+
+
+def test_the_devices_a_slurm_task_is_told_to_use_reach_jax(monkeypatch):
+  """launch/slurm_gpu.sh's NORMSTUDY_LOCAL_DEVICE_IDS becomes jax.distributed.initialize's
+  local_device_ids (unset: JAX's default); a malformed value is one line."""
+  import jax
+  from normstudy.errors import UserError
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append(k))
+  monkeypatch.setenv("SLURM_NTASKS", "2")
+  monkeypatch.setenv("NORMSTUDY_LOCAL_DEVICE_IDS", "0,1,2,3")
+  assert sharding.initialize_distributed() is True
+  assert calls == [{"local_device_ids": [0, 1, 2, 3]}]
+  monkeypatch.setenv("NORMSTUDY_LOCAL_DEVICE_IDS", "0,x")
+  with pytest.raises(UserError) as e:
+    sharding.initialize_distributed()
+  assert str(e.value) == ("NORMSTUDY_LOCAL_DEVICE_IDS='0,x' is not allowed; allowed: distinct "
+                          "device numbers >= 0, comma-separated (launch/slurm_gpu.sh sets it)")

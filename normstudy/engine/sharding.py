@@ -135,7 +135,8 @@ def initialize_distributed(coordinator_address=None, num_processes=None, process
       raise UserError(f"--process_id={process_id} is outside [0, --num_processes="
                       f"{num_processes})")
     jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
+                               num_processes=num_processes, process_id=process_id,
+                               **_local_devices())
     return True
   on_slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
   # GKE sets the worker list; launch/tpu_pod.sh says so on a TPU VM, whose workers JAX reads
@@ -143,9 +144,36 @@ def initialize_distributed(coordinator_address=None, num_processes=None, process
   on_tpu_pod = ("," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
                 or os.environ.get("NORMSTUDY_TPU_POD") == "1")
   if on_slurm or on_tpu_pod or detected_cluster() is not None:
-    jax.distributed.initialize()
+    jax.distributed.initialize(**_local_devices())
     return True
   return False
+
+
+# Which of its node's devices a process uses, as launch/slurm_gpu.sh tells each task: "0,...,7"
+# (one process per node: every GPU) or "0" (one per GPU: the one CUDA_VISIBLE_DEVICES shows it).
+LOCAL_DEVICES_ENV = "NORMSTUDY_LOCAL_DEVICE_IDS"
+
+
+def local_device_ids() -> list | None:
+  """The device ids NORMSTUDY_LOCAL_DEVICE_IDS names, or None (unset: JAX's default, which on
+  SLURM is the one device numbered SLURM_LOCALID). UserError for another value."""
+  import os
+  text = os.environ.get(LOCAL_DEVICES_ENV, "").strip()
+  if not text:
+    return None
+  try:
+    ids = [int(part) for part in text.split(",")]
+  except ValueError:
+    ids = []
+  if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+    raise UserError(f"{LOCAL_DEVICES_ENV}={text!r} is not allowed; allowed: distinct device "
+                    "numbers >= 0, comma-separated (launch/slurm_gpu.sh sets it)")
+  return ids
+
+
+def _local_devices() -> dict:
+  ids = local_device_ids()
+  return {} if ids is None else {"local_device_ids": ids}
 
 
 def detected_cluster() -> str | None:
