@@ -64,7 +64,7 @@ def compile_arm(arm: str, remat: str, topology: str, spec: str = "", overrides=N
           # What the compiler allocates against the plan (normstudy.core.memory's band).
           "compiled_over_plan": figures["per_chip_bytes"]["total"] / figures["plan"]["total"],
           "tflops_per_step_per_chip": figures["flops_per_step"] / 1e12,
-          "compiler_tflops_per_chip": (figures["compiler_flops"] or float("nan")) / 1e12,
+          "compiler_tflops_per_chip": (figures["xla_cost_analysis_flops"] or float("nan")) / 1e12,
           "collectives_per_step": counts(figures["collectives_per_step"]),
           "collective_ops": counts(figures["collectives"])}
 

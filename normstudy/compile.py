@@ -45,9 +45,10 @@ def _lines(c) -> list[str]:
            f"temporaries {_gib(c.temporaries)}, total {_gib(c.total)} of {_gib(c.hbm_bytes)} HBM "
            f"({'as the compiler states it' if c.hbm_source == 'compiler' else 'from a table'})",
            f"memory plan (normstudy.core.memory): {c.plan.describe()}",
-           f"FLOPs per step per chip: {c.flops_per_step:.3g} counted from the model "
-           f"(normstudy.core.memory.train_flops); the compiler's cost analysis {c.flops:.3g} "
-           "(a loop's body once: a scanned layer stack counts one layer)"]
+           f"FLOPs per step per chip: {c.flops_per_step:.3g}, counted from the model "
+           "(normstudy.core.memory.train_flops: every layer, the remat forward, attention); "
+           "XLA's own cost analysis is not a step's count (it counts a loop's body once) and "
+           "is only in --json, as xla_cost_analysis_flops"]
   for title, found in (("collectives per step", c.collectives_per_step),
                        ("collective ops in the program", c.collectives)):
     used = {op: v for op, v in found.items() if op != "loops_unknown" and v["count"]}

@@ -79,13 +79,20 @@ def test_the_command_prints_the_figures_and_refuses_in_one_line(tmp_path):
                            "--config.model.scan_layers=True")
   figures = json.loads(result.stdout)
   assert figures["fits"] and figures["per_chip_bytes"]["total"] <= figures["hbm_bytes"]
-  assert set(figures) >= {"fits", "hbm_bytes", "flops_per_step", "compiler_flops",
+  assert set(figures) >= {"fits", "hbm_bytes", "flops_per_step", "xla_cost_analysis_flops",
                           "collectives_per_step", "per_chip_bytes", "plan", "collectives"}
   # Every layer counted, split over the 4 chips (the compiler's figure counts a loop body once).
   from configs import lm
   from normstudy.core import memory
   config = lm.get_config("tiny")
   assert figures["flops_per_step"] == pytest.approx(memory.train_flops(config) / 4)
+  assert figures["xla_cost_analysis_flops"] == figures["compiler_flops"]  # its older name
+  # For humans, the step's count alone; XLA's figure (one loop body) is --json's.
+  human = runs.run_module("normstudy.compile", *args, "--topology=v5e:2x2",
+                          "--config.model.scan_layers=True").stdout
+  assert (f"FLOPs per step per chip: {figures['flops_per_step']:.3g}, counted from the model"
+          in human)
+  assert f"{figures['xla_cost_analysis_flops']:.3g}" not in human
   assert figures["hbm_source"] == "compiler" and figures["hbm_bytes"] == int(15.75 * 2**30)
   # The layer stack is a loop: a step runs its collectives once a layer, the program holds
   # them once; without the loop (unrolled) the two counts are the same.

@@ -256,9 +256,12 @@ class Compiled:
             "mesh": self.mesh, "fits": self.fits, "hbm_bytes": self.hbm_bytes,
             "hbm_source": self.hbm_source,
             # FLOPs of one step on one chip counted from the model (every layer, the remat
-            # forward and attention), and the compiler's cost analysis (a loop's body once);
-            # "flops" is the compiler's under its older name.
+            # forward and attention): the step's figure. Beside it XLA's cost analysis of the
+            # compiled program as written, which is not a step's FLOPs: it counts a while loop's
+            # body once (a scanned stack's one layer) and, at MERT's size, is mostly the output
+            # head. "compiler_flops" and "flops" are its older names (kept for readers of them).
             "flops_per_step": self.flops_per_step,
+            "xla_cost_analysis_flops": None if self.flops != self.flops else self.flops,
             "compiler_flops": None if self.flops != self.flops else self.flops,  # NaN: refused
             "flops": None if self.flops != self.flops else self.flops,
             "collectives_per_step": self.collectives_per_step,
