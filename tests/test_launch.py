@@ -1,6 +1,8 @@
 """Launch scripts: --dry-run prints the exact commands; bad usage is one line and exit 2."""
 
 import os
+import re
+import sys
 import subprocess
 import time
 
@@ -389,3 +391,45 @@ def test_tpu_pod_refuses_an_accelerator_without_a_known_runtime():
   assert result.returncode == 2
   assert result.stderr.strip() == ("error: --accelerator=v9-8: no default runtime for it; pass "
                                    "--version")
+
+
+def test_the_gpu_benchmark_appends_each_run_dated_with_its_device(tmp_path):
+  """benchmarks/gpu.sh, with a stand-in nvidia-smi and Python: each run writes a directory of its
+  own, named by the UTC time and the GPU; the committed results and earlier runs stay as they
+  were."""
+  import shutil
+  repo = tmp_path / "repo"
+  shutil.copytree(os.path.join(runs.REPO, "benchmarks"), repo / "benchmarks",
+                  ignore=shutil.ignore_patterns("__pycache__"))
+  (repo / "docs" / "gpu").mkdir(parents=True)
+  first = repo / "docs" / "gpu" / "results.json"
+  first.write_text('{"device": "the first run"}')
+  fake = tmp_path / "bin"
+  fake.mkdir()
+  (fake / "nvidia-smi").write_text(
+      "#!/bin/sh\ncase \"$*\" in *noheader*) echo 'NVIDIA H100 80GB HBM3' ;; "
+      "*) printf 'name, memory.total\\nNVIDIA H100 80GB HBM3, 81559 MiB\\n' ;; esac\n")
+  python = fake / "python"  # writes the JSON it is asked for; -c goes to the real Python
+  python.write_text(f"""#!/bin/bash
+if [ "$1" = -c ]; then exec {sys.executable} "$@"; fi
+script="$1"; shift
+while [ $# -gt 0 ]; do [ "$1" = --json ] && json="$2"; shift; done
+echo '{{"gpt_125m_bf16": {{"ms_per_step": 12.5}}, "script": "'"$script"'"}}' > "$json"
+echo "measured by $script"
+""")
+  for path in (fake / "nvidia-smi", python):
+    path.chmod(0o755)
+  env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", PYTHON=str(python))
+  made = []
+  for _ in range(2):
+    result = subprocess.run(["bash", str(repo / "benchmarks" / "gpu.sh")], env=env,
+                            capture_output=True, text=True, timeout=runs.bound(60))
+    assert result.returncode == 0, result.stderr
+    made = sorted(os.listdir(repo / "docs" / "gpu" / "runs"))
+  assert len(made) == 2 and all(re.fullmatch(
+      r"\d{4}-\d\d-\d\dT\d{6}Z_NVIDIA-H100-80GB-HBM3(-again)?", m) for m in made), made
+  for name in made:
+    run = repo / "docs" / "gpu" / "runs" / name
+    assert "NVIDIA H100 80GB HBM3" in (run / "results.txt").read_text()
+    assert "gpu_attention.py" in (run / "attention.json").read_text()
+  assert first.read_text() == '{"device": "the first run"}'
