@@ -16,7 +16,8 @@ is 4.1e16 FLOPs of training (rungs of 9.6M to 304M parameters, 581M together; pe
 dtype 4 arms x 2 seeds x 6 runs x 120 steps x 1024 tokens): about 40 s at an H200's dense
 float16 peak, float32 several times that; runs this small are dispatch- and compile-bound, so
 expect tens of minutes rather than seconds, most of it compiling 2 dtypes x 5 rungs x 4 arms
-x 2 run counts = 80 programs (docs/results.md, "Does it transfer?").
+x 2 run counts = 80 programs (docs/results.md, "Does it transfer?"): more than one 15-minute
+lease. LEASE_* below is what fits one (benchmarks/gpu_ladder.sh).
 """
 
 from configs import ladder
@@ -34,3 +35,18 @@ base_config = ladder.base_config
 get_config = ladder.get_config
 
 LADDER_RUNGS = [(12, 256), (12, 512), (12, 1024), (24, 512), (24, 1024)]
+
+# What fits one 15-minute lease of one GPU (`bash benchmarks/gpu_ladder.sh`; issue 76): the next
+# width rungs for plain Pre-LN and DeepNorm in float16, each (arm, rung) one vmapped program over
+# a learning-rate grid and seeds (not a search: bisection's rounds would compile and run one after
+# another), the CPU ladder's 120 steps. (num_layers, d_model, num_heads, seeds): the width rungs
+# keep the CPU ladder's 16-wide heads; the top rung is MERT's 24 x 1024 with 16 heads of 64, one
+# seed (its 11 runs' last states are 40 GiB, which a 64 GiB disk holds once).
+LEASE_ARMS = ("pre_norm_clip1", "post_norm_deepnorm_clip1")
+LEASE_RUNGS = [(4, 256, 16, (0, 1)), (4, 512, 32, (0, 1)), (4, 1024, 64, (0, 1)),
+               (24, 1024, 16, (0,))]
+# Quarter decades from 10^-2.5 to 10^0: around the CPU ladder's float16 trend extrapolated to
+# these widths (Pre-LN 0.024 at 1024, DeepNorm 0.018; docs/ladder/ladder_fit.csv) and up to where
+# every CPU rung failed.
+LEASE_LEARNING_RATES = [round(10 ** (k / 4), 6) for k in range(-10, 1)]
+LEASE_STEPS = ladder.NUM_STEPS

@@ -4,6 +4,7 @@ import os
 import re
 import sys
 import subprocess
+import shutil
 import time
 
 import pytest
@@ -433,3 +434,45 @@ echo "measured by $script"
     assert "NVIDIA H100 80GB HBM3" in (run / "results.txt").read_text()
     assert "gpu_attention.py" in (run / "attention.json").read_text()
   assert first.read_text() == '{"device": "the first run"}'
+
+
+def test_the_gpu_ladder_plans_one_lease_and_refuses_what_does_not_fit(tmp_path, monkeypatch,
+                                                                        capsys):
+  """--dry-run: 8 programs (2 arms x 4 rungs, each rung's rates and seeds in one program), an
+  estimate within 10 minutes and the disk of the largest program's last states (float32
+  parameters and Adam's moments, 12 bytes a parameter a run, +10%); a short disk or budget is
+  one line; without a GPU the real run is refused in one line."""
+  import types
+  from configs import ladder
+  from normstudy.core import memory
+  result = subprocess.run(["bash", "benchmarks/gpu_ladder.sh", "--dry-run"], cwd=runs.REPO,
+                          capture_output=True, text=True, timeout=runs.bound(120))
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  programs = [l for l in lines if "runs in one program" in l]
+  assert len(programs) == 8
+  total = float(re.search(r"estimated total: ([\d.]+) min", result.stdout).group(1))
+  assert 0 < total <= 10
+  top = ladder.get_config("pre_norm_clip1").model
+  top.update(num_layers=24, d_model=1024, d_ff=4096, num_heads=16)
+  want = memory.parameter_count(types.SimpleNamespace(**dict(top))) * 12 * 11 * 1.1 / 2**30
+  assert f"disk needed: {want:.1f} GiB" in result.stdout
+  assert "24 x 1024 (16 heads, 304.0M parameters): 11 runs" in result.stdout
+  sys.path.insert(0, os.path.join(runs.REPO, "benchmarks"))
+  import gpu_ladder
+  monkeypatch.setattr(gpu_ladder.shutil, "disk_usage", lambda path: types.SimpleNamespace(
+      free=10 * 2**30))
+  monkeypatch.setattr(sys, "argv", ["gpu_ladder.py", f"--workdir={tmp_path / 'w'}"])
+  assert gpu_ladder.main() == 2
+  assert capsys.readouterr().err.strip() == (
+      f"error: {tmp_path} has 10.0 GiB free and the ladder needs {want:.1f} GiB")
+  assert not (tmp_path / "w").exists()
+  monkeypatch.setattr(sys, "argv", ["gpu_ladder.py", "--budget_minutes=1"])
+  assert gpu_ladder.main() == 2
+  assert capsys.readouterr().err.strip().startswith("error: the estimate, ")
+  no_gpu = subprocess.run(["bash", "benchmarks/gpu_ladder.sh"], cwd=runs.REPO,
+                          capture_output=True, text=True, timeout=runs.bound(60),
+                          env=dict(os.environ, PATH="/usr/bin:/bin"))
+  if shutil.which("nvidia-smi") is None:
+    assert no_gpu.returncode == 2
+    assert no_gpu.stderr.strip().startswith("error: no nvidia-smi here")
