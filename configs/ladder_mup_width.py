@@ -2,6 +2,8 @@
 and DeepNorm under muP, base width 32 (at the 4 x 32 rung muP is sp's model and rate)."""
 
 from configs import ladder
+# The CPU ladder's dtypes, sweep, settings, rung fields and recipe; only arms and rungs differ.
+from configs.ladder import LADDER_DTYPES, SWEEP, SWEEP_SETTINGS, base_config, rung_overrides  # noqa: F401,E501
 from normstudy.core import config as config_lib
 
 BASE_WIDTH = 32
@@ -14,12 +16,7 @@ SWEEP_VARIANTS = tuple(VARIANTS)
 STUDY_VARIANTS = SWEEP_VARIANTS
 
 LADDER_RUNGS = [rung for rung in ladder.LADDER_RUNGS if rung[0] == 4]  # the width rungs
-LADDER_DTYPES = ladder.LADDER_DTYPES
 LADDER_SEARCH = ladder.LADDER_SEARCH
-SWEEP = ladder.SWEEP
-SWEEP_SETTINGS = ladder.SWEEP_SETTINGS
-rung_overrides = ladder.rung_overrides
-base_config = ladder.base_config
 
 
 def get_config(variant: str = "pre_norm_clip1_mup"):

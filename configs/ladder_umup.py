@@ -7,6 +7,8 @@ on unit-scale weights used times 1 / sqrt(fan_in)), so its critical value lies a
 a half above sp's: the search starts from [0.3, 30] (it widens the bracket where that is wrong)."""
 
 from configs import ladder
+# The CPU ladder's dtypes, sweep, settings, rung fields and recipe; only arms and rungs differ.
+from configs.ladder import LADDER_DTYPES, SWEEP, SWEEP_SETTINGS, base_config, rung_overrides  # noqa: F401,E501
 from normstudy.core import config as config_lib
 
 _UMUP = {"model.parametrization": "umup", "model.tie_embeddings": False}
@@ -20,12 +22,7 @@ SWEEP_VARIANTS = tuple(VARIANTS)
 STUDY_VARIANTS = SWEEP_VARIANTS
 
 LADDER_RUNGS = [rung for rung in ladder.LADDER_RUNGS if rung[0] == 4]  # the width rungs
-LADDER_DTYPES = ladder.LADDER_DTYPES
 LADDER_SEARCH = {**ladder.LADDER_SEARCH, "low": 0.3, "high": 30.0}
-SWEEP = ladder.SWEEP
-SWEEP_SETTINGS = ladder.SWEEP_SETTINGS
-rung_overrides = ladder.rung_overrides
-base_config = ladder.base_config
 
 
 def get_config(variant: str = "pre_norm_clip1_umup"):

@@ -18,9 +18,10 @@ from ml_collections import config_flags
 
 from normstudy import cli
 from normstudy import errors
+from normstudy.core import parametrizations  # the names alone: it imports only math
 
 FLAGS = flags.FLAGS
-NAMES = ("sp", "mup", "completep", "umup")
+NAMES = parametrizations.NAMES
 
 
 def define_flags():

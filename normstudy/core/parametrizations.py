@@ -180,11 +180,16 @@ def residual_scales(cfg, branch):
   return None
 
 
+def scales_loss_backward(cfg) -> bool:
+  """Whether the parametrization scales the loss's gradient in the backward pass (u-muP)."""
+  return cfg.parametrization == "umup"
+
+
 def loss_backward_scale(cfg, count):
   """u-muP: the factor the loss's gradient is multiplied by in the backward pass (and divided by
   in float32 after it): unit scaling's cross entropy, V / sqrt(V - 1) per predicted token, times
   the `count` tokens the mean divides by. None for the others."""
-  if cfg.parametrization != "umup":
+  if not scales_loss_backward(cfg):
     return None
   v = cfg.vocab_size
   return count * (v / math.sqrt(v - 1))

@@ -155,7 +155,7 @@ def _gradients(cfg, model, loss_cfg, telemetry_on: bool, qk_clip_on: bool):
       grads = jax.tree.map(lambda g: g / backward, grads)
     return grads, loss, observed
 
-  unit_backward = parametrizations.loss_backward_scale(cfg, 1.0) is not None
+  unit_backward = parametrizations.scales_loss_backward(cfg)
 
   def backward_scale(logits, batch):
     """The parametrization's backward scale of the loss (u-muP's unit-scaled cross entropy;
