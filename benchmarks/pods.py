@@ -9,8 +9,9 @@ Prints a row per (arm, remat) and writes them as CSV (docs/reference.md's pod ta
 then a 125M causal LM (GPT-2 small's shape) on v5e:4x4 and on a tensor-parallel v4:2x2x4 mesh
 (docs/pods/lm_125m.csv; v4 as megacore: 16 chips, one device each).
 Columns: bytes per chip (arguments, temporaries, total) against the HBM the compiler states;
-the memory plan and compiled_over_plan (total / plan: normstudy.core.memory.COMPILED_OVER_PLAN); tflops_per_step_per_chip, counted from the model (every layer, the remat
-forward and attention; normstudy.core.memory.train_flops), beside compiler_tflops_per_chip
+the memory plan for a TPU and compiled_over_plan (total / plan: tests/test_compile.py holds
+it within 25% at these sizes); tflops_per_step_per_chip, counted from the model (every layer,
+the remat forward and attention; normstudy.core.memory.train_flops), beside compiler_tflops_per_chip
 (XLA's cost analysis, which counts a loop's body once: about 1/L of a scanned stack);
 collectives_per_step, each op times the trip counts of the loops around it, beside
 collective_ops, the ops the program holds (each once).

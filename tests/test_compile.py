@@ -52,19 +52,62 @@ def test_remat_lowers_the_temporaries(compiled):
 
 
 def test_the_memory_plan_agrees_with_the_compiler(compiled):
-  # normstudy.core.memory's stated shares on a TPU: at 4 x 256 the compiled step needs
-  # 0.39-0.65 of the plan (block remat lowest: the plan counts float32 scores a fused softmax
-  # partly avoids), never less than the least share the preflight allows for.
+  # normstudy.core.memory's stated shares on a TPU: at 4 x 256 the compiler keeps most of the
+  # step's working set in on-core memory its total does not count (0.27-0.51 of the plan), never
+  # less than the least share the preflight allows for.
   from normstudy.core import memory
   for name in ("fsdp4", "data4", "fsdp4_block"):
     figures = compiled[name]
     ratio = figures["per_chip_bytes"]["total"] / figures["plan"]["total"]
-    assert memory.LEAST_COMPILED_OVER_PLAN <= ratio <= 0.66, (name, ratio)
+    assert memory.LEAST_COMPILED_OVER_PLAN <= ratio <= 0.55, (name, ratio)
+    assert figures["plan"]["workspace"] == memory.TPU_WORKSPACE
   # Each term scales as the plan says it does: the state by the fsdp shards, the batch's
   # activations not at all (the same rows per chip under data=4 and fsdp=4).
   fsdp, data = compiled["fsdp4"]["plan"], compiled["data4"]["plan"]
   assert data["optimizer"] == 4 * fsdp["optimizer"]
   assert data["activations"] == fsdp["activations"]
+
+
+def _pods():
+  """benchmarks/pods.py: the paper's and the 125M LM's sizes docs/pods/*.csv compiled."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "pods", os.path.join(runs.REPO, "benchmarks", "pods.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+_SEED = ("configs/seed_figure.py:pre_norm_clip1", "v5e:2x2", "")  # its own sizes
+_PLAN_CASES = {
+    "seed/none": _SEED + ({"model.remat": "none"},),
+    "seed/block": _SEED + ({"model.remat": "block"},),
+    "mert/none": ("configs/seed_figure.py:pre_norm_clip1", "v5e:4x4", "PAPER",
+                  {"model.remat": "none"}),
+    "mert/block": ("configs/seed_figure.py:pre_norm_clip1", "v5e:4x4", "PAPER",
+                   {"model.remat": "block"}),
+    "lm_125m": ("configs/lm.py:base", "v5e:4x4", "GPT2_SMALL", {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_PLAN_CASES))
+def test_the_memory_plan_is_within_a_quarter_of_the_compiled_total(case):
+  """Issue 76: the plan (with platform="tpu") within 25% of the compiler's per-chip arguments +
+  temporaries at the seed figure's config on v5e:2x2, MERT's size under remat none and block,
+  and a 125M LM (the sizes of benchmarks/pods.py)."""
+  pods = _pods()
+  spec, topology, sizes, overrides = _PLAN_CASES[case]
+  fields = dict(getattr(pods, sizes)) if sizes else {}
+  if case == "lm_125m":
+    fields.update(pods.LM_CASES["gpt2_small/v5e:4x4/fsdp16/batch256"][1])
+  fields.update(overrides)
+  result = runs.run_module("normstudy.compile", f"--config={spec}", f"--topology={topology}",
+                           "--json", *(f"--config.{k}={v}" for k, v in fields.items()),
+                           timeout=900)
+  figures = json.loads(result.stdout)
+  total, plan = figures["per_chip_bytes"]["total"], figures["plan"]["total"]
+  assert abs(plan - total) <= 0.25 * total, (case, total / 2**20, plan / 2**20)
+  assert sum(v for k, v in figures["plan"].items() if k != "total") == plan
 
 
 def test_the_program_carries_no_xla_cpu_choice(compiled):

@@ -10,20 +10,22 @@ mistyped size is an error in a second rather than minutes of swapping.
 
 The estimate counts what dominates a transformer step and no more: float32 parameters, Adam's two
 float32 moments and float32 gradients, sharded over fsdp x tensor; per layer, the activations a
-backward pass needs, in the compute dtype (the attention scores and probabilities in float32, as
-the model computes its softmax; with model.attention_kernel='cudnn' and no telemetry only a
+backward pass needs (under config.model.remat; the norms, residual sums and the MLP's activation
+in float32 beside the compute-dtype copies the matmuls read; the attention probabilities in
+float32 and in the compute dtype; with model.attention_kernel='cudnn' and no telemetry only a
 float32 log-sum-exp per query, as the fused kernel keeps), over the batch's share of data x fsdp;
-the float32 logits with their softmax and gradient. It ignores XLA's scheduling and fusion:
-XLA:CPU's compiled step (arguments and temporaries) needs 1.0-1.8x the plan (tests/test_memory.py),
-so on the host a refusal by it is never a false alarm. A TPU compiler allocates a different share
-of it (compiled / plan, measured 2026-12-02 with libtpu 0.0.42.1): 0.78-1.24 for the seed figure's
-arms at MERT's size on v5e:4x4, 0.61-0.68 for a 125M LM on v5e:4x4 and v4:2x2x4 (docs/pods/*.csv,
-column compiled_over_plan), 0.39-0.65 for the 4 x 256 configs tests/test_compile.py compiles (block
-remat lowest: a fused softmax keeps less than the float32 scores the plan counts), and 2.6-4.4 at
-the seed figure's 4 x 64, where the compiler's own few tens of MiB dominate. So on an accelerator
-the plan is no floor: the preflight refuses only what the least share measured
-(LEAST_COMPILED_OVER_PLAN) cannot fit; `python -m normstudy.compile` gives the exact figure for a
-topology.
+the logits in the compute dtype with their float32 gradient; on a TPU, the compiler's own scratch
+(TPU_WORKSPACE). It ignores XLA's scheduling and fusion: XLA:CPU's compiled step (arguments and
+temporaries) needs 1.0-1.8x the plan (tests/test_memory.py), so on the host a refusal by it is
+never a false alarm. Against a TPU compiler's per-chip total (libtpu 0.0.42.1; tests/test_compile.py
+holds each within 25%): the seed figure's config on v5e:2x2 0.89 (remat none) and 1.11 (block),
+MERT's size on v5e:4x4 1.08 (none), 1.12 (dots) and 1.00 (block), a 125M LM on v5e:4x4 0.98
+(docs/pods/*.csv, column compiled_over_plan). Between those sizes, at the 4 x 256 configs
+tests/test_compile.py compiles (tens of MiB of temporaries), the compiler places most of a step's
+working set in the chip's on-core memory (memory space 1 of its buffer assignment), which its
+total does not count: 0.27-0.51 of the plan there. So on an accelerator the plan is no floor: the
+preflight refuses only what the least share measured (LEAST_COMPILED_OVER_PLAN) cannot fit;
+`python -m normstudy.compile` gives the exact figure for a topology.
 """
 
 import dataclasses
@@ -31,16 +33,30 @@ import math
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 2**30
-# The least compiled / plan measured on a TPU compiler (the docstring's table;
-# tests/test_compile.py checks its configs do not go below it): an accelerator's preflight
-# refuses a run only when this share of its plan exceeds the device's memory.
-LEAST_COMPILED_OVER_PLAN = 0.39
+# The least compiled / plan measured on a TPU compiler (the docstring's table: 4 x 256 with
+# block remat, 0.27; tests/test_compile.py checks its configs do not go below it): an
+# accelerator's preflight refuses a run only when this share of its plan exceeds the device's
+# memory.
+LEAST_COMPILED_OVER_PLAN = 0.25
 
 # Values per token a layer keeps for its backward pass, in units of d_model and d_ff, by remat
-# policy (normstudy.core.model.REMAT_POLICIES): "none" keeps the inputs of every operation (norms,
-# q/k/v/out, the MLP's two matmuls and its activation, the residual sums); "dots" keeps the
-# projections' and the MLP's matmul outputs; "block" keeps each block's input only.
-_KEPT_PER_TOKEN = {"none": (12, 3), "dots": (5, 1), "block": (1, 0)}
+# policy (normstudy.core.model.REMAT_POLICIES), each as (float32 values, compute-dtype values):
+# "none" keeps the inputs of every operation (norms, q/k/v/out, the MLP's two matmuls and its
+# activation, the residual sums), the norms, residual sums and the MLP's activation in float32
+# beside the compute-dtype copies the matmuls read; "dots" keeps the projections' and the MLP's
+# matmul outputs; "block" keeps each block's input only. Read off the residuals a compiled
+# float16 step at MERT's size stacks per layer (libtpu 0.0.42.1: six float32 and six float16
+# [tokens, d_model], three float32 and one float16 [tokens, d_ff], the attention scores once in
+# each; under "dots" five and one float16, under "block" one).
+_KEPT_PER_TOKEN = {"none": ((6, 6), (3, 1)), "dots": ((0, 5), (0, 1)), "block": ((0, 1), (0, 0))}
+# The attention scores a layer keeps without remat, per (row, head, query, key): the float32
+# probabilities and their compute-dtype copy (the second matmul's input).
+_SCORE_COPIES = (1, 1)
+# A TPU compiler's own scratch per chip, beside the terms below: the seed figure's config
+# (4 x 64) compiles for v5e:2x2 to 23.9-24.2 MiB per chip whatever its remat or dtype, about
+# 16 MiB above its terms (libtpu 0.0.42.1). Negligible at MERT's size; it keeps a small
+# config's plan from reading 2-4x low.
+TPU_WORKSPACE = 16 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,16 +67,18 @@ class MemoryPlan:
   gradients: int
   activations: int
   logits: int
+  workspace: int = 0  # the compiler's own scratch (TPU_WORKSPACE on a TPU)
 
   @property
   def total(self) -> int:
     return (self.parameters + self.optimizer + self.gradients + self.activations
-            + self.logits)
+            + self.logits + self.workspace)
 
   def describe(self) -> str:
     """'31.4 GiB (parameters 7.8 GiB, optimizer 15.7 GiB, ...)'."""
     parts = ", ".join(f"{name} {human(getattr(self, name))}" for name in (
-        "parameters", "optimizer", "gradients", "activations", "logits"))
+        "parameters", "optimizer", "gradients", "activations", "logits")
+        + (("workspace",) if self.workspace else ()))
     return f"{human(self.total)} ({parts})"
 
   def as_json(self) -> dict:
@@ -120,11 +138,12 @@ def train_flops(config) -> float:
   return float(3 * forward + (blocks if m.remat == "block" else 0))
 
 
-def plan(config, sizes: dict, num_runs: int = 1, one_at_a_time: bool = False) -> MemoryPlan:
+def plan(config, sizes: dict, num_runs: int = 1, one_at_a_time: bool = False,
+         platform: str = "cpu") -> MemoryPlan:
   """The memory plan of one device of a program of `num_runs` runs of `config` on a mesh of
   `sizes` ({"runs", "data", "fsdp", "tensor"}: normstudy.engine.sharding.mesh_shape). Every run's
   state is held; `one_at_a_time` (normstudy.engine.execution): only one run's step is live at
-  once."""
+  once. `platform` "tpu" adds the TPU compiler's own scratch (TPU_WORKSPACE)."""
   model = config.model
   runs_here = math.ceil(num_runs / sizes["runs"])
   weights = parameter_count(model) * 4 * runs_here / (sizes["fsdp"] * sizes["tensor"])
@@ -132,21 +151,28 @@ def plan(config, sizes: dict, num_runs: int = 1, one_at_a_time: bool = False) ->
   stepping = 1 if one_at_a_time else runs_here
   tokens = rows * model.max_len * stepping
   width = _DTYPE_BYTES[model.dtype]
-  per_d, per_ff = _KEPT_PER_TOKEN[model.remat]
-  per_layer = tokens * (per_d * model.d_model + per_ff * model.d_ff / sizes["tensor"]) * width
+
+  def kept_bytes(remat: str) -> float:
+    """Bytes per layer the backward pass keeps of the projections, the MLP and the stream."""
+    (f32_d, low_d), (f32_ff, low_ff) = _KEPT_PER_TOKEN[remat]
+    return tokens * ((4 * f32_d + width * low_d) * model.d_model
+                     + (4 * f32_ff + width * low_ff) * model.d_ff / sizes["tensor"])
+
   heads = model.num_heads / sizes["tensor"]
   # The fused kernel keeps only each row's float32 log-sum-exp; telemetry steps read the scores,
   # so a run with telemetry writes them out every telemetry_every steps (layers.Attention).
   if model.attention_kernel == "cudnn" and not config.train.telemetry_every:
     scores = rows * stepping * heads * model.max_len * 4
   else:
-    scores = rows * stepping * heads * model.max_len ** 2 * 4 * 2  # float32 scores, probabilities
-  kept = model.num_layers * (per_layer + (scores if model.remat == "none" else 0))
+    f32_copies, low_copies = _SCORE_COPIES
+    scores = rows * stepping * heads * model.max_len ** 2 * (4 * f32_copies + width * low_copies)
+  kept = model.num_layers * (kept_bytes(model.remat) + (scores if model.remat == "none" else 0))
   if model.remat != "none":  # the one layer being recomputed holds all of it
-    full_d, full_ff = _KEPT_PER_TOKEN["none"]
-    kept += tokens * (full_d * model.d_model + full_ff * model.d_ff / sizes["tensor"]) * width
-    kept += scores
-  logits = tokens * model.vocab_size * 4 * 3  # float32 logits, their softmax, their gradient
+    kept += kept_bytes("none") + scores
+  # The logits in the compute dtype and their float32 gradient (the softmax cross-entropy fuses
+  # into it: no float32 copy of the logits outlives it).
+  logits = tokens * model.vocab_size * (width + 4)
   gradients = weights * stepping / runs_here
   return MemoryPlan(parameters=int(weights), optimizer=int(2 * weights),
-                    gradients=int(gradients), activations=int(kept), logits=int(logits))
+                    gradients=int(gradients), activations=int(kept), logits=int(logits),
+                    workspace=TPU_WORKSPACE if platform == "tpu" else 0)

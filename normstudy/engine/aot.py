@@ -293,7 +293,7 @@ def compile_for(config, devices, topology: str = "") -> Compiled:
   hbm_bytes, hbm_source = device_hbm_bytes(devices[0])
   figures = dict(topology=topology, device_kind=devices[0].device_kind, chips=len(devices),
                  mesh=sizes, hbm_bytes=hbm_bytes, hbm_source=hbm_source,
-                 plan=memory.plan(config, sizes),
+                 plan=memory.plan(config, sizes, platform=devices[0].platform),
                  flops_per_step=memory.train_flops(config) / len(devices))
   state = steps.abstract([config])  # outside the mesh: its host values are not the chips'
   figures.update(parameters=_shard_bytes(state.params),

@@ -106,8 +106,9 @@ def check_memory(config, sizes: dict, num_runs: int, limit_and_what=None) -> Non
   device's memory. `limit_and_what`: memory_limit()'s answer (tests give their own)."""
   limit, what = limit_and_what or memory_limit()
   one_at_a_time = execution.steps_one_at_a_time(jax.devices(), sizes["runs"], num_runs)
-  needed = memory.plan(config, sizes, num_runs, one_at_a_time)
-  floor = needed.total if jax.local_devices()[0].platform == "cpu" else int(
+  platform = jax.local_devices()[0].platform
+  needed = memory.plan(config, sizes, num_runs, one_at_a_time, platform=platform)
+  floor = needed.total if platform == "cpu" else int(
       needed.total * memory.LEAST_COMPILED_OVER_PLAN)
   if limit is not None and floor > limit:
     m = config.model
