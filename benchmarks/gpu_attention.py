@@ -64,7 +64,7 @@ def timed_ms(fn, *args, repeats: int = 20) -> float:
 
 
 def inputs(rows: int):
-  keys = jax.random.split(jax.random.PRNGKey(0), 4)
+  keys = jax.random.split(jax.random.key(0), 4)
   return tuple(jax.random.normal(key, (rows, HEADS, LENGTH, HEAD_DIM), jnp.bfloat16)
                for key in keys)
 

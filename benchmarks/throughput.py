@@ -63,7 +63,7 @@ def model_flops_per_step(config) -> float:
 
 
 def matmul_flops_per_second(n: int = 2048, repeats: int = 10) -> float:
-  a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   matmul = jax.jit(lambda x, y: x @ y)
   matmul(a, a).block_until_ready()
   times = []
@@ -139,7 +139,7 @@ def plain_step_seconds(config, steps: int) -> list[float]:
   """Seconds per step of a minimal pre-LN transformer written directly in JAX."""
   m = config.model
   d, heads, length = m.d_model, m.num_heads, m.max_len
-  keys = iter(jax.random.split(jax.random.PRNGKey(0), 4 * m.num_layers + 2))
+  keys = iter(jax.random.split(jax.random.key(0), 4 * m.num_layers + 2))
   normal = lambda shape, std: std * jax.random.normal(next(keys), shape)
   params = {"emb": normal((m.vocab_size, d), 0.02), "pos": normal((length, d), 0.02),
             "final": (jnp.ones(d), jnp.zeros(d)), "layers": [

@@ -74,7 +74,7 @@ def train_losses(config, steps: int):
   from normstudy.core import steps as steps_lib
   state = inprocess.create_train_state(config)
   step = jax.jit(steps_lib.make_train_step(config))
-  batch = {"tokens": jax.random.randint(jax.random.PRNGKey(1), (4, 16), 0,
+  batch = {"tokens": jax.random.randint(jax.random.key(1), (4, 16), 0,
                                         config.model.vocab_size)}
   losses = []
   for _ in range(steps):

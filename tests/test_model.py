@@ -25,7 +25,7 @@ def test_reference_table_covers_every_registered_placement():
 def _param_names(model_cfg):
   """Parameter paths of a model, from its abstract init (nothing is compiled)."""
   cfg = model_lib.ModelConfig.create(model_cfg)
-  shapes = jax.eval_shape(model_lib.boxed_init(cfg), jax.random.PRNGKey(0))
+  shapes = jax.eval_shape(model_lib.boxed_init(cfg), jax.random.key(0))
   return {"/".join(str(k.key) for k in path)
           for path, _ in jax.tree_util.tree_leaves_with_path(nn.unbox(shapes))}
 
@@ -47,7 +47,7 @@ def _randomized(params, seed):
 
 def _block_params(cfg, x, seed=0):
   init = jax.jit(lambda key: nn.unbox(layers.Block(cfg).init(key, x)["params"]))
-  return jax.tree.map(np.asarray, _randomized(init(jax.random.PRNGKey(seed)), seed + 1))
+  return jax.tree.map(np.asarray, _randomized(init(jax.random.key(seed)), seed + 1))
 
 
 @pytest.mark.parametrize("index,name", list(enumerate(PLACEMENTS)))

@@ -47,7 +47,7 @@ def _randomized(params, seed):
 
 def _block(cfg, x, seed=0, index=0):
   init = jax.jit(lambda key: nn.unbox(layers.Block(cfg).init(key, x)["params"]))
-  params = jax.tree.map(np.asarray, _randomized(init(jax.random.PRNGKey(seed)), seed + 1))
+  params = jax.tree.map(np.asarray, _randomized(init(jax.random.key(seed)), seed + 1))
   got = jax.jit(layers.Block(cfg).apply)({"params": params}, x, jnp.int32(index))
   return params, np.asarray(got)
 
@@ -85,7 +85,7 @@ def test_qk_norm_bounds_the_attention_logits_that_grow_without_it(make_config):
     cfg = model_lib.ModelConfig.create(make_config(qk_norm=qk_norm).model)
     x = _x()
     init = jax.jit(lambda key, cfg=cfg: nn.unbox(layers.Block(cfg).init(key, x)["params"]))
-    params = jax.tree.map(np.asarray, init(jax.random.PRNGKey(0)))
+    params = jax.tree.map(np.asarray, init(jax.random.key(0)))
     for name in ("query", "key"):
       params["attention"][name] = params["attention"][name] * 30
     attention = layers.Attention(cfg, 1.0, probe=model_lib.telemetry.Probe(stats=True))
@@ -217,7 +217,7 @@ def _count(tree):
 
 def _shapes(config):
   cfg = model_lib.ModelConfig.create(config.model)
-  return nn.unbox(jax.eval_shape(model_lib.boxed_init(cfg), jax.random.PRNGKey(0)))
+  return nn.unbox(jax.eval_shape(model_lib.boxed_init(cfg), jax.random.key(0)))
 
 
 @pytest.mark.parametrize("placement_or_option", [
