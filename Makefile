@@ -18,7 +18,7 @@ SURVIVAL_DIR ?= runs/survival
 SURVIVAL_FP32_DIR ?= runs/survival_fp32
 SURVIVAL_DEPTH_DIR ?= runs/survival_depth
 SURVIVAL_GRID_DIR ?= runs/survival_grid
-# The critical learning rate by search (normstudy.core.search), per arm and seed: round 1 checks
+# The critical learning rate by search (normstudy.experiments.search), per arm and seed: round 1 checks
 # that 0.1 survives and 1 fails (at 480 steps 0.1 fails for some Pre-LN seeds: their bracket
 # moves down a decade, costing a round), 3 more rounds halve the bracket, then a probe round 1/8
 # decade either side of each midpoint; the analysis fits the transition to every probe of an arm

@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from configs import ladder_gpu  # noqa: E402
-from normstudy.core import memory  # noqa: E402
+from normstudy.engine import memory  # noqa: E402
 
 # Per run: float32 parameters and Adam's two moments (the checkpoint's bulk), and orbax's files.
 CHECKPOINT_BYTES_PER_PARAMETER = 12

@@ -11,7 +11,7 @@ then a 125M causal LM (GPT-2 small's shape) on v5e:4x4 and on a tensor-parallel 
 Columns: bytes per chip (arguments, temporaries, total) against the HBM the compiler states;
 the memory plan for a TPU and compiled_over_plan (total / plan: tests/test_compile.py holds
 it within 25% at these sizes); tflops_per_step_per_chip, counted from the model (every layer,
-the remat forward and attention; normstudy.core.memory.train_flops), beside compiler_tflops_per_chip
+the remat forward and attention; normstudy.engine.memory.train_flops), beside compiler_tflops_per_chip
 (XLA's cost analysis, which counts a loop's body once: about 1/L of a scanned stack);
 collectives_per_step, each op times the trip counts of the loops around it, beside
 collective_ops, the ops the program holds (each once).
@@ -62,7 +62,7 @@ def compile_arm(arm: str, remat: str, topology: str, spec: str = "", overrides=N
           "temporaries_gib": figures["per_chip_bytes"]["temporaries"] / GIB,
           "total_gib": figures["per_chip_bytes"]["total"] / GIB,
           "hbm_gib": figures["hbm_bytes"] / GIB, "plan_gib": figures["plan"]["total"] / GIB,
-          # What the compiler allocates against the plan (normstudy.core.memory's band).
+          # What the compiler allocates against the plan (normstudy.engine.memory's band).
           "compiled_over_plan": figures["per_chip_bytes"]["total"] / figures["plan"]["total"],
           "tflops_per_step_per_chip": figures["flops_per_step"] / 1e12,
           "compiler_tflops_per_chip": (figures["xla_cost_analysis_flops"] or float("nan")) / 1e12,

@@ -6,7 +6,7 @@ bring `make survival` under issue 41's 45 minutes, each run in simulated worlds.
 
 A simulated world is tests/test_transition.py's: every seed's runs fail with probability
 sigmoid(slope (log10 lr - center)), the transition `width` decades from 10% to 90%. Each design
-searches it as normstudy.core.search does (the same `search.run`), and the arm's transition is
+searches it as normstudy.experiments.search does (the same `search.run`), and the arm's transition is
 fitted to every probe (normstudy.analysis.transition.fit), as `make survival`'s analysis does.
 
 A probe's cost is what it cost in the committed search (--runs: its runs.csv and
@@ -33,7 +33,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from normstudy.analysis import transition  # noqa: E402
-from normstudy.core import search  # noqa: E402
+from normstudy.experiments import search  # noqa: E402
 
 # name -> (seeds, bisection rounds incl. round 1's check, probe decades, probe sides)
 DESIGNS = {

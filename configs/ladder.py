@@ -33,7 +33,7 @@ HEAD_DIM = 16  # heads stay 16 wide (the miniature's 64 / 4), the MLP 4x the wid
 LADDER_RUNGS = [(4, 16), (4, 32), (4, 64), (4, 128), (2, 32), (8, 32), (16, 32)]
 LADDER_DTYPES = ("float16", "float32")
 # Round 1 checks that 0.03 survives and 3 fails, 2 more rounds halve the bracket (to half a
-# decade), then a probe round 1/8 decade either side of each midpoint (normstudy.core.search).
+# decade), then a probe round 1/8 decade either side of each midpoint (normstudy.experiments.search).
 LADDER_SEARCH = {"field": "optimizer.learning_rate", "low": 0.03, "high": 3.0, "rounds": 3,
                  "probe_decades": 0.125}
 

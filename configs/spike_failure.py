@@ -10,7 +10,7 @@ where most baseline runs spike and then fail within the horizon; SEEDS seeds eac
 configs/spike_handling.py: the baseline; skip-step at OLMo-core's 6 sigma over a 128-step window
 (`optimizer.skip_spikes=6`); update clipping at Adafactor's RMS 1 (`optimizer.update_clip=1`).
 Each technique is compared with the baseline on the runs of the same rate and seed (same data
-order, same initialisation) by FAILURE_MEASURES (normstudy.analysis.techniques): the steps each
+order, same initialisation) by FAILURE_MEASURES (normstudy.analysis.techniques_report): the steps each
 run lasted, a survivor counted to its end (the restricted mean time to failure), whether it
 failed, the time to failure of pairs where both failed, the loss spikes and skip-step's withheld
 updates, each with an exact paired permutation test and Holm over the family: `python -m

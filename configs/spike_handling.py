@@ -12,7 +12,7 @@ window (`optimizer.skip_spikes=6`); update clipping at Adafactor's RMS 1
 (`optimizer.update_clip=1`). Each technique is compared with the baseline on the runs of the same
 rate and seed (same data order, same initialisation): `python -m normstudy.techniques
 --workdir=DIR --config=configs/spike_handling.py` writes spike_handling.csv
-(normstudy.analysis.techniques.spike_handling: exact paired permutation tests, Holm over the
+(normstudy.analysis.techniques_report.spike_handling: exact paired permutation tests, Holm over the
 family).
 """
 

@@ -57,7 +57,7 @@ if [ "$grid" = 1 ]; then
     esac
   done
   if [ "$searching" = 1 ]; then
-    [ -n "$rounds" ] || rounds=$("$python" -c "from normstudy.core import search; print(search.DEFAULT_ROUNDS)")
+    [ -n "$rounds" ] || rounds=$("$python" -c "from normstudy.experiments import search; print(search.DEFAULT_ROUNDS)")
     [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "--rounds=$rounds is not a positive integer"
     rounds=$((rounds + probing))
     round_flags=()

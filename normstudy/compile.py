@@ -8,7 +8,7 @@ config's mesh (normstudy.engine.aot); printed per chip: the arguments (parameter
 and the batch), the temporaries, their total against the chip's HBM (as the compiler states it),
 FLOPs per step counted from the model and the compiler's, the collectives one step executes
 (each op times its loops' trip counts) and those in the program, and the memory plan
-(normstudy.core.memory) beside them. Exit 0 when it fits, 1 with one line naming the shortfall
+(normstudy.engine.memory) beside them. Exit 0 when it fits, 1 with one line naming the shortfall
 when it does not, 2 for a topology it does not know or no TPU compiler (`make tpu-aot`
 installs one). v4 compiles as megacore (one device a chip, as a v4 TPU VM shows it).
 """
@@ -21,7 +21,7 @@ from ml_collections import config_flags
 
 from normstudy import cli
 from normstudy import errors
-from normstudy.core import memory  # plain arithmetic: no training stack before the flags parse
+from normstudy.engine import memory  # plain arithmetic: no training stack before the flags parse
 
 FLAGS = flags.FLAGS
 
@@ -44,9 +44,9 @@ def _lines(c) -> list[str]:
            f"optimizer state {_gib(c.optimizer_state)}, the batch and counters), "
            f"temporaries {_gib(c.temporaries)}, total {_gib(c.total)} of {_gib(c.hbm_bytes)} HBM "
            f"({'as the compiler states it' if c.hbm_source == 'compiler' else 'from a table'})",
-           f"memory plan (normstudy.core.memory): {c.plan.describe()}",
+           f"memory plan (normstudy.engine.memory): {c.plan.describe()}",
            f"FLOPs per step per chip: {c.flops_per_step:.3g}, counted from the model "
-           "(normstudy.core.memory.train_flops: every layer, the remat forward, attention); "
+           "(normstudy.engine.memory.train_flops: every layer, the remat forward, attention); "
            "XLA's own cost analysis is not a step's count (it counts a loop's body once) and "
            "is only in --json, as xla_cost_analysis_flops"]
   for title, found in (("collectives per step", c.collectives_per_step),

@@ -33,9 +33,9 @@ def main(argv):
     raise errors.UserError(f"--window={FLAGS.window}: it must be an integer >= 0")
   if not os.path.isdir(FLAGS.workdir):
     raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory")
-  from normstudy.analysis import context_gap as analysis
-  from normstudy.experiments import context_gap
-  outputs = {"context_gap_rows": context_gap.write_rows(FLAGS.workdir, FLAGS.window)}
+  from normstudy.analysis import context_gap_report as analysis
+  from normstudy.experiments import context_gap_runs
+  outputs = {"context_gap_rows": context_gap_runs.write_rows(FLAGS.workdir, FLAGS.window)}
   outputs.update(analysis.analyze(FLAGS.workdir))
   for name, path in outputs.items():
     print(f"{name}: {path}")

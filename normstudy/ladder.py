@@ -16,7 +16,7 @@ read from its runs' config. Writes into DIR: ladder.csv (per rung and arm: dtype
 d_model, params, the critical learning rate and its interval), ladder_fit.csv (per arm, dtype
 and axis: the slope of log critical rate on log size, the held-out largest rung, the
 extrapolation to the target size), ladder_tests.csv (whether two arms' ratio changes with size)
-and ladder.png (normstudy.analysis.ladder has the statistics).
+and ladder.png (normstudy.analysis.ladder_report has the statistics).
 
 A ladder file that declares LADDER_LEARNING_RATES instead of LADDER_SEARCH
 (configs/ladder_sensitivity.py) trains each rung as a sweep over that learning-rate grid; every
@@ -53,30 +53,30 @@ def main(argv):
   for name in ("target_layers", "target_d_model"):
     if getattr(FLAGS, name) < 1:
       raise errors.UserError(f"--{name}={getattr(FLAGS, name)}: it must be an integer >= 1")
-  from normstudy.experiments import ladder
+  from normstudy.experiments import ladder_runs
   if FLAGS.config is not None:
-    _train(ladder)
+    _train(ladder_runs)
   elif FLAGS.dtypes is not None or FLAGS.sweep_arg:
     raise errors.UserError("--dtypes and --sweep_arg need --config=FILE (the ladder to train)")
   if not os.path.isdir(FLAGS.workdir):
     raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory")
-  table = ladder.ladder_table(FLAGS.workdir)
-  sensitive = ladder.sensitivity_rungs(FLAGS.workdir)
+  table = ladder_runs.ladder_table(FLAGS.workdir)
+  sensitive = ladder_runs.sensitivity_rungs(FLAGS.workdir)
   if table.empty and not sensitive:
     raise errors.UserError(f"--workdir={FLAGS.workdir} holds no analysed search (a directory "
                            "with critical_lr.csv and sweep.json) and no analysed learning-rate "
                            "grid (runs.csv and sweep.json): run the rungs and normstudy.analyze "
                            "first (make ladder, make ladder-sensitivity)")
   if not table.empty:
-    from normstudy.analysis import ladder as analysis
-    model = ladder.first_model(FLAGS.workdir)
+    from normstudy.analysis import ladder_report as analysis
+    model = ladder_runs.first_model(FLAGS.workdir)
     model.update(num_layers=FLAGS.target_layers, d_model=FLAGS.target_d_model,
                  d_ff=4 * FLAGS.target_d_model)
     targets = {"num_layers": FLAGS.target_layers, "d_model": FLAGS.target_d_model,
-               "params": ladder.parameters(model)}
+               "params": ladder_runs.parameters(model)}
     for name, path in analysis.analyze(table, targets, FLAGS.workdir).items():
       print(f"{name}: {path}")
-    transfer = ladder.recorded_transfer(FLAGS.workdir)
+    transfer = ladder_runs.recorded_transfer(FLAGS.workdir)
     if transfer is not None:
       from normstudy.analysis import transfer as transfer_analysis
       if not os.path.isfile(transfer["reference"]):
@@ -86,7 +86,7 @@ def main(argv):
       import pandas as pd
       reference = pd.read_csv(transfer["reference"])
       for name, path in transfer_analysis.analyze(
-          table, reference, transfer["arms"], ladder.arm_parametrizations(FLAGS.workdir),
+          table, reference, transfer["arms"], ladder_runs.arm_parametrizations(FLAGS.workdir),
           targets, FLAGS.workdir).items():
         print(f"{name}: {path}")
   if sensitive:
@@ -95,15 +95,15 @@ def main(argv):
       print(f"{name}: {path}")
 
 
-def _train(ladder) -> None:
+def _train(ladder_runs) -> None:
   """Every rung of --config, checked (its file, --dtypes, the workdir) before anything is
   written, then trained in turn."""
   from normstudy.experiments import grid
   from normstudy.records import rundir
   module = grid.load_config_module(FLAGS.config)
-  parts = ladder.ladder_parts(module, FLAGS.config, grid.load_config_module)
-  transfer = ladder.transfer_spec(module, FLAGS.config)
-  declared = sorted({d for _, path, part in parts for d in ladder.ladder_spec(part, path)["dtypes"]})
+  parts = ladder_runs.ladder_parts(module, FLAGS.config, grid.load_config_module)
+  transfer = ladder_runs.transfer_spec(module, FLAGS.config)
+  declared = sorted({d for _, path, part in parts for d in ladder_runs.ladder_spec(part, path)["dtypes"]})
   unknown = [d for d in FLAGS.dtypes or () if d not in declared]
   if unknown:
     raise errors.UserError(f"--dtypes={','.join(FLAGS.dtypes)}: {', '.join(unknown)} is not "
@@ -111,11 +111,11 @@ def _train(ladder) -> None:
   rundir.check_writable(FLAGS.workdir, "--workdir")
   rungs = []
   for name, path, part in parts:
-    own = ladder.ladder_spec(part, path)["dtypes"]
+    own = ladder_runs.ladder_spec(part, path)["dtypes"]
     chosen = [d for d in FLAGS.dtypes if d in own] if FLAGS.dtypes else None
     if chosen != []:
-      rungs += ladder.plan_rungs(path, part, chosen, name)
-  ladder.train_rungs(rungs, FLAGS.workdir, tuple(FLAGS.sweep_arg), transfer=transfer)
+      rungs += ladder_runs.plan_rungs(path, part, chosen, name)
+  ladder_runs.train_rungs(rungs, FLAGS.workdir, tuple(FLAGS.sweep_arg), transfer=transfer)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ DIR/sweep.json lists the axes and each run's status. Re-running the same command
 it stopped.
 
 --search=FIELD:LOW,HIGH --rounds=N bisects FIELD for every point of the other axes instead of
-sweeping it (normstudy.core.search; docs/reference.md, "The critical learning rate by search").
+sweeping it (normstudy.experiments.search; docs/reference.md, "The critical learning rate by search").
 
 On a cluster (launch/sweep.sh --grid): --programs=I/N trains the I-th of N shares of the grid's
 programs; a search shares one round at a time (--round=K --programs=I/N, every earlier round
@@ -32,7 +32,7 @@ from ml_collections import config_flags
 
 from normstudy import cli
 from normstudy import errors
-from normstudy.core import search
+from normstudy.experiments import search
 
 # normstudy.experiments.grid.MAX_RUNS_PER_PROGRAM (tests/test_sweep.py checks they agree): grid
 # imports the model stack, which --help must not wait for.
@@ -52,7 +52,7 @@ def define_flags():
                        "the same when resuming.")
   flags.DEFINE_string("search", None,
                       "FIELD:LOW,HIGH: bisect FIELD per point of the other axes instead of "
-                      "sweeping it (normstudy.core.search), e.g. optimizer.learning_rate:0.1,1.")
+                      "sweeping it (normstudy.experiments.search), e.g. optimizer.learning_rate:0.1,1.")
   flags.DEFINE_string("programs", None,
                       "I/N: train only the I-th of N shares of the grid's programs (a cluster "
                       "job array's task: program i goes to share (i - 1) % N + 1), into the same "
@@ -64,7 +64,7 @@ def define_flags():
   flags.DEFINE_float("probe_decades", 0.0,
                      "With --search: after the rounds, a probe round trains every point at its "
                      "midpoint this many decades lower and higher, where the probes inform the "
-                     "transition's width (normstudy.core.search; 0: none).")
+                     "transition's width (normstudy.experiments.search; 0: none).")
   flags.DEFINE_integer("round", None,
                        "With --search and --programs=I/N: the search round whose programs to "
                        "share (1..--rounds); every earlier round must be trained (a job array "

@@ -7,7 +7,7 @@ DIR holds one analysed search per dtype (any subdirectory with critical_lr.csv: 
 --config=configs/techniques.py --search=...`, which analyses itself; its dtype read from its
 runs) and, optionally, DIR/recipe: the arms at the recipe's learning rate (their eval loss and
 step time). Each technique's baseline comes from the config file's BASELINES. Writes
-DIR/techniques.csv and DIR/techniques.png (normstudy.analysis.techniques has the statistics).
+DIR/techniques.csv and DIR/techniques.png (normstudy.analysis.techniques_report has the statistics).
 
 With a config that declares SPIKE_HANDLING (configs/spike_handling.py) and a DIR that is an
 analysed grid rather than searches (runs.csv, `make spike-handling`), it writes
@@ -67,17 +67,17 @@ def main(argv):
                            "baseline arm}}, configs/techniques.py shows it)")
   found = searches(FLAGS.workdir)
   handlers = tuple(getattr(module, "SPIKE_HANDLING", ()))
-  from normstudy.analysis import techniques
+  from normstudy.analysis import techniques_report
   measure_set = getattr(module, "SPIKE_MEASURES", "recovery")
-  if measure_set not in techniques.MEASURE_SETS:
+  if measure_set not in techniques_report.MEASURE_SETS:
     raise errors.UserError(f"--config={FLAGS.config}: SPIKE_MEASURES={measure_set!r} is not "
-                           f"allowed; allowed: {', '.join(techniques.MEASURE_SETS)}")
+                           f"allowed; allowed: {', '.join(techniques_report.MEASURE_SETS)}")
   if not found and handlers and os.path.isfile(os.path.join(FLAGS.workdir, "runs.csv")):
     # A grid of long runs (configs/spike_handling.py, configs/spike_failure.py): the
     # spike-handling comparison alone, with the measures the file names.
-    for name, path in techniques.analyze_spike_grid(
+    for name, path in techniques_report.analyze_spike_grid(
         FLAGS.workdir, baselines, handlers, FLAGS.workdir,
-        techniques.MEASURE_SETS[measure_set]).items():
+        techniques_report.MEASURE_SETS[measure_set]).items():
       print(f"{name}: {path}")
     return
   if not found:
@@ -85,7 +85,7 @@ def main(argv):
                            "subdirectory with critical_lr.csv): run make techniques")
   recipe = os.path.join(FLAGS.workdir, RECIPE)
   recipe = recipe if os.path.isfile(os.path.join(recipe, "speed.csv")) else None
-  for name, path in techniques.analyze(found, recipe, baselines, FLAGS.workdir,
+  for name, path in techniques_report.analyze(found, recipe, baselines, FLAGS.workdir,
                                        handlers).items():
     print(f"{name}: {path}")
 

@@ -52,10 +52,10 @@ def test_remat_lowers_the_temporaries(compiled):
 
 
 def test_the_memory_plan_agrees_with_the_compiler(compiled):
-  # normstudy.core.memory's stated shares on a TPU: at 4 x 256 the compiler keeps most of the
+  # normstudy.engine.memory's stated shares on a TPU: at 4 x 256 the compiler keeps most of the
   # step's working set in on-core memory its total does not count (0.27-0.51 of the plan), never
   # less than the least share the preflight allows for.
-  from normstudy.core import memory
+  from normstudy.engine import memory
   for name in ("fsdp4", "data4", "fsdp4_block"):
     figures = compiled[name]
     ratio = figures["per_chip_bytes"]["total"] / figures["plan"]["total"]
@@ -126,7 +126,7 @@ def test_the_command_prints_the_figures_and_refuses_in_one_line(tmp_path):
                           "collectives_per_step", "per_chip_bytes", "plan", "collectives"}
   # Every layer counted, split over the 4 chips (the compiler's figure counts a loop body once).
   from configs import lm
-  from normstudy.core import memory
+  from normstudy.engine import memory
   config = lm.get_config("tiny")
   assert figures["flops_per_step"] == pytest.approx(memory.train_flops(config) / 4)
   assert figures["xla_cost_analysis_flops"] == figures["compiler_flops"]  # its older name

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from normstudy.analysis import context_gap as analysis
+from normstudy.analysis import context_gap_report as analysis
 from normstudy.experiments import grid
 from normstudy.records import schema
 import inprocess

@@ -5,6 +5,7 @@ no training stack."""
 import ast
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 
@@ -133,6 +134,56 @@ def test_each_layer_imports_only_the_layers_below_it():
       assert not commands, f"{module} imports the command(s) {commands}"
       if not _is_command(module):
         assert "analysis" not in imported, f"{module}: only commands draw (import the analysis)"
+
+
+def test_no_module_name_repeats_across_the_folders():
+  """A module's name says its layer: `ladder_runs` (experiments) and `ladder_report` (analysis)
+  beside the `ladder` command, never three `ladder.py`."""
+  seen = {}
+  for module in _graph():
+    if module in LAYERS:
+      continue
+    seen.setdefault(module.rsplit(".", 1)[-1], []).append(module)
+  assert not {name: where for name, where in seen.items() if len(where) > 1}
+
+
+def _readme_map():
+  """{folder: (words of its entry, the layers its entry says it imports)} from the README's
+  Architecture block."""
+  text = open(os.path.join(runs.REPO, "README.md"), encoding="utf-8").read()
+  block = text[text.index("```\nnormstudy/\n"):]
+  block = block[:block.index("\n```", 4)]
+  entries, current = {}, None
+  for line in block.splitlines():
+    match = re.match(r"  (\w+)/\s", line)
+    if match:
+      current = match.group(1)
+      entries[current] = line[match.end():]
+    elif current and line.startswith(" " * 16):
+      entries[current] += " " + line
+    else:
+      current = None
+  found = {}
+  for folder, entry in entries.items():
+    words, _, imports = entry.rpartition(" imports ")
+    found[folder] = (set(re.findall(r"\w+", words)),
+                     set(re.findall(r"\w+", imports.split("(")[0])))
+  return found
+
+
+def test_the_readme_layer_map_is_true():
+  """The README's map lists every module of each folder and, exactly, the layers that folder's
+  modules import."""
+  graph, stated = _graph(), _readme_map()
+  assert set(stated) == set(LAYERS)
+  for layer, (words, imports) in stated.items():
+    modules = {m.split(".", 1)[1] for m in graph if m.startswith(layer + ".")}
+    assert modules <= words, (layer, modules - words)
+    actual = set()
+    for module, (ours, _) in graph.items():
+      if _layer(module) == layer:
+        actual |= {_layer(m) for m in ours} - {layer}
+    assert imports == actual, (layer, imports, actual)
 
 
 def test_records_and_the_analysis_never_import_the_training_stack():

@@ -1,4 +1,4 @@
-"""The ladder's statistics (normstudy.analysis.ladder) against scipy, the matrix form of least
+"""The ladder's statistics (normstudy.analysis.ladder_report) against scipy, the matrix form of least
 squares, and simulated ladders whose power law is known."""
 
 import math
@@ -10,14 +10,14 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from normstudy.analysis import ladder
+from normstudy.analysis import ladder_report
 
 WIDTHS = np.array([32.0, 64.0, 128.0, 256.0])
 
 
 def test_the_fit_is_least_squares_on_log_log():
   lrs = np.array([0.61, 0.35, 0.24, 0.11])
-  line = ladder.fit(WIDTHS, lrs)
+  line = ladder_report.fit(WIDTHS, lrs)
   ref = scipy_stats.linregress(np.log10(WIDTHS), np.log10(lrs))
   assert (line.slope, line.intercept) == pytest.approx((ref.slope, ref.intercept))
   half = scipy_stats.t.ppf(0.975, 2) * ref.stderr
@@ -34,17 +34,17 @@ def test_the_fit_is_least_squares_on_log_log():
   assert line.prediction(1024) == pytest.approx(
       (10 ** centre, 10 ** (centre - t * se), 10 ** (centre + t * se)))
   with pytest.raises(ValueError, match="two distinct sizes"):
-    ladder.fit([64, 64], [0.1, 0.2])
+    ladder_report.fit([64, 64], [0.1, 0.2])
 
 
 def test_the_held_out_rung_is_predicted_from_the_others():
   lrs = np.array([0.61, 0.35, 0.24, 0.11])
-  held = ladder.heldout(WIDTHS, lrs)
-  predicted, low, high = ladder.fit(WIDTHS[:3], lrs[:3]).prediction(256)
+  held = ladder_report.heldout(WIDTHS, lrs)
+  predicted, low, high = ladder_report.fit(WIDTHS[:3], lrs[:3]).prediction(256)
   assert (held["predicted"], held["low"], held["high"]) == pytest.approx((predicted, low, high))
   assert held["measured"] == 0.11 and held["inside"] == (low <= 0.11 <= high)
-  assert ladder.heldout(WIDTHS[:3], lrs[:3])["inside"] is None  # 2 rungs: no interval
-  far = ladder.heldout(WIDTHS, np.array([0.4, 0.2, 0.1, 5.0]))
+  assert ladder_report.heldout(WIDTHS[:3], lrs[:3])["inside"] is None  # 2 rungs: no interval
+  far = ladder_report.heldout(WIDTHS, np.array([0.4, 0.2, 0.1, 5.0]))
   assert far["inside"] is False and far["predicted"] == pytest.approx(0.05, rel=1e-9)
 
 
@@ -61,7 +61,7 @@ def test_the_held_out_interval_covers_a_known_power_law(noise):
   for _ in range(trials):
     e = (rng.normal(size=4) if noise == "normal" else rng.standard_t(3, size=4) / math.sqrt(3))
     measured = 10 ** (truth + 0.06 * e)
-    held = ladder.heldout(WIDTHS, measured)
+    held = ladder_report.heldout(WIDTHS, measured)
     covered_true += held["low"] <= 10 ** truth[-1] <= held["high"]
     covered_measured += bool(held["inside"])
   assert covered_true / trials >= 0.9
@@ -72,18 +72,18 @@ def test_the_held_out_interval_covers_a_known_power_law(noise):
 def test_a_ratio_that_changes_with_size_is_the_interaction():
   a = np.array([0.40, 0.30, 0.20, 0.12])
   b = np.array([0.20, 0.17, 0.13, 0.10])
-  got = ladder.interaction(WIDTHS, a, b)
+  got = ladder_report.interaction(WIDTHS, a, b)
   ref = scipy_stats.linregress(np.log10(WIDTHS), np.log10(a / b))
   assert got["slope"] == pytest.approx(ref.slope) and got["p"] == pytest.approx(ref.pvalue)
   assert got["df"] == 2
-  same = ladder.interaction(WIDTHS, 2 * b, b)  # a constant ratio
+  same = ladder_report.interaction(WIDTHS, 2 * b, b)  # a constant ratio
   assert same["slope"] == pytest.approx(0, abs=1e-12) and same["p"] == pytest.approx(1.0)
 
 
 def test_extrapolation_says_whether_it_is_within_the_ladder():
   lrs = 10 ** (0.3 - 0.7 * np.log10(WIDTHS))
-  inside = ladder.predict(WIDTHS, lrs * [1.02, 0.98, 1.01, 0.99], 100)
-  outside = ladder.predict(WIDTHS, lrs * [1.02, 0.98, 1.01, 0.99], 1024)
+  inside = ladder_report.predict(WIDTHS, lrs * [1.02, 0.98, 1.01, 0.99], 100)
+  outside = ladder_report.predict(WIDTHS, lrs * [1.02, 0.98, 1.01, 0.99], 1024)
   assert inside["within"] and not outside["within"]
   assert outside["predicted"] == pytest.approx(10 ** (0.3 - 0.7 * math.log10(1024)), rel=0.05)
   assert outside["high"] / outside["low"] > inside["high"] / inside["low"]  # wider away
@@ -98,8 +98,8 @@ def test_the_fit_table_fits_each_ladder_on_its_own_axis():
       rows.append({"arm": arm, "dtype": "float16", "num_layers": layers, "d_model": width,
                    "params": params, "critical_lr": 10 ** (a + b * math.log10(params)),
                    "critical_lr_low": math.nan, "critical_lr_high": math.nan})
-  table = ladder.fit_table(pd.DataFrame(rows, columns=ladder.LADDER_COLUMNS))
-  assert list(table.columns) == ladder.FIT_COLUMNS
+  table = ladder_report.fit_table(pd.DataFrame(rows, columns=ladder_report.LADDER_COLUMNS))
+  assert list(table.columns) == ladder_report.FIT_COLUMNS
   got = table.set_index(["arm", "axis"])
   # Exact power laws in params: slope b in params, 2b in width (params ~ width^2), b in depth.
   assert got.loc[("pre_norm_clip1", "params"), "slope"] == pytest.approx(-0.7)
@@ -129,7 +129,7 @@ def test_the_ladder_command_collects_rungs_fits_and_extrapolates(tmp_path):
   import json
   import runs
   from configs import shakespeare
-  from normstudy.core import memory
+  from normstudy.engine import memory
   model = json.loads(shakespeare.base_config().model.to_json())
   truth = {"pre_norm_clip1": (0.3, -0.7), "post_norm_deepnorm_clip1": (0.5, -0.4)}
   noise = iter(np.random.default_rng(3).normal(0, 0.03, size=64))
@@ -144,7 +144,7 @@ def test_the_ladder_command_collects_rungs_fits_and_extrapolates(tmp_path):
   result = runs.run_inline("normstudy.ladder", f"--workdir={tmp_path}")
   assert "ladder_fit:" in result.stdout
   table = pd.read_csv(tmp_path / "ladder.csv")
-  assert list(table.columns) == ladder.LADDER_COLUMNS and len(table) == 16
+  assert list(table.columns) == ladder_report.LADDER_COLUMNS and len(table) == 16
   row = table[(table.arm == "pre_norm_clip1") & (table.dtype == "float32")
               & (table.d_model == 128)].iloc[0]
   assert row.critical_lr == pytest.approx(expected[("float32", 128)]["pre_norm_clip1"])
@@ -183,7 +183,7 @@ def test_the_ladder_command_collects_rungs_fits_and_extrapolates(tmp_path):
 def test_the_ladder_file_plans_one_search_per_rung_and_dtype():
   from configs import ladder as ladder_config
   from normstudy.experiments import grid
-  from normstudy.experiments import ladder as experiment
+  from normstudy.experiments import ladder_runs as experiment
   module = grid.load_config_module("configs/ladder.py")
   rungs = experiment.plan_rungs("configs/ladder.py", module)
   assert len(rungs) == len(ladder_config.LADDER_RUNGS) * len(ladder_config.LADDER_DTYPES)
@@ -213,7 +213,7 @@ def test_a_wrong_ladder_file_is_refused_in_one_line(field, value, message):
   import types
   from normstudy.errors import UserError
   from normstudy.experiments import grid
-  from normstudy.experiments import ladder as experiment
+  from normstudy.experiments import ladder_runs as experiment
   module = vars(grid.load_config_module("configs/ladder.py")).copy()
   if value is None:
     del module[field]
@@ -236,7 +236,7 @@ def test_the_gpu_ladder_continues_the_cpu_ladder_at_larger_rungs():
   from configs import ladder as cpu
   from configs import ladder_gpu as gpu
   from normstudy.experiments import grid
-  from normstudy.experiments import ladder as experiment
+  from normstudy.experiments import ladder_runs as experiment
   rungs = experiment.plan_rungs("configs/ladder_gpu.py",
                                 grid.load_config_module("configs/ladder_gpu.py"))
   assert max((r.num_layers, r.d_model) for r in rungs) == (24, 1024)  # MERT's shape
@@ -250,20 +250,20 @@ def test_rungs_exactly_on_a_line_keep_their_own_measurement_error():
   the rungs' own standard errors (from their 95% intervals), not a residual SD of 0."""
   lrs = 0.5 * (WIDTHS / 32) ** -0.5  # exactly a power law
   lows, highs = lrs / 1.5, lrs * 1.5
-  own = ladder.measurement_sd(lows, highs)
+  own = ladder_report.measurement_sd(lows, highs)
   np.testing.assert_allclose(own, np.log10(1.5) / scipy_stats.norm.ppf(0.975))
-  bare = ladder.fit(WIDTHS, lrs)
+  bare = ladder_report.fit(WIDTHS, lrs)
   assert bare.residual_sd == pytest.approx(0, abs=1e-12)
-  floored = ladder.fit(WIDTHS, lrs, own)
+  floored = ladder_report.fit(WIDTHS, lrs, own)
   assert floored.sd == pytest.approx(own[0]) and floored.residual_sd == bare.residual_sd
   x = np.log10(WIDTHS)
   half = scipy_stats.t.ppf(0.975, 2) * own[0] / math.sqrt(np.sum((x - x.mean()) ** 2))
   assert (floored.slope_low, floored.slope_high) == pytest.approx((-0.5 - half, -0.5 + half))
-  held = ladder.heldout(WIDTHS, lrs, own)
+  held = ladder_report.heldout(WIDTHS, lrs, own)
   assert held["low"] < held["measured"] < held["high"] and held["inside"]
   # The residual SD wins where it is the larger.
   noisy = lrs * 10 ** np.array([0.2, -0.2, 0.2, -0.2])
-  assert ladder.fit(WIDTHS, noisy, own).sd == ladder.fit(WIDTHS, noisy).residual_sd
+  assert ladder_report.fit(WIDTHS, noisy, own).sd == ladder_report.fit(WIDTHS, noisy).residual_sd
 
 
 def test_the_held_out_rung_says_what_a_flat_law_would_have_predicted():
@@ -271,7 +271,7 @@ def test_the_held_out_rung_says_what_a_flat_law_would_have_predicted():
   # observation, sd * sqrt(1 + 1/n) * t(0.975, n - 1), computed here by hand.
   sizes = np.array([16, 32, 64, 128])
   lrs = np.array([0.30, 0.21, 0.16, 0.10])
-  got = ladder.heldout(sizes, lrs)
+  got = ladder_report.heldout(sizes, lrs)
   logs = np.log10(lrs[:3])
   half = scipy_stats.t.ppf(0.975, 2) * logs.std(ddof=1) * math.sqrt(1 + 1 / 3)
   assert got["flat_predicted"] == pytest.approx(10 ** logs.mean())
@@ -282,5 +282,5 @@ def test_the_held_out_rung_says_what_a_flat_law_would_have_predicted():
   # largest rung 2 steps from the others' mean, inside the flat law's t(0.975, 2) x 1 step x
   # sqrt(4/3) = 4.97 steps: the flat law passes every such held-out test too.
   for slope in (-0.3, -1.0, -3.0):
-    line = ladder.heldout(sizes, 10 ** (-0.5 + slope * np.log10(sizes / 16)))
+    line = ladder_report.heldout(sizes, 10 ** (-0.5 + slope * np.log10(sizes / 16)))
     assert line["flat_inside"]

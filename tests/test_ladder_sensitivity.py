@@ -142,13 +142,13 @@ def _write_grid_rung(directory, model, runs):
 def test_the_ladder_command_collects_the_grid_rungs(tmp_path):
   import runs as runs_lib
   from configs import ladder_sensitivity as config
-  from normstudy.experiments import ladder
+  from normstudy.experiments import ladder_runs
   model = json.loads(config.base_config().model.to_json())
   expected = {}
   for size, table in _ladder(seed=1):
     rung = dict(model, d_model=size["d_model"], d_ff=4 * size["d_model"], num_heads=1)
     expected[size["d_model"]] = ladder_sensitivity.rung_rows(
-        table, dict(size, params=ladder.parameters(rung)))
+        table, dict(size, params=ladder_runs.parameters(rung)))
     _write_grid_rung(tmp_path / "float16" / f"L4_d{size['d_model']}", rung, table)
   result = runs_lib.run_module("normstudy.ladder", f"--workdir={tmp_path}")
   assert "ladder_sensitivity:" in result.stdout and "ladder_fit" not in result.stdout
@@ -171,9 +171,9 @@ def test_the_sensitivity_ladder_plans_a_learning_rate_grid_per_rung():
   from configs import ladder as search_ladder
   from configs import ladder_sensitivity as config
   from normstudy.experiments import grid
-  from normstudy.experiments import ladder
+  from normstudy.experiments import ladder_runs
   module = grid.load_config_module("configs/ladder_sensitivity.py")
-  rungs = ladder.plan_rungs("configs/ladder_sensitivity.py", module)
+  rungs = ladder_runs.plan_rungs("configs/ladder_sensitivity.py", module)
   assert [(r.dtype, r.num_layers, r.d_model) for r in rungs] == [
       ("float16", layers, width) for layers, width in config.LADDER_RUNGS]
   assert rungs[0].argv == (
@@ -200,7 +200,7 @@ def test_a_wrong_sensitivity_ladder_is_refused_in_one_line(change, message):
   import types
   from normstudy.errors import UserError
   from normstudy.experiments import grid
-  from normstudy.experiments import ladder
+  from normstudy.experiments import ladder_runs
   module = dict(vars(grid.load_config_module("configs/ladder_sensitivity.py")), **change)
   with pytest.raises(UserError, match=re.escape(message)):
-    ladder.plan_rungs("configs/ladder_sensitivity.py", types.SimpleNamespace(**module))
+    ladder_runs.plan_rungs("configs/ladder_sensitivity.py", types.SimpleNamespace(**module))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from normstudy.core.search import DEFAULT_ROUNDS
+from normstudy.experiments.search import DEFAULT_ROUNDS
 import runs
 
 
@@ -444,7 +444,7 @@ def test_the_gpu_ladder_plans_one_lease_and_refuses_what_does_not_fit(tmp_path, 
   one line; without a GPU the real run is refused in one line."""
   import types
   from configs import ladder
-  from normstudy.core import memory
+  from normstudy.engine import memory
   result = subprocess.run(["bash", "benchmarks/gpu_ladder.sh", "--dry-run"], cwd=runs.REPO,
                           capture_output=True, text=True, timeout=runs.bound(120))
   assert result.returncode == 0, result.stderr

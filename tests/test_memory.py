@@ -1,4 +1,4 @@
-"""normstudy.core.memory: the plan counts the model's parameters as the model has them, is a floor
+"""normstudy.engine.memory: the plan counts the model's parameters as the model has them, is a floor
 of what XLA compiles (within the margin its docstring states), scales with the mesh as the
 shardings do, and the entry commands refuse a run that cannot fit, in one line, before anything
 is written."""
@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from normstudy.core import memory
+from normstudy.engine import memory
 from normstudy.core import model as model_lib
 from normstudy.core import placements
 from normstudy.engine import execution
@@ -133,7 +133,7 @@ def test_at_merts_size_the_count_is_six_params_tokens_plus_attention():
   """Issue 44's yardstick at MERT's size (benchmarks/pods.py's PAPER: 24 x 1024, 512-token
   rows, vocab 32768, batch 64, 16 chips): the analytic count per chip is within 10% of
   6 x params x tokens / chips plus attention's 12 L T S d / chips, the parameters counted from
-  the model's own initialised shapes (jax.eval_shape), not from normstudy.core.memory."""
+  the model's own initialised shapes (jax.eval_shape), not from normstudy.engine.memory."""
   from configs import seed_figure
   config = seed_figure.get_config("pre_norm_clip1")
   config.model.update(num_layers=24, d_model=1024, num_heads=16, d_ff=4096, max_len=512,

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from normstudy.analysis import outcomes
+from normstudy.analysis import outcomes_table
 
 
 def _write_depth_runs(tmp_path, cells):
@@ -122,12 +122,12 @@ def test_outcomes_count_every_run_that_ended_once():
           (0.8, "diverged: non-finite", 1), (0.7, "diverged: loss up", 0),
           (0.6, "in trouble", 0), (0.5, "not learning", 2), (0.4, "not learning", 1),
           (0.1, "learning", 0), (0.2, "unfinished", 0)]])
-  table = outcomes.table(runs).set_index("outcome")
-  assert list(table.index) == list(outcomes.CLASSES)
+  table = outcomes_table.table(runs).set_index("outcome")
+  assert list(table.index) == list(outcomes_table.CLASSES)
   # Each class once, "in trouble" (ended inside a short non-finite stretch) among them; the
   # unfinished run is in no class.
   assert list(table.runs) == [1, 1, 1, 1, 1, 2, 1, 0]
   assert (table.loc["not learning", "lr_min"], table.loc["not learning", "lr_max"]) == (0.4, 0.5)
   assert table.loc["not learning", "recoveries"] == 3 and table.threshold.iloc[0] == 3.0
-  text = outcomes.observations(table.reset_index())
+  text = outcomes_table.observations(table.reset_index())
   assert "learning 1 (lr 0.1-0.1)" in text and "not learning 2 (lr 0.4-0.5, 3 recoveries)" in text

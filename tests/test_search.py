@@ -1,4 +1,4 @@
-"""normstudy.core.search and the statistics of its report, against independent computations: the
+"""normstudy.experiments.search and the statistics of its report, against independent computations: the
 bisection in a simulated monotone world (failure a known function of the learning rate), its
 interval's coverage over simulated seeds, Holm's adjustment, the paired t-test and the
 equivalence margin; and the command end to end on a tiny model, extended by more rounds."""
@@ -16,7 +16,7 @@ from normstudy import errors
 from normstudy.analysis import critical_lr
 from normstudy.analysis import transition
 from normstudy.analysis import stats
-from normstudy.core import search
+from normstudy.experiments import search
 import runs
 
 

@@ -1,4 +1,4 @@
-"""The techniques table (normstudy.analysis.techniques): each technique against its baseline by
+"""The techniques table (normstudy.analysis.techniques_report): each technique against its baseline by
 the likelihood-ratio test of one 50% point, Holm over the family, margins only where not
 separated, and the costs read from the recipe sweep; checked against plain recomputations."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from normstudy.analysis import techniques
+from normstudy.analysis import techniques_report
 from normstudy.analysis import transition
 from normstudy.records import keys
 
@@ -56,11 +56,11 @@ def test_each_technique_is_tested_against_its_baseline_with_holm_over_the_family
   rows = []
   for dtype in ("float16", "float32"):
     found, points, runs = _search(centres)
-    rows += techniques.compare_searches(found, points, runs, baselines, dtype)
+    rows += techniques_report.compare_searches(found, points, runs, baselines, dtype)
   costs = pd.DataFrame({"loss_at_recipe": [3.0, 2.5, 3.1], "step_time": [1.0, 1.5, 0.9]},
                        index=["baseline", "wide", "same"])
-  table = techniques.table(rows, costs)
-  assert list(table.columns[:13]) == techniques.TECHNIQUE_COLUMNS
+  table = techniques_report.table(rows, costs)
+  assert list(table.columns[:13]) == techniques_report.TECHNIQUE_COLUMNS
   assert len(table) == 4
   probes = {arm: (np.log10(runs[runs.arm == arm].learning_rate.to_numpy()),
                   (runs[runs.arm == arm].status == "halted").to_numpy(dtype=float))
@@ -99,11 +99,11 @@ def test_step_times_are_median_seconds_per_token_after_the_compiling_interval():
       return types.SimpleNamespace(info=types.SimpleNamespace(arm=run.split("/")[0]))
 
   loaded = Loaded(names=loaded.names, series=loaded.series)
-  times = techniques.step_times(loaded, loaded.names)
+  times = techniques_report.step_times(loaded, loaded.names)
   assert times["a/seed0"] == pytest.approx(1 / 1000.0)  # median of 1/1000, 1/800, 1/1250
   speed = pd.DataFrame({"arm": ["a", "b"], "final_eval_loss": [3.0, 2.0],
                         "final_eval_loss_low": [2.9, 1.9], "final_eval_loss_high": [3.1, 2.1]})
-  costs = techniques.recipe_costs(speed, loaded)
+  costs = techniques_report.recipe_costs(speed, loaded)
   assert costs.loc["a", "step_time"] == pytest.approx(np.median([1 / 1000.0, 1 / 500.0]))
   assert costs.loc["b", "loss_at_recipe"] == 2.0
 
@@ -120,9 +120,9 @@ def test_the_summary_has_one_row_per_technique_and_a_column_per_dtype():
   rows = []
   for dtype in ("float16", "float32"):
     found, points, runs = _search({"baseline": 0.3, "wide": 1.5})
-    rows += techniques.compare_searches(found, points, runs, {"wide": "baseline"}, dtype)
-  table = techniques.table(rows, None)
-  wide = techniques.summary(table).set_index("arm").loc["wide"]
+    rows += techniques_report.compare_searches(found, points, runs, {"wide": "baseline"}, dtype)
+  table = techniques_report.table(rows, None)
+  wide = techniques_report.summary(table).set_index("arm").loc["wide"]
   for dtype in ("float16", "float32"):
     row = table[table.dtype == dtype].iloc[0]
     assert wide[f"ratio_{dtype}"] == row.ratio and wide[f"p_holm_{dtype}"] == row.p_holm
@@ -146,7 +146,7 @@ def test_spike_handling_pairs_runs_by_rate_and_seed_and_tests_each_measure():
                "outcome": "alive", "failed_at": math.nan, "loss_spikes": 9,
                "final_loss": 1.0})  # no partner
   runs = pd.DataFrame(rows)
-  table = techniques.spike_table(techniques.spike_handling(
+  table = techniques_report.spike_table(techniques_report.spike_handling(
       runs, ["skip_spikes", "update_clip"], {"skip_spikes": "baseline",
                                              "update_clip": "baseline"}, "float16"))
   got = table.set_index("measure")
@@ -188,7 +188,7 @@ def test_runs_that_fail_are_compared_by_steps_survived_with_survivors_counted_to
                                "--config=configs/spike_failure.py")
   assert "spike_handling:" in result.stdout
   table = pd.read_csv(tmp_path / "spike_handling.csv").set_index("measure")
-  assert list(table.index) == [m for m, _, _ in techniques.FAILURE_MEASURES]
+  assert list(table.index) == [m for m, _, _ in techniques_report.FAILURE_MEASURES]
   lasted = table.loc["steps before failure, survivors to their end"]
   d = np.array([130 - 100, 400 - 150, 400 - 400, 250 - 300], float)
   assert lasted.pairs == 4 and lasted.difference == pytest.approx(d.mean())
@@ -232,7 +232,7 @@ def test_a_grid_of_long_runs_gets_the_spike_handling_table_with_recovery_measure
                                "--config=configs/spike_handling.py")
   assert "spike_handling:" in result.stdout
   table = pd.read_csv(tmp_path / "spike_handling.csv")
-  assert set(table.measure) == {m for m, _, _ in techniques.RECOVERY_MEASURES}
+  assert set(table.measure) == {m for m, _, _ in techniques_report.RECOVERY_MEASURES}
   row = table[(table.technique == "update_clip")
               & (table.measure == "final eval loss of survivors")].iloc[0]
   mine = runs[runs.arm == "update_clip"].sort_values(["learning_rate", "seed"])

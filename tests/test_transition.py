@@ -1,5 +1,5 @@
 """The failure threshold as a noisy transition (normstudy.analysis.transition) and the search
-that feeds it (normstudy.core.search's probe round): the fit against scipy's optimiser and a
+that feeds it (normstudy.experiments.search's probe round): the fit against scipy's optimiser and a
 brute-force profile, and the coverage of its intervals in simulated worlds whose failure
 probability is a known logistic function of the learning rate."""
 
@@ -11,7 +11,7 @@ from scipy import optimize
 from scipy import stats as scipy_stats
 
 from normstudy.analysis import transition
-from normstudy.core import search
+from normstudy.experiments import search
 
 
 def _negative_loglik(params, x, y):

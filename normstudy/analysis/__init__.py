@@ -44,7 +44,7 @@ from normstudy.analysis.runs import smooth
 from normstudy.analysis import critical_lr
 from normstudy.analysis import depth
 from normstudy.analysis import interaction
-from normstudy.analysis import outcomes
+from normstudy.analysis import outcomes_table
 from normstudy.analysis import sensitivity
 from normstudy.analysis import sensitivity_plots
 from normstudy.analysis import speed
@@ -92,17 +92,17 @@ def _sweep_report(loaded, summary, workdir, grid_survival: bool = True, runs=Non
 
 
 def _search_report(loaded, summary, workdir):
-  """A search (normstudy.core.search): critical_lr.csv, its points, tests and figure
-  (analysis.critical_lr), how every run ended (outcomes.csv, analysis.outcomes), then the
+  """A search (normstudy.experiments.search): critical_lr.csv, its points, tests and figure
+  (analysis.critical_lr), how every run ended (outcomes.csv, analysis.outcomes_table), then the
   learning-rate sweep's report of the runs it trained without the grid's survival tables: a
   search's learning rates follow each point's outcomes, so the grid's per-learning-rate tests
   and logistic fit answer nothing its design asks."""
   runs = sensitivity.table(loaded, summary)
   outputs, text = critical_lr.analyze(loaded, runs, workdir)
-  ended = outcomes.table(runs)
+  ended = outcomes_table.table(runs)
   outputs["outcomes"] = os.path.join(workdir, "outcomes.csv")
   ended.to_csv(outputs["outcomes"], index=False)
-  text += "\n\n" + outcomes.observations(ended)
+  text += "\n\n" + outcomes_table.observations(ended)
   swept, sections, table = _sweep_report(loaded, summary, workdir, grid_survival=False,
                                          runs=runs)
   return {**outputs, **swept}, [("Critical learning rate (search)", text), *sections], table

@@ -1,4 +1,4 @@
-"""The critical learning rate found by search (normstudy.core.search): per arm (and value of the
+"""The critical learning rate found by search (normstudy.experiments.search): per arm (and value of the
 other axes, the `group`) the transition fitted to every probe the search made
 (normstudy.analysis.transition), per point its final bracket, pairwise comparisons of arms, and
 the critical learning rate at shorter horizons read off the same runs.

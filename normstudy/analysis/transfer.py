@@ -2,12 +2,12 @@
 standard parametrization's ladder (`make ladder-mup`; normstudy.core.parametrizations).
 
 Per arm, dtype and size axis (d_model on the width rungs, num_layers on the depth rungs), with the
-ladder's model (normstudy.analysis.ladder: log10 critical_lr = a + b log10 size, least squares, its
+ladder's model (normstudy.analysis.ladder_report: log10 critical_lr = a + b log10 size, least squares, its
 scatter floored by the rungs' own measurement SD):
   slope = 0        the t-test of the slope (n - 2 degrees of freedom): a parametrization under
                    which the rate transfers has slope 0
   slope = sp's     the t-test of the slope of log10(critical_lr / sp's critical_lr) at the rungs
-                   both measured (normstudy.analysis.ladder.interaction): whether the
+                   both measured (normstudy.analysis.ladder_report.interaction): whether the
                    parametrization changed how the rate moves with size
 both families Holm-adjusted together over every row. The held-out rung: the largest rung against
 the fit over the others (the ladder's `heldout`), against a flat law (slope 0) and against a law
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from normstudy.analysis import ladder as ladder_stats
+from normstudy.analysis import ladder_report as ladder_stats
 
 COLUMNS = ["parametrization", "arm", "dtype", "axis", "slope", "low", "high", "rungs",
            "p_slope_zero", "p_slope_zero_holm", "sp_arm", "sp_slope", "sp_low", "sp_high",
@@ -49,7 +49,7 @@ def slope_test(line: ladder_stats.Fit) -> float:
 
 def slope_law_prediction(sizes, critical_lrs, slope: float, at: float, measured_sd=None):
   """What a law of the given `slope` through the rungs predicts at size `at`: (predicted, low,
-  high), the flat law's t prediction interval (normstudy.analysis.ladder.flat_prediction) of the
+  high), the flat law's t prediction interval (normstudy.analysis.ladder_report.flat_prediction) of the
   detrended values log10 y - slope log10 x, moved back along the slope. slope 0 is the flat law."""
   x = np.log10(np.asarray(sizes, dtype=float))
   detrended = 10 ** (np.log10(np.asarray(critical_lrs, dtype=float)) - slope * x)

@@ -20,7 +20,7 @@ import math
 import ml_collections
 
 from normstudy import errors
-from normstudy.core import techniques
+from normstudy.core import technique_table
 from normstudy.core.fields import Field
 from normstudy.core.fields import get_field  # noqa: F401  (the one dotted getter, for callers)
 
@@ -229,7 +229,7 @@ FIELDS = (
     Field("label", "", "the legend label: a template ({auto}: described from the config; "
           "{section.field:format} fills in a field)", "a template"),
     *_MODEL, *_OPTIMIZER, *_DATA, *_MESH, *_TRAIN,
-    *(t.declaration for t in techniques.TECHNIQUES),
+    *(t.declaration for t in technique_table.TECHNIQUES),
 )
 SECTIONS = ("model", "loss", "optimizer", "data", "mesh", "train")
 

@@ -8,19 +8,19 @@ fields are filled in from the config. A fixed text without braces is taken as it
 import re
 
 from normstudy import errors
-from normstudy.core import techniques
+from normstudy.core import technique_table
 from normstudy.core.fields import get_field
 from normstudy.records.names import number
 
 
 def describe(config) -> str:
   """'Pre-Norm | Attention Relax | Gradient Clip=1': the placement's name, each technique that is
-  on (normstudy.core.techniques, in its table's order), the optimizer-side ones (Adam-atan2,
+  on (normstudy.core.technique_table, in its table's order), the optimizer-side ones (Adam-atan2,
   update clipping, skip-step), the clip."""
   # Imported here: the placements bring JAX, which a command must not wait for to refuse a
   # mistyped config (normstudy.experiments.grid imports this module).
   from normstudy.core import placements
-  parts = [placements.get(config.model.placement).label, *techniques.legend(config)]
+  parts = [placements.get(config.model.placement).label, *technique_table.legend(config)]
   if config.model.norm == "dyt":  # every norm replaced (Zhu et al. 2025)
     parts.insert(1, "DyT")
   opt = config.optimizer

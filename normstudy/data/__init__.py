@@ -1,2 +1,2 @@
 """Data: sources of token rows (the synthetic languages, text files, TFDS catalog datasets),
-tokenizers, loss floors and batches. Imports the core, the records and the errors."""
+tokenizers, loss floors and batches. Imports only the errors."""

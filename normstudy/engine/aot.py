@@ -9,7 +9,7 @@ train_compile.py is the model): what one chip of a pod needs for a config, learn
   compile_for(config, devices)    the train and eval steps compiled as normstudy.main would
                                   compile them there: per-chip bytes, FLOPs (counted from the
                                   model and the compiler's), collectives (in the program and per
-                                  step), the memory plan (normstudy.core.memory) beside them
+                                  step), the memory plan (normstudy.engine.memory) beside them
 
 The TPU compiler is libtpu, installed apart from the environment that trains (`make tpu-aot`
 puts the version this jax needs into .tpu-aot/): in the training environment every process
@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 
-from normstudy.core import memory
+from normstudy.engine import memory
 from normstudy.errors import UserError
 
 TPU_AOT_DIR = ".tpu-aot"

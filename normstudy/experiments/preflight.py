@@ -11,7 +11,7 @@ import os
 from absl import logging
 import jax
 
-from normstudy.core import memory
+from normstudy.engine import memory
 from normstudy.core import per_run
 from normstudy.data import sources
 from normstudy.engine import execution
@@ -100,7 +100,7 @@ def memory_limit() -> tuple[int | None, str]:
 
 def check_memory(config, sizes: dict, num_runs: int, limit_and_what=None) -> None:
   """UserError when one device cannot hold the step: on the CPU when the memory plan
-  (normstudy.core.memory, a floor there) exceeds its share of the host's memory; on an
+  (normstudy.engine.memory, a floor there) exceeds its share of the host's memory; on an
   accelerator, where a compiler may allocate less than the plan, only when the least share of
   the plan any compiled step was measured to need (memory.LEAST_COMPILED_OVER_PLAN) exceeds the
   device's memory. `limit_and_what`: memory_limit()'s answer (tests give their own)."""

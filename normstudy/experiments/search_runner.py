@@ -1,4 +1,4 @@
-"""The search runner: a field's critical value per grid point by bisection (normstudy.core.search),
+"""The search runner: a field's critical value per grid point by bisection (normstudy.experiments.search),
 each round's runs planned and trained as a grid's, each run judged by the failure rule the
 analysis reports (normstudy.records.outcomes).
 
@@ -13,7 +13,7 @@ continue it.
 
 from absl import logging
 
-from normstudy.core import search as search_lib
+from normstudy.experiments import search as search_lib
 from normstudy.errors import UserError
 from normstudy.experiments import grid
 from normstudy.experiments import planning
@@ -54,7 +54,7 @@ def _search_record(search_, points: dict, history: dict) -> schema.SearchRecord:
 
 def run_search(spec: grid.Grid, search_, workdir: str, analyze, allow_config_change: bool = False,
                max_runs: int = grid.MAX_RUNS_PER_PROGRAM, workers: int = 0, describe=None):
-  """Bisects `search_.field` per point of `spec` (normstudy.core.search): each round's runs are
+  """Bisects `search_.field` per point of `spec` (normstudy.experiments.search): each round's runs are
   planned (grouped into programs, every run checked) and trained as a grid's; sweep.json
   records every run and each point's bracket after every round; then `analyze(workdir)` (the
   command's analysis). Round 1's runs are planned, and so checked, before anything is written;

@@ -5,7 +5,7 @@ Three kinds, one error path each (all raise errors.ConfigError with one line):
   names    fields whose values are registered names: placements, norms, activations, optimizers,
            datasets (each registry's own `get`, so the allowed list is the registry's);
   rules    combinations across fields (RULES below, then each technique's conflicts:
-           normstudy.core.techniques).
+           normstudy.core.technique_table).
 The mesh's divisibility is checked by normstudy.engine.sharding.check_divisible, which knows the
 mesh.
 """
@@ -16,7 +16,7 @@ from normstudy.core import labels
 from normstudy.core import layers
 from normstudy.core import optimizer as optimizer_lib
 from normstudy.core import placements
-from normstudy.core import techniques
+from normstudy.core import technique_table
 from normstudy.core.fields import get_field
 from normstudy.data import sources as data_lib
 
@@ -127,6 +127,6 @@ def validate(config) -> None:
   for holds, message in RULES:
     if not holds(config):
       raise errors.ConfigError(message(config))
-  for message in techniques.conflicts(config):
+  for message in technique_table.conflicts(config):
     raise errors.ConfigError(message)
   labels.check(config)

@@ -62,7 +62,7 @@ SWEEP = "sweep.json"
 LOCK = ".normstudy.lock"
 LIBRARY_LOG = "normstudy.log"
 EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's event files, beside metrics.jsonl
-# A size ladder's rungs (normstudy.experiments.ladder writes it, normstudy.analysis.ladder fits
+# A size ladder's rungs (normstudy.experiments.ladder_runs writes it, normstudy.analysis.ladder_report fits
 # it): per rung and arm the model's size and the critical learning rate with its interval.
 LADDER = "ladder.csv"
 LADDER_COLUMNS = ("arm", "dtype", "num_layers", "d_model", "params", "critical_lr",
@@ -86,7 +86,7 @@ DRIFT_PREDICTION = "horizon_prediction.csv"
 # rungs are read from it).
 RUN_TABLE = "runs.csv"
 # normstudy.context_gap's measurement, one row per evaluation row of each run (normstudy.
-# experiments.context_gap writes it, normstudy.analysis.context_gap reads it).
+# experiments.context_gap writes it, normstudy.analysis.context_gap_report reads it).
 CONTEXT_GAP_ROWS = "context_gap_rows.csv"
 CONTEXT_GAP_ROWS_COLUMNS = ("run", "arm", "seed", "window", "row", "tokens", "loss_intact_sum",
                             "loss_spliced_sum")
@@ -271,7 +271,7 @@ class StudyRecord:
 
 @dataclasses.dataclass(frozen=True)
 class BracketRecord:
-  """One point's bracket after a round of a search (normstudy.core.search.Bracket): `low`
+  """One point's bracket after a round of a search (normstudy.experiments.search.Bracket): `low`
   survived and `high` failed once `established`."""
   low: float
   high: float
@@ -300,7 +300,7 @@ class SearchPoint:
 @dataclasses.dataclass(frozen=True)
 class SearchRecord:
   """sweep.json's `search`: the searched field, its bounds and rounds, the widening rule
-  (normstudy.core.search), each point's brackets, and the probe round's distance from each
+  (normstudy.experiments.search), each point's brackets, and the probe round's distance from each
   midpoint in decades (0: none; absent before the probe round existed)."""
   field: str
   low: float

@@ -10,7 +10,7 @@ The run's parameters are those of its program's newest checkpoint (run.json's `c
 validation rows, masked by train.eval_seed), and each row's donor the validation row as many rows
 later as there are evaluation rows: another document when a document spans at most that many
 rows (the synthetic languages' 4,096-token documents are 64 rows of 64 tokens; `make attention`
-evaluates 512 rows). The tests over these rows are normstudy.analysis.context_gap's.
+evaluates 512 rows). The tests over these rows are normstudy.analysis.context_gap_report's.
 """
 
 import csv

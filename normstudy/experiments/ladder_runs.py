@@ -10,7 +10,7 @@ import types
 
 import pandas as pd
 
-from normstudy.core import memory
+from normstudy.engine import memory
 from normstudy.errors import UserError
 from normstudy.records import schema
 
@@ -36,7 +36,7 @@ def _model_of(rung: str) -> dict:
 
 
 def parameters(model: dict) -> int:
-  """The parameter count of a model section (normstudy.core.memory.parameter_count)."""
+  """The parameter count of a model section (normstudy.engine.memory.parameter_count)."""
   return memory.parameter_count(types.SimpleNamespace(**model))
 
 
@@ -142,7 +142,7 @@ def ladder_spec(module, path: str) -> dict:
   LADDER_LEARNING_RATES [lr, ...] (a grid for the LR sensitivity,
   configs/ladder_sensitivity.py). Returns {"rungs", "dtypes", "search" (or None),
   "learning_rates" (or None)}."""
-  from normstudy.core import search as search_lib
+  from normstudy.experiments import search as search_lib
   missing = [name for name in ("LADDER_RUNGS", "LADDER_DTYPES", "rung_overrides")
              if not hasattr(module, name)]
   measures = [name for name in ("LADDER_SEARCH", "LADDER_LEARNING_RATES")
