@@ -370,7 +370,9 @@ def test_layernorm_scaling_scales_each_norm_by_one_over_sqrt_layer(make_config, 
 
 @pytest.mark.parametrize("overrides,message", [
     ({"model.norm": "dyt", "model.placement": "rezero"},
-     "config.model.norm='dyt' replaces the norms; config.model.placement='rezero' has none"),
+     "config.model.norm='dyt' chooses the norms; config.model.placement='rezero' has none"),
+    ({"model.norm": "rmsnorm", "model.placement": "rezero"},
+     "config.model.norm='rmsnorm' chooses the norms; config.model.placement='rezero' has none"),
     ({"model.layernorm_scaling": True, "model.placement": "rezero"},
      "config.model.layernorm_scaling=True scales the norms' outputs; config.model.placement="
      "'rezero' has no norms"),

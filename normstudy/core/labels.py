@@ -8,28 +8,17 @@ fields are filled in from the config. A fixed text without braces is taken as it
 import re
 
 from normstudy import errors
+from normstudy.core import placements
 from normstudy.core import technique_table
 from normstudy.core.fields import get_field
 from normstudy.records.names import number
 
 
 def describe(config) -> str:
-  """'Pre-Norm | Attention Relax | Gradient Clip=1': the placement's name, each technique that is
-  on (normstudy.core.technique_table, in its table's order), the optimizer-side ones (Adam-atan2,
-  update clipping, skip-step), the clip."""
-  # Imported here: the placements bring JAX, which a command must not wait for to refuse a
-  # mistyped config (normstudy.experiments.grid imports this module).
-  from normstudy.core import placements
+  """'Pre-Norm | Attention Relax | Gradient Clip=1': the placement's name, the fragments of what
+  is on (normstudy.core.technique_table.legend: a replaced norm, each technique in the table's
+  order, the optimizer's), the clip."""
   parts = [placements.get(config.model.placement).label, *technique_table.legend(config)]
-  if config.model.norm == "dyt":  # every norm replaced (Zhu et al. 2025)
-    parts.insert(1, "DyT")
-  opt = config.optimizer
-  if opt.name == "adam_atan2":
-    parts.append("Adam-atan2")
-  if opt.update_clip:
-    parts.append(f"Update Clip={number(float(opt.update_clip))}")
-  if opt.skip_spikes:
-    parts.append(f"Skip-Step={number(float(opt.skip_spikes))} sd")
   clip = config.optimizer.clip_norm
   parts.append(f"Gradient Clip={number(float(clip))}" if clip else "No Clip")
   return " | ".join(parts)

@@ -388,6 +388,7 @@ class Attention(nn.Module):
   branch_gain: float
   inner_norm: bool = False  # Sub-LN: a norm over the heads' concatenation before `out`
   probe: telemetry.Probe = telemetry.OFF
+  qkv_norm: bool = False  # the placement's QKV norm (placements.Placement.qkv_norm)
 
   @nn.compact
   def __call__(self, x):
@@ -419,6 +420,11 @@ class Attention(nn.Module):
       # add a learned key-content term to every score; flax's normalize_qk has none either).
       q = make_norm(cfg, "query_norm", cfg.qk_norm, axis_name="kv", use_bias=False)(q)
       k = make_norm(cfg, "key_norm", cfg.qk_norm, axis_name="kv", use_bias=False)(k)
+    if self.qkv_norm:
+      # A placement's QKV norm (HybridNorm, Zhuo et al. 2025, eq. 5: softmax(N(Q) N(K)^T /
+      # sqrt(d)) N(V)): each head's q, k and v over head_dim, model.norm with its gain and bias.
+      q, k, v = (make_norm(cfg, f"{name}_qkv_norm", axis_name="kv")(y)
+                 for name, y in (("query", q), ("key", k), ("value", v)))
     if cfg.attention_kernel == "cudnn" and not (self.probe.stats or self.probe.locate):
       # Telemetry and locate steps read the scores, so they take the explicit path below (the
       # same function; it rounds differently only on those steps).
@@ -534,7 +540,7 @@ class Block(nn.Module):
       return placements.LayerContext(
           index=index, num_layers=cfg.num_layers, causal=cfg.causal,
           alpha=placement.residual_alpha(cfg.num_layers), cfg=cfg, param=sublayer_param,
-          layer_param=layer_param)
+          layer_param=layer_param, sublayer=prefix)
 
     def norms_of(prefix):
       def norm(slot):
@@ -584,7 +590,8 @@ class Block(nn.Module):
 
     mlp = Mlp(cfg, gain, placement.inner_norm, self.probe, name="mlp")
     if cfg.attention != "none":
-      attention = Attention(cfg, gain, placement.inner_norm, self.probe, name="attention")
+      attention = Attention(cfg, gain, placement.inner_norm, self.probe,
+                            qkv_norm=placement.qkv_norm, name="attention")
       x = wrap(x, attention, "attention", 0)
     telemetry.sow_site(self, self.probe, "resid_attn", x)
     x = wrap(x, mlp, "mlp", per_layer - 1)

@@ -51,8 +51,6 @@ import math
 
 # The parametrizations' names, in the order the schema lists them.
 NAMES = ("sp", "mup", "completep", "umup")
-# Placements the depth rules are derived for (a branch added to an identity residual stream).
-DEPTH_PLACEMENTS = ("pre_ln",)
 ROLES = ("embedding", "hidden", "readout", "vector")
 
 

@@ -17,12 +17,11 @@ import dataclasses
 import math
 from typing import Any, Callable
 
-import jax
-import jax.numpy as jnp
-
 from normstudy.core.registry import Registry
 
-Array = jax.Array
+# JAX is imported where a wrap computes, not here: validation, the legend and the schema read
+# this table's properties before a command may load JAX (a mistyped config is refused first).
+Array = Any
 # norm(slot) returns the sublayer's norm for `slot` ("in" or "out"), created on first use.
 NormFactory = Callable[[str], Callable[[Array], Array]]
 Sublayer = Callable[[Array], Array]
@@ -36,6 +35,7 @@ class LayerContext:
   causal: bool
   alpha: float  # this placement's residual weight for the stack
   cfg: Any = None  # the ModelConfig, for placement-specific fields
+  sublayer: str = ""  # the branch wrapped: "attention" or "mlp"
   # param(name, shape, init value) -> a learned float32 parameter of this sublayer, not decayed;
   # created on first use. layer_param: the same, shared by the layer's two sublayers (ReZero).
   param: Callable[[str, tuple, float], Array] | None = None
@@ -63,6 +63,18 @@ class Placement:
   # renormalised along its embedding axis at init and after each update
   # (normstudy.core.model.onto_sphere, normstudy.core.steps).
   unit_sphere: bool = False
+  # Whether its blocks have norm modules (model.norm, LayerNorm Scaling and DyT act on them):
+  # ReZero and nGPT have none.
+  has_norms: bool = True
+  # What it already scales each branch by, learned ("scalar": ReZero's a; "alpha": nGPT's
+  # eigen learning rates), so LayerScale would be a second one; None when nothing.
+  branch_scale: str | None = None
+  # Whether depth-wise parametrizations (CompleteP, u-muP: residual branches scaled by depth as
+  # derived for x + F(LN(x))) apply to its wiring.
+  depth_parametrizable: bool = False
+  # Queries, keys and values each normalised per head over head_dim by the placement's norm
+  # (model.norm) inside attention (HybridNorm's QKV norm), before the scores.
+  qkv_norm: bool = False
   description: str = ""
 
 
@@ -136,6 +148,8 @@ NGPT_LOGIT_SCALE_INIT = 1.0
 
 def unit(x: Array, axis: int = -1) -> Array:
   """x / ||x|| over `axis` (nGPT's Norm), computed in float32; x's dtype."""
+  import jax
+  import jax.numpy as jnp
   x32 = x.astype(jnp.float32)
   return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=axis, keepdims=True))).astype(x.dtype)
 
@@ -154,6 +168,7 @@ def _ngpt(x, f, norm, ctx):
   del norm
   d = x.shape[-1]
   alpha = ngpt_scaled(ctx.param("ngpt_alpha", (d,), 1.0 / math.sqrt(d)), NGPT_ALPHA_INIT, d)
+  import jax.numpy as jnp
   x32 = x.astype(jnp.float32)
   return unit(x32 + alpha * (unit(f(x)).astype(jnp.float32) - x32)).astype(x.dtype)
 
@@ -181,7 +196,7 @@ def deepnorm_beta(num_layers: int) -> float:
 
 
 register(Placement(
-    name="pre_ln", wrap=_pre_ln, final_norm=True, label="Pre-Norm",
+    name="pre_ln", wrap=_pre_ln, final_norm=True, label="Pre-Norm", depth_parametrizable=True,
     description="x + F(LN(x)); one final LN before the head (Xiong et al. 2020)."))
 register(Placement(
     name="post_ln", wrap=_post_ln, final_norm=False, label="Post-Norm", identity_residual=False,
@@ -212,12 +227,13 @@ register(Placement(
     description="Post-LN in the first ceil(model.mix_ln_fraction * N) layers, Pre-LN after "
                 "(Mix-LN, Li et al. 2024)."))
 register(Placement(
-    name="rezero", wrap=_rezero, final_norm=False, label="ReZero",
+    name="rezero", wrap=_rezero, final_norm=False, label="ReZero", has_norms=False,
+    branch_scale="scalar",
     description="x + a F(x), a learned scalar per sublayer initialised to 0, no norms "
                 "(ReZero, Bachlechner et al. 2020)."))
 register(Placement(
     name="ngpt", wrap=_ngpt, final_norm=False, label="nGPT", identity_residual=False,
-    unit_sphere=True,
+    unit_sphere=True, has_norms=False, branch_scale="alpha",
     description="h <- Norm(h + alpha (Norm(F(h)) - h)) on the unit sphere, matrices "
                 "renormalised after each update, a learned logit scale (nGPT, Loshchilov et "
                 "al. 2024)."))
@@ -227,4 +243,5 @@ def where_layer(condition, a: Array, b: Array) -> Array:
   """`a` where the (possibly traced) layer condition holds, else `b`; static when it is a bool."""
   if isinstance(condition, bool):
     return a if condition else b
+  import jax.numpy as jnp
   return jnp.where(condition, a, b)

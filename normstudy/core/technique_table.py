@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any, Callable
 
 from normstudy.core import parametrizations
+from normstudy.core import placements
 from normstudy.core.fields import Field
 from normstudy.core.fields import get_field
 from normstudy.records.names import number
@@ -70,19 +71,23 @@ def _needs_attention(field: str, what: str) -> Conflict:
                             "config.model.attention='none' has no attention: turn one off")
 
 
+def _placement(config) -> placements.Placement:
+  return placements.get(config.model.placement)
+
+
 def _parametrization_conflicts():
-  p = parametrizations
+  depth = lambda: [n for n, p in placements.REGISTRY.items() if p.depth_parametrizable]  # noqa: E731
   return (
-      Conflict(lambda c: c.model.placement == "ngpt",
+      Conflict(lambda c: _placement(c).unit_sphere,
                lambda c: f"config.model.parametrization={c.model.parametrization!r} scales "
-                         "matrices that config.model.placement='ngpt' keeps on the unit "
-                         "sphere; allowed with ngpt: 'sp'"),
+                         f"matrices that config.model.placement={c.model.placement!r} keeps on "
+                         f"the unit sphere; allowed with {c.model.placement}: 'sp'"),
       Conflict(lambda c: c.model.parametrization in ("completep", "umup")
-               and c.model.placement not in p.DEPTH_PLACEMENTS,
+               and not _placement(c).depth_parametrizable,
                lambda c: f"config.model.parametrization={c.model.parametrization!r} scales "
                          "residual branches as derived for Pre-LN; config.model.placement="
                          f"{c.model.placement!r} is not; allowed: "
-                         f"{', '.join(repr(n) for n in p.DEPTH_PLACEMENTS)}, or "
+                         f"{', '.join(repr(n) for n in depth())}, or "
                          "parametrization 'sp' or 'mup'"),
       Conflict(lambda c: c.model.parametrization == "umup" and c.model.tie_embeddings,
                lambda c: "config.model.parametrization='umup' scales the embedding and the "
@@ -109,17 +114,21 @@ TECHNIQUES = (
                     "bias", ("none", "layernorm", "rmsnorm")),
               lambda v, c: "QK-Norm" + (" (RMS)" if v == "rmsnorm" else ""),
               "Dehghani et al. 2023 (ViT-22B); Wortsman et al. 2023",
-              conflicts=(_needs_attention("model.qk_norm", "normalises queries and keys"),)),
+              conflicts=(_needs_attention("model.qk_norm", "normalises queries and keys"),
+                         Conflict(lambda c: _placement(c).qkv_norm,
+                                  lambda c: f"config.model.qk_norm={c.model.qk_norm!r} "
+                                            "normalises queries and keys, which config.model."
+                                            f"placement={c.model.placement!r} already "
+                                            "normalises (with the values); allowed: 'none'"))),
     Technique(Field("model.layer_scale", 0.0, "LayerScale: each branch times a learned "
                     "per-channel gain initialised to this", "0 (off) or a number > 0",
                     accepts=lambda v: v >= 0),
               _scale("LayerScale"), "Touvron et al. 2021 (CaiT)",
               conflicts=(Conflict(
-                  lambda c: c.model.placement in ("rezero", "ngpt"),
+                  lambda c: _placement(c).branch_scale is not None,
                   lambda c: f"config.model.layer_scale={c.model.layer_scale:g} scales the "
                             f"branches that config.model.placement={c.model.placement!r} "
-                            "already scales by a learned "
-                            f"{'scalar' if c.model.placement == 'rezero' else 'alpha'}; use "
+                            f"already scales by a learned {_placement(c).branch_scale}; use "
                             "one of them"),)),
     Technique(Field("model.emb_grad_shrink", 1.0, "embedding gradient shrink: the embedding's "
                     "gradient times this, its value unchanged", "a number in (0, 1]; 1 = off",
@@ -149,7 +158,7 @@ TECHNIQUES = (
               lambda v, c: "LN Scaling", "Sun et al. 2025 (\"The Curse of Depth in Large "
               "Language Models\"); OLMo-core's default_scaled block",
               conflicts=(Conflict(
-                  lambda c: c.model.placement in ("rezero", "ngpt"),
+                  lambda c: not _placement(c).has_norms,
                   lambda c: "config.model.layernorm_scaling=True scales the norms' outputs; "
                             f"config.model.placement={c.model.placement!r} has no norms"),)),
     Technique(Field("model.qk_clip", 0.0, "QK-clip: after each update, each head's W_q and W_k "
@@ -167,13 +176,37 @@ TECHNIQUES = (
                   lambda c: f"config.model.qk_clip={c.model.qk_clip:g} clips attention logits; "
                             "config.model.attention='none' has none"),
                          Conflict(
-                  lambda c: c.model.placement == "ngpt",
+                  lambda c: _placement(c).unit_sphere,
                   lambda c: f"config.model.qk_clip={c.model.qk_clip:g} rescales W_q and W_k, "
-                            "which config.model.placement='ngpt' puts back on the unit sphere "
-                            "after every update; use one of them"))),
+                            f"which config.model.placement={c.model.placement!r} puts back on "
+                            "the unit sphere after every update; use one of them"))),
     Technique(Field("loss.z_loss", 0.0, "z-loss: this times the mean (log Z)^2 added to the loss",
                     "0 (off) or a number > 0", accepts=lambda v: v >= 0),
               _scale("z-loss"), "Chowdhery et al. 2022 (PaLM)"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Legend:
+  """The legend fragment of a field declared elsewhere (normstudy.core.config) that names a
+  technique by some of its values: `text(value)` is the fragment, or None for none."""
+  field: str
+  text: Callable[[Any], str | None]
+  paper: str
+
+
+# Before the techniques: what replaces every norm. After them: the optimizer's techniques.
+LEGENDS_BEFORE = (
+    Legend("model.norm", lambda v: "DyT" if v == "dyt" else None, "Zhu et al. 2025 (DyT)"),
+)
+LEGENDS_AFTER = (
+    Legend("optimizer.name", lambda v: "Adam-atan2" if v == "adam_atan2" else None,
+           "Everett et al. 2024 (Adam-atan2)"),
+    Legend("optimizer.update_clip",
+           lambda v: f"Update Clip={number(float(v))}" if v else None, "update clipping"),
+    Legend("optimizer.skip_spikes",
+           lambda v: f"Skip-Step={number(float(v))} sd" if v else None,
+           "OLMo-core's skip-step"),
 )
 
 
@@ -183,8 +216,12 @@ def on(config) -> list:
 
 
 def legend(config) -> list[str]:
-  """The legend fragments of the techniques that are on."""
-  return [t.legend(t.value(config), config) for t in on(config)]
+  """The legend fragments of what is on: a replaced norm, the techniques in the table's order,
+  the optimizer's techniques."""
+  def fragments(rows):
+    return [text for text in (row.text(get_field(config, row.field)) for row in rows) if text]
+  return (fragments(LEGENDS_BEFORE) + [t.legend(t.value(config), config) for t in on(config)]
+          + fragments(LEGENDS_AFTER))
 
 
 def conflicts(config) -> list[str]:

@@ -90,19 +90,16 @@ RULES = (
                     "scaler, whose gradients would underflow or overflow under config.model."
                     f"parametrization={c.model.parametrization!r}; allowed: 'dynamic', or "
                     "parametrization 'umup' (unit-scaled gradients)"),
-    _rule(lambda c: c.model.norm != "dyt" or c.model.placement != "rezero",
-          lambda c: "config.model.norm='dyt' replaces the norms; config.model.placement="
-                    "'rezero' has none"),
-    # nGPT normalises onto the unit sphere and has no norm modules: a norm choice or an input
-    # norm would be silently meaningless.
-    _rule(lambda c: c.model.placement != "ngpt" or c.model.norm == "layernorm",
+    # A placement without norm modules (ReZero; nGPT normalises onto the unit sphere): a norm
+    # choice or an input norm would be silently meaningless.
+    _rule(lambda c: placements.get(c.model.placement).has_norms or c.model.norm == "layernorm",
           lambda c: f"config.model.norm={c.model.norm!r} chooses the norms; config.model."
-                    "placement='ngpt' has none (it normalises onto the unit sphere); allowed: "
-                    "'layernorm' (the default, unused)"),
-    _rule(lambda c: c.model.placement != "ngpt" or not c.model.input_norm,
+                    f"placement={c.model.placement!r} has none; allowed: 'layernorm' (the "
+                    "default, unused)"),
+    _rule(lambda c: not placements.get(c.model.placement).unit_sphere or not c.model.input_norm,
           lambda c: "config.model.input_norm=True adds a LayerNorm on the embedding; config."
-                    "model.placement='ngpt' puts the embedding on the unit sphere instead; "
-                    "allowed: False"),
+                    f"model.placement={c.model.placement!r} puts the embedding on the unit "
+                    "sphere instead; allowed: False"),
     _rule(lambda c: c.data.name != "synthetic" or c.data.branching <= c.model.vocab_size,
           lambda c: f"config.data.branching={c.data.branching} exceeds "
                     f"config.model.vocab_size={c.model.vocab_size}"),
