@@ -36,9 +36,10 @@ def _bias(p, name, shape_like):
   return p[name] if name in p else np.zeros(shape_like)
 
 
-def attention(x, p, causal, qk_norm=None, softcap=0.0, eps=1e-5):
+def attention(x, p, causal, qk_norm=None, softcap=0.0, eps=1e-5, qkv_norm=False):
   """Multi-head attention; `qk_norm` ("layernorm" | "rmsnorm") normalises q and k per head over
-  head_dim (ViT-22B); `softcap` caps the scores, cap * tanh(s / cap) (Gemma 2); an "inner_norm"
+  head_dim (ViT-22B); `qkv_norm` normalises q, k and v per head over head_dim with the block's
+  norm, gain and bias (a placement's QKV norm: HybridNorm, Zhuo et al. 2025, eq. 5); `softcap` caps the scores, cap * tanh(s / cap) (Gemma 2); an "inner_norm"
   in `p` normalises the heads' concatenation before the output projection (Sub-LN)."""
   q = np.einsum("bld,dhk->blhk", x, p["query"]) + _bias(p, "query_bias", 1)
   k = np.einsum("bld,dhk->blhk", x, p["key"]) + _bias(p, "key_bias", 1)
@@ -50,6 +51,9 @@ def attention(x, p, causal, qk_norm=None, softcap=0.0, eps=1e-5):
   elif qk_norm == "rmsnorm":
     q = rmsnorm(q, p["query_norm"]["scale"], eps)
     k = rmsnorm(k, p["key_norm"]["scale"], eps)
+  if qkv_norm:
+    q, k, v = (_norm(p, f"{name}_qkv_norm", y, eps)
+               for name, y in (("query", q), ("key", k), ("value", v)))
   scores = np.einsum("bqhk,bshk->bhqs", q, k) / np.sqrt(q.shape[-1])
   if softcap:
     scores = softcap * np.tanh(scores / softcap)
