@@ -127,6 +127,15 @@ def sub_ln(x, params, n, causal, eps, activation):
   return h + mlp(_norm(params, "mlp_norm", h, eps), params["mlp"], activation, eps)
 
 
+def hybrid_norm(x, params, n, causal, eps, activation):
+  """HybridNorm (Zhuo et al. 2025, eqs. 5-7): Y = X + MHA with Norm(Q), Norm(K), Norm(V);
+  X' = FFN(Norm(Y)) + Norm(Y)."""
+  del n
+  h = x + attention(x, params["attention"], causal, eps=eps, qkv_norm=True)
+  y = _norm(params, "mlp_norm", h, eps)
+  return y + mlp(y, params["mlp"], activation, eps)
+
+
 def mix_ln(x, params, n, causal, eps, activation, index=0, fraction=0.25):
   """Mix-LN (Li et al. 2024): the first ceil(fraction * n) layers Post-LN, the rest Pre-LN."""
   if index < math.ceil(fraction * n):
@@ -176,6 +185,7 @@ BLOCKS = {
     "peri_ln": (sandwich_ln, True),  # Peri-LN's block is Sandwich-LN's; it adds embedding norm
     "mix_ln": (mix_ln, True),
     "reordered_ln": (reordered_ln, True),
+    "hybrid_norm": (hybrid_norm, True),
     "rezero": (rezero, False),
     "ngpt": (ngpt, False),
 }

@@ -113,6 +113,16 @@ def _reordered_ln(x, f, norm, ctx):
   return x + norm("in")(f(x))
 
 
+def _hybrid_norm(x, f, norm, ctx):
+  """HybridNorm (Zhuo et al. 2025, "HybridNorm", eqs. 5-7): attention with its queries, keys and
+  values normalised (the placement's qkv_norm) on the stream as it is, Y = X + MHA_QKV(X); the
+  FFN Post-Norm, X' = FFN(Norm(Y)) + Norm(Y)."""
+  if ctx.sublayer == "attention":
+    return x + f(x)
+  h = norm("in")(x)
+  return h + f(h)
+
+
 def _mix_ln(x, f, norm, ctx):
   """Post-LN in the first ceil(fraction * N) layers, Pre-LN after (Li et al. 2024, "Mix-LN",
   alpha = 0.25). Under nn.scan the layer index is traced: the sublayer runs once on the input
@@ -226,6 +236,11 @@ register(Placement(
     name="mix_ln", wrap=_mix_ln, final_norm=True, label="Mix-LN", identity_residual=False,
     description="Post-LN in the first ceil(model.mix_ln_fraction * N) layers, Pre-LN after "
                 "(Mix-LN, Li et al. 2024)."))
+register(Placement(
+    name="hybrid_norm", wrap=_hybrid_norm, final_norm=True, label="HybridNorm",
+    identity_residual=False, qkv_norm=True,
+    description="x + MHA(x) with q, k, v normalised, then Norm(y) + FFN(Norm(y)) (HybridNorm, "
+                "Zhuo et al. 2025)."))
 register(Placement(
     name="rezero", wrap=_rezero, final_norm=False, label="ReZero", has_norms=False,
     branch_scale="scalar",
