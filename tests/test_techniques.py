@@ -373,6 +373,9 @@ def test_layernorm_scaling_scales_each_norm_by_one_over_sqrt_layer(make_config, 
      "config.model.norm='dyt' chooses the norms; config.model.placement='rezero' has none"),
     ({"model.norm": "rmsnorm", "model.placement": "rezero"},
      "config.model.norm='rmsnorm' chooses the norms; config.model.placement='rezero' has none"),
+    ({"model.qk_norm": "layernorm", "model.placement": "hybrid_norm"},
+     "config.model.qk_norm='layernorm' normalises queries and keys, which config.model."
+     "placement='hybrid_norm' already normalises (with the values); allowed: 'none'"),
     ({"model.layernorm_scaling": True, "model.placement": "rezero"},
      "config.model.layernorm_scaling=True scales the norms' outputs; config.model.placement="
      "'rezero' has no norms"),
