@@ -20,6 +20,7 @@ from absl import flags
 
 from normstudy import cli
 from normstudy import errors
+from normstudy.records import schema
 
 FLAGS = flags.FLAGS
 RECIPE = "recipe"
@@ -40,9 +41,9 @@ def searches(workdir: str) -> dict:
   found = {}
   for name in sorted(os.listdir(workdir)):
     directory = os.path.join(workdir, name)
-    if name == RECIPE or not os.path.isfile(os.path.join(directory, "critical_lr.csv")):
+    if name == RECIPE or not os.path.isfile(os.path.join(directory, schema.CRITICAL_LR)):
       continue
-    dtypes = pd.read_csv(os.path.join(directory, "runs.csv")).dtype.dropna().unique()
+    dtypes = pd.read_csv(os.path.join(directory, schema.RUN_TABLE)).dtype.dropna().unique()
     if len(dtypes) != 1:
       raise errors.UserError(f"{directory} holds runs of dtypes {list(dtypes)}; a search here "
                              "is one dtype's")
@@ -72,7 +73,7 @@ def main(argv):
   if measure_set not in techniques_report.MEASURE_SETS:
     raise errors.UserError(f"--config={FLAGS.config}: SPIKE_MEASURES={measure_set!r} is not "
                            f"allowed; allowed: {', '.join(techniques_report.MEASURE_SETS)}")
-  if not found and handlers and os.path.isfile(os.path.join(FLAGS.workdir, "runs.csv")):
+  if not found and handlers and os.path.isfile(os.path.join(FLAGS.workdir, schema.RUN_TABLE)):
     # A grid of long runs (configs/spike_handling.py, configs/spike_failure.py): the
     # spike-handling comparison alone, with the measures the file names.
     for name, path in techniques_report.analyze_spike_grid(

@@ -15,6 +15,8 @@ import shutil
 
 import pytest
 
+import runs
+
 from normstudy import analysis
 from normstudy.records import rundir
 from normstudy.records import schema
@@ -74,3 +76,27 @@ def test_every_record_of_12de52b_reads_into_its_type_and_writes_back_the_same():
 def test_a_run_that_never_started_reads_as_an_empty_run_info(tmp_path):
   info = rundir.RunDir(str(tmp_path)).info()
   assert info == schema.RunInfo() and info.status is None and info.needs_training(10)
+
+
+def test_a_run_finished_by_applied_updates_is_done_by_the_records_too(tmp_path):
+  """One "run is done" rule: with train.count_skipped_steps=False the step finishes a float16
+  run after num_steps applied updates, past num_steps train steps; run.json records the
+  num_steps it finished at, so the records agree it needs no more training (before, they
+  compared last_step with num_steps and sent it back to train), and the same command leaves it
+  as it is."""
+  workdir = tmp_path / "run"
+  args = ("--config=configs/seed_figure.py:pre_norm_clip1", f"--workdir={workdir}",
+          *runs.tiny_args(tmp_path / "tfds", num_steps=4),
+          "--config.optimizer.loss_scale.initial_scale=1099511627776.0",  # 2^40: overflows first
+          "--config.train.count_skipped_steps=False", "--config.train.max_consecutive_skips=100")
+  runs.run_inline("normstudy.main", *args)
+  info = rundir.RunDir(str(workdir)).info()
+  assert info.status == schema.FINISHED and info.last_step > 4  # the skipped steps counted
+  assert info.finished_num_steps == 4 and not info.needs_training(4)
+  assert info.needs_training(6)  # extended: more updates to take
+  before = (workdir / schema.METRICS).read_text()
+  runs.run_inline("normstudy.main", *args)
+  assert (workdir / schema.METRICS).read_text() == before
+  # run.json written before finished_num_steps: finished at exactly num_steps train steps.
+  legacy = schema.RunInfo(status=schema.FINISHED, last_step=4)
+  assert not legacy.needs_training(4) and legacy.needs_training(5)

@@ -503,3 +503,22 @@ def test_a_malformed_table_in_a_config_file_is_one_line(tmp_path, table, value, 
     grid.load_config_module(str(path))
   assert str(refused.value).startswith(f"{path}: {table} = ") and shape in str(refused.value)
   assert "\n" not in str(refused.value)
+
+
+def test_the_config_file_is_loaded_once(tmp_path):
+  """A sweep reads its file's tables from the module the --config flag loaded, rather than
+  running the file a second time (a file with side effects, or a slow one, runs once)."""
+  log = tmp_path / "loads.txt"
+  config = tmp_path / "counted.py"
+  config.write_text(
+      "import os\n"
+      f"with open({str(log)!r}, 'a') as f:\n"
+      "  f.write('loaded\\n')\n"
+      "from configs import seed_figure\n"
+      "get_config = seed_figure.get_config\n"
+      "SWEEP = {'train.seed': [0, 1]}\n")
+  result = runs.run_inline("normstudy.sweep", f"--config={config}",
+                           f"--workdir={tmp_path / 'w'}", "--max_runs_per_program=-1",
+                           check=False)
+  assert result.returncode == 2 and "--max_runs_per_program=-1" in result.stderr
+  assert log.read_text().splitlines() == ["loaded"]

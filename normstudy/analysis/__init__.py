@@ -51,6 +51,7 @@ from normstudy.analysis import speed
 from normstudy.analysis import update_spikes as spikes_lib
 from normstudy.analysis import stats
 from normstudy.analysis import survival
+from normstudy.records import schema
 
 # Above this many runs, per-step figures and per-run prose are unreadable: a sweep is read
 # through its sensitivity figures and tables instead.
@@ -75,7 +76,7 @@ def _sweep_report(loaded, summary, workdir, grid_survival: bool = True, runs=Non
   runs = sensitivity.table(loaded, summary) if runs is None else runs
   by_arm = sensitivity.summarize(runs)
   died = sensitivity.deaths(runs)
-  outputs = {"run_table": os.path.join(workdir, "runs.csv"),
+  outputs = {"run_table": os.path.join(workdir, schema.RUN_TABLE),
              "deaths": os.path.join(workdir, "deaths.csv")}
   summary.merge(runs.drop(columns=["status", "outcome", "recoveries", "final_eval_loss",
                                    "nonfinite_at", "halt_reason",

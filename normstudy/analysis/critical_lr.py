@@ -353,7 +353,7 @@ def analyze(loaded: runs_lib.Runs, runs: pd.DataFrame, workdir: str):
   by_arm = table(points, runs)
   compared = tests(points, runs)
   by_horizon, horizon_tests = horizons(loaded, runs)
-  outputs = {"critical_lr": os.path.join(workdir, "critical_lr.csv"),
+  outputs = {"critical_lr": os.path.join(workdir, schema.CRITICAL_LR),
              "critical_lr_points": os.path.join(workdir, "critical_lr_points.csv"),
              "critical_lr_tests": os.path.join(workdir, "critical_lr_tests.csv"),
              "critical_lr_horizons": os.path.join(workdir, "critical_lr_horizons.csv"),
@@ -416,7 +416,7 @@ def from_tables(workdir: str) -> dict:
                                "needs an analysed search's tables")
   points = read_table(points_path)
   runs = probes_table(workdir)
-  outputs = {"critical_lr": os.path.join(workdir, "critical_lr.csv"),
+  outputs = {"critical_lr": os.path.join(workdir, schema.CRITICAL_LR),
              "critical_lr_tests": os.path.join(workdir, "critical_lr_tests.csv")}
   by_arm, compared = table(points, runs), tests(points, runs)
   by_arm.to_csv(outputs["critical_lr"], index=False)

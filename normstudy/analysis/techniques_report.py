@@ -286,8 +286,8 @@ def analyze(searches: dict, recipe_dir: str | None, baselines: dict, workdir: st
   from normstudy.analysis.plots import save
   rows, spikes = [], []
   for dtype, directory in searches.items():
-    runs = pd.read_csv(os.path.join(directory, "runs.csv"))
-    rows += compare_searches(pd.read_csv(os.path.join(directory, "critical_lr.csv")),
+    runs = pd.read_csv(os.path.join(directory, schema.RUN_TABLE))
+    rows += compare_searches(pd.read_csv(os.path.join(directory, schema.CRITICAL_LR)),
                              pd.read_csv(os.path.join(directory, "critical_lr_points.csv")),
                              runs, baselines, dtype)
     spikes += spike_handling(runs, list(spike_handlers), baselines, dtype)
@@ -313,7 +313,7 @@ def analyze_spike_grid(directory: str, baselines: dict, spike_handlers, workdir:
   seeds, analysed by normstudy.sweep into `directory`): spike_handling.csv with `measures`
   (RECOVERY_MEASURES; FAILURE_MEASURES for runs that spike and fail), per dtype of its
   runs.csv, into `workdir`; returns its path."""
-  runs = pd.read_csv(os.path.join(directory, "runs.csv"))
+  runs = pd.read_csv(os.path.join(directory, schema.RUN_TABLE))
   rows = []
   for dtype in runs.dtype.dropna().unique():
     rows += spike_handling(runs[runs.dtype == dtype], list(spike_handlers), baselines, dtype,

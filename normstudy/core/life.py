@@ -27,13 +27,13 @@ def halt_description(config, code: int, record: dict) -> tuple[str, str]:
   values = f"loss={record['loss']}, grad_norm={record['grad_norm']}"
   if code == CODE_HALTED_SCALE:
     min_scale = config.optimizer.loss_scale.min_scale
-    return (f"loss scale at its minimum ({min_scale:g})",
+    return (f"{schema.HaltKind.LOSS_SCALE.value} ({min_scale:g})",
             f"fp16 gradients overflowed again at step {step} with the loss scale at its minimum "
             f"({min_scale:g}, config.optimizer.loss_scale.min_scale)")
   if code == CODE_HALTED_SKIPS:
     limit = config.train.max_consecutive_skips
-    return (f"{limit + 1} consecutive skipped updates",
+    return (f"{limit + 1} {schema.HaltKind.SKIPS.value}",
             f"non-finite gradient at step {step} ({values}): {limit + 1} consecutive skipped "
             f"updates, more than config.train.max_consecutive_skips={limit}")
-  return ("non-finite gradient",
+  return (schema.HaltKind.NONFINITE.value,
           f"non-finite gradient at step {step} ({values}); config.train.on_nonfinite=halt")

@@ -10,6 +10,7 @@ import errno
 import math
 import os
 import shutil
+import warnings
 
 from absl import logging
 from etils import epath
@@ -21,7 +22,7 @@ from normstudy.errors import UserError
 from normstudy.records import schema
 from normstudy.records import storage
 
-ITEMS = ("state",)
+ITEMS = (schema.CHECKPOINT_ITEM,)
 
 
 def manager(directory: str, max_to_keep: int) -> ocp.CheckpointManager:
@@ -71,7 +72,8 @@ def save(mngr: ocp.CheckpointManager, step: int, state) -> None:
   """Starts the checkpoint of `state` at `step` in the background (a failure of the save before
   it surfaces here or in `finish`)."""
   with _writing(mngr, state_bytes(state)):
-    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
+    mngr.save(step, args=ocp.args.Composite(
+        **{schema.CHECKPOINT_ITEM: ocp.args.StandardSave(state)}))
 
 
 def finish(mngr: ocp.CheckpointManager, checkpoint_bytes: int) -> None:
@@ -97,7 +99,16 @@ def _reason(error: Exception) -> str:
 def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
   """The state saved at `step`."""
   return mngr.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(abstract_state)))["state"]
+      **{schema.CHECKPOINT_ITEM: ocp.args.StandardRestore(abstract_state)}))[schema.CHECKPOINT_ITEM]
+
+
+def read_on_host(directory: str, step: int):
+  """The state saved at `step` in the checkpoints `directory`, as numpy arrays on the host
+  (no abstract state: for reading a finished run's parameters)."""
+  with warnings.catch_warnings():  # orbax 0.12: "Sharding info not provided": numpy arrays here
+    warnings.simplefilter("ignore", UserWarning)
+    return ocp.PyTreeCheckpointer().restore(
+        os.path.join(directory, str(step), schema.CHECKPOINT_ITEM))
 
 
 def discard_after(mngr: ocp.CheckpointManager, step: int) -> None:

@@ -538,7 +538,8 @@ class Program:
     status = life.status_of(code)
     self.stopped[k] = status
     if status == schema.FINISHED:
-      recorder.set_status(status, last_step=record[keys.STEP])
+      recorder.set_status(status, last_step=record[keys.STEP],
+                          finished_num_steps=recorder.run.config.train.num_steps)
       return
     reason, sentence = life.halt_description(recorder.run.config, code, record)
     recorder.set_status(status, last_step=record[keys.STEP], halt_step=record[keys.STEP],

@@ -15,7 +15,6 @@ evaluates 512 rows). The tests over these rows are normstudy.analysis.context_ga
 
 import csv
 import os
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ from normstudy.core import steps as steps_lib
 from normstudy.data import batches as batches_lib
 from normstudy.data import sources
 from normstudy.data import splice
+from normstudy.engine import checkpoints
 from normstudy.engine import platform
 from normstudy.errors import UserError
 from normstudy.records import rundir
@@ -37,7 +37,6 @@ CHUNK = 256  # rows per forward pass
 def run_parameters(run_dir: str):
   """(config, parameters) of a run: its config.json and its program's newest checkpoint,
   at the run's index on the stacked run axis."""
-  import orbax.checkpoint as ocp
   info = rundir.RunDir(run_dir).info()
   if info.checkpoints is None or info.program_index is None:
     raise UserError(f"{run_dir}: run.json does not say where the run's checkpoints are "
@@ -46,9 +45,7 @@ def run_parameters(run_dir: str):
   steps = rundir.checkpointed_steps(directory)
   if not steps:
     raise UserError(f"{run_dir}: no checkpoint in {directory}")
-  with warnings.catch_warnings():  # orbax 0.12: "Sharding info not provided": numpy arrays here
-    warnings.simplefilter("ignore", UserWarning)
-    state = ocp.PyTreeCheckpointer().restore(os.path.join(directory, str(max(steps)), "state"))
+  state = checkpoints.read_on_host(directory, max(steps))
   params = jax.tree.map(lambda x: np.asarray(x)[info.program_index], state["params"])
   config = ml_collections.ConfigDict(rundir.RunDir(run_dir).saved_config())
   return config, params

@@ -24,6 +24,7 @@ import dataclasses
 import itertools
 import os
 import runpy
+import sys
 import shlex
 import types
 
@@ -83,7 +84,15 @@ def load_config_module(path: str):
   seed_figure`: configs/ is a package)."""
   if not os.path.isfile(path):
     raise errors.UserError(f"config file {path!r} does not exist")
-  module = types.SimpleNamespace(**runpy.run_path(path))
+  # The file --config named is loaded once: ml_collections' config_flags (1.1) loads it as the
+  # module "config_config" when the flag parses; a command reads that module's tables rather
+  # than running the file a second time.
+  parsed = sys.modules.get("config_config")
+  if parsed is not None and os.path.realpath(getattr(parsed, "__file__", "") or "") == (
+      os.path.realpath(path)):
+    module = types.SimpleNamespace(**vars(parsed))
+  else:
+    module = types.SimpleNamespace(**runpy.run_path(path))
   check_tables(module, path)
   return module
 

@@ -12,6 +12,7 @@ import pandas as pd
 
 from normstudy.engine import memory
 from normstudy.errors import UserError
+from normstudy.records import rundir
 from normstudy.records import schema
 
 
@@ -21,7 +22,7 @@ def rung_directories(workdir: str) -> list:
   found = []
   for root, dirs, files in os.walk(workdir):
     dirs.sort()
-    if "critical_lr.csv" in files and "sweep.json" in files:
+    if schema.CRITICAL_LR in files and schema.SWEEP in files:
       found.append(root)
       dirs[:] = []  # a search's runs are not rungs
   return found
@@ -29,10 +30,8 @@ def rung_directories(workdir: str) -> list:
 
 def _model_of(rung: str) -> dict:
   """The `model` section of the config of the rung's first run."""
-  with open(os.path.join(rung, "sweep.json"), encoding="utf-8") as f:
-    runs = json.load(f)["runs"]
-  with open(os.path.join(rung, runs[0]["name"], "config.json"), encoding="utf-8") as f:
-    return json.load(f)["model"]
+  first = rundir.read_sweep(rung).runs[0]
+  return rundir.read_config(os.path.join(rung, first.name))["model"]
 
 
 def parameters(model: dict) -> int:
@@ -45,7 +44,7 @@ def ladder_table(workdir: str) -> pd.DataFrame:
   rows = []
   for rung in rung_directories(workdir):
     model = _model_of(rung)
-    found = pd.read_csv(os.path.join(rung, "critical_lr.csv"))
+    found = pd.read_csv(os.path.join(rung, schema.CRITICAL_LR))
     for r in found.itertuples():
       rows.append({"arm": r.arm, "dtype": model["dtype"], "num_layers": model["num_layers"],
                    "d_model": model["d_model"], "params": parameters(model),
@@ -62,8 +61,8 @@ def sensitivity_directories(workdir: str) -> list:
   found = []
   for root, dirs, files in os.walk(workdir):
     dirs.sort()
-    if "sweep.json" in files:
-      if schema.RUN_TABLE in files and "critical_lr.csv" not in files:
+    if schema.SWEEP in files:
+      if schema.RUN_TABLE in files and schema.CRITICAL_LR not in files:
         found.append(root)
       dirs[:] = []  # a sweep's runs are not rungs
   return found
@@ -94,13 +93,11 @@ def arm_parametrizations(workdir: str) -> dict:
   arm; "sp" where the field predates it)."""
   out = {}
   for rung in rung_directories(workdir):
-    with open(os.path.join(rung, "sweep.json"), encoding="utf-8") as f:
-      runs = json.load(f)["runs"]
-    for run in runs:
-      if run["arm"] in out:
+    for run in rundir.read_sweep(rung).runs:
+      if run.arm in out:
         continue
-      with open(os.path.join(rung, run["name"], "config.json"), encoding="utf-8") as f:
-        out[run["arm"]] = json.load(f)["model"].get("parametrization", "sp")
+      model = rundir.read_config(os.path.join(rung, run.name))["model"]
+      out[run.arm] = model.get("parametrization", "sp")
   return out
 
 

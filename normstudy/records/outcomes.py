@@ -118,7 +118,8 @@ def judge(steps, losses, skipped, eval_losses, info: schema.RunInfo, warmup_step
   nonfinite = [not _finite(loss) for loss in losses]
   troubled = [s or n for s, n in zip(skipped, nonfinite)]
   if info.status == schema.HALTED and info.halt_step is not None and info.halt_step <= end:
-    kind = HALTED_SCALE if "loss scale" in str(info.halt_reason) else HALTED_NONFINITE
+    scale = schema.halt_kind(info.halt_reason) is schema.HaltKind.LOSS_SCALE
+    kind = HALTED_SCALE if scale else HALTED_NONFINITE
     # It failed where the trouble it halted in began (a float16 run halts after the scale has
     # halved through a whole stretch of overflows).
     first = _final_stretch(steps, troubled) or int(info.halt_step)

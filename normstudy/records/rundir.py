@@ -32,6 +32,16 @@ def read_json(path: str) -> dict:
     raise UserError(f"{path} is damaged ({e.__class__.__name__}: {e}); move it away") from None
 
 
+def read_sweep(directory: str) -> schema.SweepRecord:
+  """The sweep.json of a sweep's directory."""
+  return schema.SweepRecord.from_json(read_json(os.path.join(directory, schema.SWEEP)))
+
+
+def read_config(run_dir: str) -> dict:
+  """The config.json of a run's directory, as the plain object it holds."""
+  return read_json(os.path.join(run_dir, schema.CONFIG))
+
+
 def write_json(path: str, obj) -> None:
   """Replaces `path` atomically (tmp + rename), so a reader never sees half a file. Strict JSON:
   a NaN or infinity is a bug here (ValueError), never written as `NaN`/`Infinity`."""

@@ -24,6 +24,7 @@ keys: they read as None (or empty), and keys this version does not know are kept
 """
 
 import dataclasses
+import enum
 import os
 from typing import Any
 
@@ -56,6 +57,9 @@ CONFIG = "config.json"
 RUN = "run.json"
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
+# Each checkpoint step's one item, the train state: <checkpoints>/<step>/state
+# (normstudy.engine.checkpoints writes and reads it).
+CHECKPOINT_ITEM = "state"
 DAMAGED_CHECKPOINTS = "checkpoints_damaged"
 STUDY = "study.json"
 SWEEP = "sweep.json"
@@ -82,6 +86,9 @@ DRIFT_PLAN = "drift.json"
 DRIFT_FIT = "fit"
 DRIFT_HELDOUT = "heldout"
 DRIFT_PREDICTION = "horizon_prediction.csv"
+# A search's critical learning rate per arm (normstudy.analysis.critical_lr writes it; the
+# ladder's rungs and the techniques' table read it).
+CRITICAL_LR = "critical_lr.csv"
 # A learning-rate sweep's per-run table (normstudy.analysis writes it; a ladder's sensitivity
 # rungs are read from it).
 RUN_TABLE = "runs.csv"
@@ -101,6 +108,26 @@ RUNNING = "running"
 FINISHED = "finished"
 HALTED = "halted"
 PREEMPTED = "preempted"
+
+
+class HaltKind(enum.Enum):
+  """Why a run halted, as the words run.json's halt_reason starts or ends with (written by
+  normstudy.core.life.halt_description, read by the failure rule: defined here once)."""
+  LOSS_SCALE = "loss scale at its minimum"  # "loss scale at its minimum (0.0001)"
+  SKIPS = "consecutive skipped updates"  # "9 consecutive skipped updates"
+  NONFINITE = "non-finite gradient"
+
+
+def halt_kind(reason: str | None) -> HaltKind:
+  """The HaltKind of a halt_reason (the words of each kind; every run.json written so far)."""
+  reason = str(reason or "")
+  if reason.startswith(HaltKind.LOSS_SCALE.value):
+    return HaltKind.LOSS_SCALE
+  if reason.endswith(HaltKind.SKIPS.value):
+    return HaltKind.SKIPS
+  return HaltKind.NONFINITE
+
+
 # The failure rule's judgement of a run the loop recorded as finished whose loss diverged
 # (normstudy.records.outcomes). Derived from the records, never written by the loop.
 DIVERGED = "diverged"
@@ -182,6 +209,8 @@ class RunInfo:
                          it trains in (relative to the run's directory), and its index on the
                          stacked checkpoints' run axis (None: written before this was recorded)
   status, last_step      RUNNING, FINISHED, HALTED or PREEMPTED; the last step it took
+  finished_num_steps     the train.num_steps a finished run reached, by the step's own rule
+                         (normstudy.core.steps.reached_end: skipped steps counted or not)
   halt_step, halt_reason, nonfinite_at, nonfinite_site   a halted run's step and reason, and
                          where it first went non-finite (words, and {"layer", "site"}: a Site)
   wandb_run_id           the Weights & Biases run it continues
@@ -205,6 +234,7 @@ class RunInfo:
   program_index: int | None = None
   status: str | None = None
   last_step: int | None = None
+  finished_num_steps: int | None = None
   halt_step: int | None = None
   halt_reason: str | None = None
   nonfinite_at: str | None = None
@@ -246,10 +276,13 @@ class RunInfo:
 
   def needs_training(self, num_steps: int) -> bool:
     """Whether the run needs (more) training to reach `num_steps`: False for a halted run, and
-    for one finished at exactly `num_steps`."""
+    for one that finished at `num_steps` by the step's rule (which, with
+    train.count_skipped_steps=False, finishes past num_steps train steps; run.json written
+    before finished_num_steps was recorded: at exactly num_steps)."""
     if self.status == HALTED:
       return False
-    return not (self.status == FINISHED and self.last_step == num_steps)
+    reached = self.last_step if self.finished_num_steps is None else self.finished_num_steps
+    return not (self.status == FINISHED and reached == num_steps)
 
 
 @dataclasses.dataclass(frozen=True)
