@@ -249,7 +249,7 @@ class EngineSteps:
   train.steps_per_dispatch steps in one compiled loop, `one_step()` one step per dispatch (how an
   evaluation, a telemetry step or the locate pass runs); each waits for its metrics. The batches
   cycle through a pool of 4 random ones (encoders' with their masks). The benchmarks that time
-  the engine by blocks share it (benchmarks/peers.py, benchmarks/huge_pages.py)."""
+  the engine by blocks share it (benchmarks/peers.py)."""
 
   def __init__(self, config, pool_size: int = 4):
     m = config.model
