@@ -203,11 +203,11 @@ def test_a_block_of_steps_ends_where_the_loop_must_act(make_config):
   config = make_config()
   config.train.update(num_steps=30, steps_per_dispatch=4, telemetry_every=7, eval_every=10,
                       checkpoint_every=15, update_size_steps=2)
-  program = train.Program.__new__(train.Program)  # the rule reads only the configs' steps
-  program.config, program.last_steps = config, frozenset({24, 30})
+  last_steps = frozenset({24, 30})  # the rule reads only the configs' steps
   dispatches, step = [], 1
   while step <= 30:
-    dispatches.append((step, program.dispatch_end(step), program.steps_alone(step)))
+    dispatches.append((step, train.dispatch_end(config.train, last_steps, step),
+                       train.steps_alone(config.train, last_steps, step)))
     step = dispatches[-1][1] + 1
   alone, block = True, False
   assert dispatches == [
@@ -215,7 +215,8 @@ def test_a_block_of_steps_ends_where_the_loop_must_act(make_config):
       (11, 13, block), (14, 14, alone), (15, 15, block), (16, 19, block), (20, 20, block),
       (21, 21, alone), (22, 24, block), (25, 27, block), (28, 28, alone), (29, 30, block)]
   config.train.steps_per_dispatch = 1
-  assert all(program.dispatch_end(s) == s and program.steps_alone(s) for s in range(1, 31))
+  assert all(train.dispatch_end(config.train, last_steps, s) == s
+             and train.steps_alone(config.train, last_steps, s) for s in range(1, 31))
 
 
 @pytest.mark.slow

@@ -229,54 +229,12 @@ class Law:
     return 10 ** ((np.log(np.asarray(horizon, dtype=float)) - self.a - self.sigma * w50)
                   / self.b)
 
-  # --- profile-likelihood intervals.
-
-  def _anchored(self, x0, log_t0, w0):
-    """The largest log-likelihood among laws whose w0-quantile at x0 is log_t0, i.e.
-    a = log_t0 - b x0 - sigma w0, maximised over b and log sigma."""
-    d = self.data
-    log_t = np.log(d.t)
-
-    def negative(theta):
-      b, log_sigma = theta
-      sigma = math.exp(log_sigma)
-      mu = log_t0 - sigma * w0 + b * (d.x - x0)
-      value, d_mu, d_ls = log_likelihood(self.law, log_t, d.event, mu, log_sigma)
-      # mu depends on log sigma through -sigma w0.
-      with np.errstate(over="ignore", invalid="ignore"):
-        grad_b = float(np.sum(d_mu * (d.x - x0)))
-        grad_ls = float(np.sum(d_ls) + np.sum(d_mu) * (-sigma * w0))
-      return _objective(value, -np.array([grad_b, grad_ls]))
-
-    with np.errstate(over="ignore", invalid="ignore"):  # the line search's trial steps
-      result = optimize.minimize(negative, np.array([self.b, math.log(self.sigma)]), jac=True,
-                                 method="BFGS", options={"gtol": 1e-7, "maxiter": 300})
-    return -float(result.fun)
-
-  def _interval(self, profile, estimate: float, scale: float):
-    """The 95% profile interval of a scalar around `estimate`: where profile(q) falls to the
-    maximum minus CUTOFF, looked for up to PROFILE_REACH * scale away on each side."""
-    target = self.loglik - cutoff(self.failures)
-    ends = []
-    for direction in (-1.0, 1.0):
-      inner, step = estimate, 0.05 * scale
-      found = math.nan
-      while abs(inner - estimate) < PROFILE_REACH * scale:
-        outer = inner + direction * step
-        if profile(outer) < target:
-          found = optimize.brentq(lambda q: profile(q) - target, min(inner, outer),
-                                  max(inner, outer), xtol=1e-4 * scale)
-          break
-        inner, step = outer, step * 1.6
-      ends.append(found)
-    return ends[0], ends[1]
-
   def critical_lr_interval(self, horizon: float) -> tuple[float, float]:
     """The 95% profile interval of lr*(horizon) (NaN where open)."""
     log_h = math.log(horizon)
     w50 = median_quantile(self.law)
     estimate = float(np.log10(self.critical_lr(horizon)))
-    low, high = self._interval(lambda q: self._anchored(q, log_h, w50), estimate, 1.0)
+    low, high = _interval(self, lambda q: _anchored(self, q, log_h, w50), estimate, 1.0)
     return 10 ** low, 10 ** high
 
   def median_time_interval(self, lr: float) -> tuple[float, float]:
@@ -284,7 +242,7 @@ class Law:
     x0 = math.log10(lr)
     w50 = median_quantile(self.law)
     estimate = float(np.log(self.median_time(lr)))
-    low, high = self._interval(lambda q: self._anchored(x0, q, w50), estimate, _LN10)
+    low, high = _interval(self, lambda q: _anchored(self, x0, q, w50), estimate, _LN10)
     return math.exp(low), math.exp(high)
 
   def failure_probability_interval(self, lr: float, horizon: float) -> tuple[float, float]:
@@ -292,9 +250,54 @@ class Law:
     quantile w at (lr, horizon), mapped through the law's cdf (open ends: 0 and 1)."""
     x0, log_h = math.log10(lr), math.log(horizon)
     estimate = float((log_h - self.a - self.b * x0) / self.sigma)
-    low, high = self._interval(lambda w: self._anchored(x0, log_h, w), estimate, 1.0)
+    low, high = _interval(self, lambda w: _anchored(self, x0, log_h, w), estimate, 1.0)
     return (float(cdf(self.law, low)) if math.isfinite(low) else 0.0,
             float(cdf(self.law, high)) if math.isfinite(high) else 1.0)
+
+
+# --- profile-likelihood intervals of a Law.
+
+
+def _anchored(law: "Law", x0, log_t0, w0):
+  """The largest log-likelihood among laws whose w0-quantile at x0 is log_t0, i.e.
+  a = log_t0 - b x0 - sigma w0, maximised over b and log sigma."""
+  d = law.data
+  log_t = np.log(d.t)
+
+  def negative(theta):
+    b, log_sigma = theta
+    sigma = math.exp(log_sigma)
+    mu = log_t0 - sigma * w0 + b * (d.x - x0)
+    value, d_mu, d_ls = log_likelihood(law.law, log_t, d.event, mu, log_sigma)
+    # mu depends on log sigma through -sigma w0.
+    with np.errstate(over="ignore", invalid="ignore"):
+      grad_b = float(np.sum(d_mu * (d.x - x0)))
+      grad_ls = float(np.sum(d_ls) + np.sum(d_mu) * (-sigma * w0))
+    return _objective(value, -np.array([grad_b, grad_ls]))
+
+  with np.errstate(over="ignore", invalid="ignore"):  # the line search's trial steps
+    result = optimize.minimize(negative, np.array([law.b, math.log(law.sigma)]), jac=True,
+                               method="BFGS", options={"gtol": 1e-7, "maxiter": 300})
+  return -float(result.fun)
+
+
+def _interval(law: "Law", profile, estimate: float, scale: float):
+  """The 95% profile interval of a scalar around `estimate`: where profile(q) falls to the
+  maximum minus CUTOFF, looked for up to PROFILE_REACH * scale away on each side."""
+  target = law.loglik - cutoff(law.failures)
+  ends = []
+  for direction in (-1.0, 1.0):
+    inner, step = estimate, 0.05 * scale
+    found = math.nan
+    while abs(inner - estimate) < PROFILE_REACH * scale:
+      outer = inner + direction * step
+      if profile(outer) < target:
+        found = optimize.brentq(lambda q: profile(q) - target, min(inner, outer),
+                                max(inner, outer), xtol=1e-4 * scale)
+        break
+      inner, step = outer, step * 1.6
+    ends.append(found)
+  return ends[0], ends[1]
 
 
 def fit(data: Data, law: str = "lognormal", fixed_sigma: float | None = None) -> Law:

@@ -394,26 +394,11 @@ class Attention(nn.Module):
   def __call__(self, x):
     cfg = self.cfg
     dtype = cfg.compute_dtype
-    qkv_shape = (cfg.d_model, cfg.num_heads, cfg.head_dim)
-    qkv_axes = ("embed", "heads", "kv")
     qk_init = projection_init(cfg, 1.0, in_axis=0, out_axis=(1, 2))
     v_init = projection_init(cfg, self.branch_gain, in_axis=0, out_axis=(1, 2))
 
-    def project(name, init):
-      w = param(self, name, init, qkv_shape, qkv_axes, role="hidden", fan_in=cfg.d_model)
-      # Projected token-major [batch, length, heads, head_dim], as a plain product of the
-      # tokens by the weights, then moved once to heads-major [batch, heads, length, head_dim]
-      # for the score and context products (which are measurably faster on CPU without
-      # transposes). Projected straight to heads-major, XLA:CPU computed the product transposed
-      # and made two copies per projection: 7% slower at benchmarks/throughput.py's S, same bits.
-      if not cfg.fusion_boundaries:  # other compilers: the program they were measured with
-        y = jnp.einsum("bld,dhk->bhlk", x, w.astype(dtype))
-        return _plus_bias(self, f"{name}_bias", y, qkv_axes[1:], dims=(1, 3))
-      y = jnp.einsum("bld,dhk->blhk", x, w.astype(dtype))
-      y = boundary(cfg, _plus_bias(self, f"{name}_bias", y, qkv_axes[1:], dims=(2, 3)))
-      return y.transpose(0, 2, 1, 3)
-
-    q, k, v = project("query", qk_init), project("key", qk_init), project("value", v_init)
+    q, k, v = (_project(self, x, name, init) for name, init in (
+        ("query", qk_init), ("key", qk_init), ("value", v_init)))
     if cfg.qk_norm != "none":
       # QK-norm (Dehghani et al. 2023, ViT-22B; Wortsman et al. 2023): each head's q and k
       # normalised over head_dim, one gain shared by the heads and no bias (a bias on q would
@@ -428,7 +413,7 @@ class Attention(nn.Module):
     if cfg.attention_kernel == "cudnn" and not (self.probe.stats or self.probe.locate):
       # Telemetry and locate steps read the scores, so they take the explicit path below (the
       # same function; it rounds differently only on those steps).
-      return self._out(x, fused_attention(q, k, v, cfg.causal,
+      return _attention_out(self, x, fused_attention(q, k, v, cfg.causal,
                                           scale=parametrizations.attention_scale(cfg)))
     logits, row_shift = attention_scores(
         q, k, cfg.attention_relax, cfg.attention_relax_form,
@@ -458,28 +443,48 @@ class Attention(nn.Module):
     probs = jax.nn.softmax(logits, axis=-1)
     telemetry.sow_stat(self, self.probe, "attn_entropy", lambda: telemetry.row_entropy(probs))
     context = jnp.einsum("bhqk,bhkd->bhqd", probs.astype(dtype), v)
-    return self._out(x, context)
+    return _attention_out(self, x, context)
 
-  def _out(self, x, context):
-    """The heads' outputs [b, h, l, d] joined and projected back to the residual stream."""
-    cfg = self.cfg
-    dtype = cfg.compute_dtype
-    batch, length = x.shape[0], x.shape[1]
-    wo = param(self, "out", projection_init(cfg, self.branch_gain, in_axis=(0, 1), out_axis=2),
-               (cfg.num_heads, cfg.head_dim, cfg.d_model), ("heads", "kv", "embed"),
-               role="hidden", fan_in=cfg.d_model)
-    if (multiplier := parametrizations.attention_output_multiplier(cfg)) != 1.0:
-      context = context * jnp.asarray(multiplier, context.dtype)
-    if self.inner_norm:
-      joined = context.transpose(0, 2, 1, 3).reshape(batch, length, cfg.d_model)
-      joined = make_norm(cfg, "inner_norm")(joined)
-      out = jnp.einsum("bld,de->ble", joined,
-                       wo.reshape(cfg.d_model, cfg.d_model).astype(dtype))
-    else:
-      out = jnp.einsum("bhlk,hkd->bld", context, wo.astype(dtype))
-    out = boundary(cfg, _plus_bias(self, "out_bias", out, ("embed",)))
-    telemetry.sow_site(self, self.probe, "attn_out", out)
-    return out
+def _project(module, x, name: str, init):
+  """x [batch, length, d_model] projected by `module`'s weight `name` (and its bias) to
+  heads-major [batch, heads, length, head_dim]. Projected token-major first, as a plain product
+  of the tokens by the weights, then moved once to heads-major for the score and context
+  products (measurably faster on CPU without transposes). Projected straight to heads-major,
+  XLA:CPU computed the product transposed and made two copies per projection: 7% slower at
+  benchmarks/throughput.py's S, same bits."""
+  cfg = module.cfg
+  axes = ("embed", "heads", "kv")
+  w = param(module, name, init, (cfg.d_model, cfg.num_heads, cfg.head_dim), axes,
+            role="hidden", fan_in=cfg.d_model).astype(cfg.compute_dtype)
+  if not cfg.fusion_boundaries:  # other compilers: the program they were measured with
+    y = jnp.einsum("bld,dhk->bhlk", x, w)
+    return _plus_bias(module, f"{name}_bias", y, axes[1:], dims=(1, 3))
+  y = jnp.einsum("bld,dhk->blhk", x, w)
+  y = boundary(cfg, _plus_bias(module, f"{name}_bias", y, axes[1:], dims=(2, 3)))
+  return y.transpose(0, 2, 1, 3)
+
+
+def _attention_out(module, x, context):
+  """The heads' outputs [b, h, l, d] joined and projected back to the residual stream
+  (`module`: the Attention, whose parameters these are)."""
+  cfg = module.cfg
+  dtype = cfg.compute_dtype
+  batch, length = x.shape[0], x.shape[1]
+  wo = param(module, "out", projection_init(cfg, module.branch_gain, in_axis=(0, 1), out_axis=2),
+             (cfg.num_heads, cfg.head_dim, cfg.d_model), ("heads", "kv", "embed"),
+             role="hidden", fan_in=cfg.d_model)
+  if (multiplier := parametrizations.attention_output_multiplier(cfg)) != 1.0:
+    context = context * jnp.asarray(multiplier, context.dtype)
+  if module.inner_norm:
+    joined = context.transpose(0, 2, 1, 3).reshape(batch, length, cfg.d_model)
+    joined = make_norm(cfg, "inner_norm")(joined)
+    out = jnp.einsum("bld,de->ble", joined,
+                     wo.reshape(cfg.d_model, cfg.d_model).astype(dtype))
+  else:
+    out = jnp.einsum("bhlk,hkd->bld", context, wo.astype(dtype))
+  out = boundary(cfg, _plus_bias(module, "out_bias", out, ("embed",)))
+  telemetry.sow_site(module, module.probe, "attn_out", out)
+  return out
 
 
 class Mlp(nn.Module):
@@ -512,6 +517,51 @@ class Mlp(nn.Module):
     return out
 
 
+def _layer_context(module, index, prefix: str, placement, shared: dict):
+  """The placements.LayerContext a placement's wrap sees for sublayer `prefix` of the Block
+  `module`: its own parameters (`param`) and the layer's, shared by both sublayers
+  (`layer_param`, kept in `shared`)."""
+  cfg = module.cfg
+
+  def sublayer_param(name, shape, value):
+    return param(module, f"{prefix}_{name}", nn.initializers.constant(value), shape,
+                 ("embed",) * len(shape), decay=False)
+
+  def layer_param(name, shape, value):
+    if name not in shared:
+      shared[name] = param(module, name, nn.initializers.constant(value), shape,
+                           ("embed",) * len(shape), decay=False)
+    return shared[name]
+  return placements.LayerContext(
+      index=index, num_layers=cfg.num_layers, causal=cfg.causal,
+      alpha=placement.residual_alpha(cfg.num_layers), cfg=cfg, param=sublayer_param,
+      layer_param=layer_param, sublayer=prefix)
+
+
+def _sublayer_norms(module, index, prefix: str):
+  """norm(slot) -> the Block `module`'s norm of sublayer `prefix` for `slot` ("in", "out"),
+  created on first use, with its telemetry and LayerNorm Scaling."""
+  cfg = module.cfg
+
+  def norm(slot):
+    made = make_norm(cfg, f"{prefix}_norm" if slot == "in" else f"{prefix}_{slot}_norm")
+
+    def normed(h):
+      if slot == "in":
+        # What the sublayer's norm is given (Post-LN: alpha x + F(x), whose growth with
+        # depth DeepNet follows; Pre-LN: the residual stream itself).
+        telemetry.sow_stat(module, module.probe, f"{'attn' if prefix == 'attention' else prefix}"
+                           "_norm_input_rms", lambda: telemetry.rms(h))
+      out = made(h)
+      if cfg.layernorm_scaling:
+        # LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", eq. 9): layer l's
+        # norms' outputs times 1/sqrt(l), l = index + 1 (traced under nn.scan).
+        out = out * jax.lax.rsqrt(jnp.asarray(index, jnp.float32) + 1.0).astype(out.dtype)
+      return out
+    return normed
+  return norm
+
+
 class Block(nn.Module):
   """One transformer layer; the placement decides where the norms and residuals go."""
   cfg: Any
@@ -528,38 +578,10 @@ class Block(nn.Module):
     shared = {}  # the layer's own parameters, shared by its two sublayers
 
     def context(prefix):
-      def sublayer_param(name, shape, value):
-        return param(self, f"{prefix}_{name}", nn.initializers.constant(value), shape,
-                     ("embed",) * len(shape), decay=False)
-
-      def layer_param(name, shape, value):
-        if name not in shared:
-          shared[name] = param(self, name, nn.initializers.constant(value), shape,
-                               ("embed",) * len(shape), decay=False)
-        return shared[name]
-      return placements.LayerContext(
-          index=index, num_layers=cfg.num_layers, causal=cfg.causal,
-          alpha=placement.residual_alpha(cfg.num_layers), cfg=cfg, param=sublayer_param,
-          layer_param=layer_param, sublayer=prefix)
+      return _layer_context(self, index, prefix, placement, shared)
 
     def norms_of(prefix):
-      def norm(slot):
-        module = make_norm(cfg, f"{prefix}_norm" if slot == "in" else f"{prefix}_{slot}_norm")
-
-        def normed(h):
-          if slot == "in":
-            # What the sublayer's norm is given (Post-LN: alpha x + F(x), whose growth with
-            # depth DeepNet follows; Pre-LN: the residual stream itself).
-            telemetry.sow_stat(self, self.probe, f"{'attn' if prefix == 'attention' else prefix}"
-                               "_norm_input_rms", lambda: telemetry.rms(h))
-          out = module(h)
-          if cfg.layernorm_scaling:
-            # LayerNorm Scaling (Sun et al. 2025, "The Curse of Depth", eq. 9): layer l's
-            # norms' outputs times 1/sqrt(l), l = index + 1 (traced under nn.scan).
-            out = out * jax.lax.rsqrt(jnp.asarray(index, jnp.float32) + 1.0).astype(out.dtype)
-          return out
-        return normed
-      return norm
+      return _sublayer_norms(self, index, prefix)
 
     def branch(f, prefix):
       def dropped(h):

@@ -163,26 +163,34 @@ class Transformer(nn.Module):
 
     if placement.final_norm:
       x = layers.make_norm(cfg, "final_norm")(x)
-    if cfg.tie_embeddings:
-      head = embedding.T  # times the readout's multiplier (muP's MuSharedReadout)
-      if (multiplier := parametrizations.forward_multiplier(cfg, "readout", cfg.d_model)) != 1.0:
-        head = head * multiplier
-    else:
-      head = layers.param(self, "head", layers.projection_init(cfg),
-                          (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), role="readout",
-                          fan_in=cfg.d_model)
-    logits = jnp.einsum("bld,dv->blv", x, head.astype(dtype)).astype(jnp.float32)
-    if placement.unit_sphere:
-      # nGPT's s_z (Loshchilov et al. 2024, section 2.2.1): h and the head's columns are unit
-      # vectors, so each logit is a cosine in [-1, 1], scaled per vocabulary entry.
-      stored = layers.param(self, "logit_scale", nn.initializers.constant(
-          1.0 / math.sqrt(cfg.d_model)), (cfg.vocab_size,), ("vocab",), decay=False)
-      logits = logits * placements.ngpt_scaled(stored, placements.NGPT_LOGIT_SCALE_INIT,
-                                               cfg.d_model)
-    logits = layers.boundary(cfg, logits)
-    logits = layers.constrain(logits, ("batch", "length", "act_vocab"))
+    logits = _readout(self, cfg, x, embedding, placement)
     telemetry.sow_site(self, self.probe, "logits", logits)
     return layers.softcap(logits, cfg.output_softcap)
+
+
+def _readout(module, cfg, x, embedding, placement):
+  """The float32 output logits of the last hidden state `x`: the head (the embedding's transpose
+  when tied, times the readout's multiplier: muP's MuSharedReadout), nGPT's per-entry scale, a
+  fusion boundary, the logits' layout. Parameters are `module`'s (the Transformer's)."""
+  if cfg.tie_embeddings:
+    head = embedding.T  # times the readout's multiplier (muP's MuSharedReadout)
+    if (multiplier := parametrizations.forward_multiplier(cfg, "readout", cfg.d_model)) != 1.0:
+      head = head * multiplier
+  else:
+    head = layers.param(module, "head", layers.projection_init(cfg),
+                        (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), role="readout",
+                        fan_in=cfg.d_model)
+  logits = jnp.einsum("bld,dv->blv", x, head.astype(cfg.compute_dtype)).astype(jnp.float32)
+  if placement.unit_sphere:
+    # nGPT's s_z (Loshchilov et al. 2024, section 2.2.1): h and the head's columns are unit
+    # vectors, so each logit is a cosine in [-1, 1], scaled per vocabulary entry.
+    stored = layers.param(module, "logit_scale", nn.initializers.constant(
+        1.0 / math.sqrt(cfg.d_model)), (cfg.vocab_size,), ("vocab",), decay=False)
+    logits = logits * placements.ngpt_scaled(stored, placements.NGPT_LOGIT_SCALE_INIT,
+                                             cfg.d_model)
+  logits = layers.boundary(cfg, logits)
+  logits = layers.constrain(logits, ("batch", "length", "act_vocab"))
+  return logits
 
 
 def _flax_init(cfg):

@@ -148,7 +148,8 @@ class ProgramSteps:
   `config` is the first run's (its structure is every run's); `one_at_a_time`: True or False
   forces a stepping mode (benchmarks, tests), None lets normstudy.engine.platform decide from the
   mesh's devices. Attributes: `shardings` (of the stacked state), `one_at_a_time`, `choices`
-  (normstudy.engine.platform.Choices), and the compiled `train`, `telemetry` and `eval`."""
+  (normstudy.engine.platform.Choices), and the compiled `train`, `telemetry` and `eval`. The
+  work is module functions over it (_build_steps, _block_work, ...); the methods name them."""
 
   def __init__(self, config, mesh, num_runs: int, one_at_a_time: bool | None = None):
     self.config, self.mesh, self.num_runs = config, mesh, num_runs
@@ -157,117 +158,52 @@ class ProgramSteps:
       one_at_a_time = steps_one_at_a_time(mesh.devices.flat, mesh.shape["runs"], num_runs)
     self.one_at_a_time = bool(one_at_a_time) and num_runs > 1
     self.shardings = sharding.state_shardings(config, mesh)
-    self._batch_sharding = sharding.batch_sharding(mesh)
-    self._work_sharding = {"batches": sharding.block_sharding(mesh),
-                           "count": sharding.runs_sharding(mesh)}
-    key = self._key()
-    kept = _KEPT.pop(key, None)
-    if kept is None:
-      kept = self._build()
-    _KEPT[key] = kept  # the newest last: the least recently used goes first
-    while len(_KEPT) > KEPT_PROGRAMS:
-      del _KEPT[next(iter(_KEPT))]
+    self.batch_sharding = sharding.batch_sharding(mesh)
+    self.work_sharding = {"batches": sharding.block_sharding(mesh),
+                          "count": sharding.runs_sharding(mesh)}
+    kept = _kept_steps(self)
     self.train, self.telemetry, self.eval, self.block = (kept.train, kept.telemetry, kept.eval,
                                                          kept.block)
-    self._compiled_on_use, self._init, self._take, self._join = (kept.on_use, kept.init,
-                                                                 kept.take, kept.join)
-
-  def _key(self) -> tuple:
-    """What the compiled steps depend on: the program's structure (per_run.program_key: its
-    config without per-run fields), the mesh's devices and axes, the stepping mode and K when
-    the runs are vmapped, and the platform's choices."""
-    mesh = (self.mesh.axis_names, self.mesh.devices.shape,
-            tuple(d.id for d in self.mesh.devices.flat))
-    runs = 1 if self.one_at_a_time else self.num_runs
-    choices = (self.choices.fusion_boundaries,
-               tuple(sorted((k, str(v)) for k, v in self.choices.compiler_options.items())))
-    return (per_run.program_key(self.config), mesh, self.one_at_a_time, runs, choices)
-
-  def _build(self) -> _Compiled:
-    """The compiled steps (jitted: traced and compiled on their first call) of this program."""
-    boundaries = self.choices.fusion_boundaries
-    train = self._compile(steps_lib.make_train_step(self.config, False, boundaries),
-                          self.shardings, updates_state=True)
-    telemetry = self._compile(steps_lib.make_train_step(self.config, True, boundaries),
-                              self.shardings, updates_state=True)
-    eval_ = self._compile(steps_lib.make_eval_step(self.config, boundaries),
-                          self.shardings.params, updates_state=False)
-    block = self._compile(steps_lib.make_train_block(self.config, boundaries), self.shardings,
-                          updates_state=True, work_sharding=self._work_sharding)
-    init = jax.jit(_initializer(self.config), out_shardings=self.shardings)
-    take = jax.jit(_take, out_shardings=self.shardings) if self.one_at_a_time else None
-    join = jax.jit(_join, out_shardings=self.shardings) if self.one_at_a_time else None
-    return _Compiled(train, telemetry, eval_, block, {}, init, take, join)
-
-  def _compile(self, fn, first_sharding, updates_state: bool, work_sharding=None):
-    """fn(first, batch) of one run as a step of the program's K runs. `updates_state`: fn
-    returns (new state, metrics) and the state is donated. `work_sharding`: of fn's second
-    argument when it is not one batch (a block's work)."""
-    outputs = sharding.runs_sharding(self.mesh)
-    work_sharding = work_sharding or self._batch_sharding
-    step = jax.jit(over_runs(_with_rules(fn), 1 if self.one_at_a_time else self.num_runs),
-                   in_shardings=(first_sharding, work_sharding),
-                   out_shardings=(first_sharding, outputs) if updates_state else outputs,
-                   donate_argnums=0 if updates_state else (),
-                   compiler_options=self.choices.compiler_options)
-    return _run_by_run(step, work_sharding, updates_state) if self.one_at_a_time else step
+    self.compiled_on_use, self.init, self.take, self.join = (kept.on_use, kept.init, kept.take,
+                                                             kept.join)
 
   def step(self, held, batch, telemetry: bool = False, stopped=()) -> tuple:
     """(state, metrics) of the next step of the held state (`telemetry`: with telemetry).
-    `stopped`: indices of runs whose state has stopped (finished or halted: frozen); stepped one
-    at a time, they are not computed again (their state is frozen either way), which spares a
-    search the steps its failed runs would otherwise take to the end."""
+    `stopped`: runs whose state has stopped (finished or halted: frozen); stepped one at a
+    time, they are not computed again, sparing a search its failed runs' remaining steps."""
     fn = self.telemetry if telemetry else self.train
     return fn(held, batch, stopped) if self.one_at_a_time else fn(held, batch)
 
   def block_work(self, batches: list, length: int) -> dict:
-    """The work of a block: `batches` (this process's rows of each step's stacked batch
-    [K, ...], at most `length` of them) staged on the devices at once, padded to `length`
-    (the block's compiled size) with the last, and how many of them to take."""
-    count = len(batches)
-    if not 0 < count <= length:
-      raise ValueError(f"a block of {count} steps does not fit a block of at most {length}")
-    padded = batches + [batches[-1]] * (length - count)
-    local = {key: np.stack([b[key] for b in padded], axis=1) for key in padded[0]}
-    return {"batches": sharding.global_batch(self.mesh, local, self._work_sharding["batches"]),
-            "count": sharding.global_runs_values(self.mesh, np.full(self.num_runs, count,
-                                                                    np.int32))}
+    """The work of a block of `batches` (at most `length`), staged (_block_work)."""
+    return _block_work(self, batches, length)
 
   def step_block(self, held, work, stopped=()) -> tuple:
-    """(state, metrics) after the block of steps `work` (block_work's) of the held state;
-    metrics as normstudy.core.steps.make_train_block's, [K, length, ...]. `stopped` as
-    for `step`."""
+    """(state, metrics [K, length, ...]) after the block `work` of the held state
+    (normstudy.core.steps.make_train_block); `stopped` as for `step`."""
     return self.block(held, work, stopped) if self.one_at_a_time else self.block(held, work)
 
   def initial(self, configs) -> Any:
-    """The held initial state of runs whose configs share this program, created in its shards:
-    each run's values are those of the run alone on one device."""
-    init = self._init
-    with jax.set_mesh(self.mesh):
-      if self.one_at_a_time:  # each run from the one-run initialiser, as alone
-        return [init(per_run.stacked_values([c])) for c in configs]
-      return init(per_run.stacked_values(configs))
+    """The held initial state of runs of `configs`, each run's values those of the run alone."""
+    return _initial(self, configs)
 
   def abstract(self, configs) -> Any:
-    """The stacked state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves),
-    computing nothing: what a checkpoint restores into, and what `train.lower` takes to compile
-    ahead of time (vmapped programs: an accelerator's)."""
-    return _abstract(self._init, self.mesh, self.shardings, per_run.stacked_values(configs))
+    """The stacked state's ShapeDtypeStructs with shardings, computing nothing (_abstract)."""
+    return _abstract(self.init, self.mesh, self.shardings, per_run.stacked_values(configs))
 
   def host_values(self, held, part) -> Any:
-    """`part(state)` of every run on the host, stacked [K, ...] (e.g. the hyperparameters),
-    without stacking the whole state."""
+    """`part(state)` of every run on the host, stacked [K, ...], not the whole state."""
     return _host_values(held, part, self.one_at_a_time)
 
   def hold(self, stacked) -> Any:
     """The stacked state [K, ...] in the form the steps take."""
     if self.one_at_a_time:
-      return [self._take(stacked, k) for k in range(self.num_runs)]
+      return [self.take(stacked, k) for k in range(self.num_runs)]
     return stacked
 
   def stacked(self, held) -> Any:
     """The stacked state [K, ...] of a held state (a copy when the runs step one at a time)."""
-    return self._join(held) if self.one_at_a_time else held
+    return self.join(held) if self.one_at_a_time else held
 
   def params(self, held) -> Any:
     """The parameters, as `eval` takes them."""
@@ -276,17 +212,98 @@ class ProgramSteps:
   def locate(self, held, batch):
     """The finiteness flags of every forward site of the step `held` took on `batch`
     (normstudy.core.steps.make_locate_step), [K, ...]."""
-    return self._on_first_use(steps_lib.make_locate_step, self.shardings)(held, batch)
+    return _on_first_use(self, steps_lib.make_locate_step, self.shardings)(held, batch)
 
   def outputs(self, params, batch):
     """Each run's float32 output logits on `batch` (steps.make_output_step), [K, ...]."""
-    return self._on_first_use(steps_lib.make_output_step, self.shardings.params)(params, batch)
+    return _on_first_use(self, steps_lib.make_output_step, self.shardings.params)(params, batch)
 
-  def _on_first_use(self, make_step, first_sharding):
-    """The program's step of `make_step(config, fusion_boundaries)` (no state update), compiled
-    on its first call and kept."""
-    if make_step not in self._compiled_on_use:
-      self._compiled_on_use[make_step] = self._compile(
-          make_step(self.config, self.choices.fusion_boundaries), first_sharding,
-          updates_state=False)
-    return self._compiled_on_use[make_step]
+
+def _kept_steps(steps: ProgramSteps) -> "_Compiled":
+  """The program's compiled steps, kept by structure (the newest last; the least recently used
+  goes first past KEPT_PROGRAMS): a later program of the same structure neither traces nor
+  loads them again."""
+  key = _program_key(steps)
+  kept = _KEPT.pop(key, None)
+  if kept is None:
+    kept = _build_steps(steps)
+  _KEPT[key] = kept
+  while len(_KEPT) > KEPT_PROGRAMS:
+    del _KEPT[next(iter(_KEPT))]
+  return kept
+
+
+def _program_key(steps: ProgramSteps) -> tuple:
+  """What the compiled steps depend on: the program's structure (per_run.program_key: its
+  config without per-run fields), the mesh's devices and axes, the stepping mode and K when
+  the runs are vmapped, and the platform's choices."""
+  mesh = (steps.mesh.axis_names, steps.mesh.devices.shape,
+          tuple(d.id for d in steps.mesh.devices.flat))
+  runs = 1 if steps.one_at_a_time else steps.num_runs
+  choices = (steps.choices.fusion_boundaries,
+             tuple(sorted((k, str(v)) for k, v in steps.choices.compiler_options.items())))
+  return (per_run.program_key(steps.config), mesh, steps.one_at_a_time, runs, choices)
+
+
+def _build_steps(steps: ProgramSteps) -> "_Compiled":
+  """The compiled steps (jitted: traced and compiled on their first call) of this program."""
+  config, boundaries, shardings = steps.config, steps.choices.fusion_boundaries, steps.shardings
+  train = _compile(steps, steps_lib.make_train_step(config, False, boundaries), shardings,
+                   updates_state=True)
+  telemetry = _compile(steps, steps_lib.make_train_step(config, True, boundaries), shardings,
+                       updates_state=True)
+  eval_ = _compile(steps, steps_lib.make_eval_step(config, boundaries), shardings.params,
+                   updates_state=False)
+  block = _compile(steps, steps_lib.make_train_block(config, boundaries), shardings,
+                   updates_state=True, work_sharding=steps.work_sharding)
+  init = jax.jit(_initializer(config), out_shardings=shardings)
+  take = jax.jit(_take, out_shardings=shardings) if steps.one_at_a_time else None
+  join = jax.jit(_join, out_shardings=shardings) if steps.one_at_a_time else None
+  return _Compiled(train, telemetry, eval_, block, {}, init, take, join)
+
+
+def _compile(steps: ProgramSteps, fn, first_sharding, updates_state: bool, work_sharding=None):
+  """fn(first, batch) of one run as a step of the program's K runs. `updates_state`: fn
+  returns (new state, metrics) and the state is donated. `work_sharding`: of fn's second
+  argument when it is not one batch (a block's work)."""
+  outputs = sharding.runs_sharding(steps.mesh)
+  work_sharding = work_sharding or steps.batch_sharding
+  step = jax.jit(over_runs(_with_rules(fn), 1 if steps.one_at_a_time else steps.num_runs),
+                 in_shardings=(first_sharding, work_sharding),
+                 out_shardings=(first_sharding, outputs) if updates_state else outputs,
+                 donate_argnums=0 if updates_state else (),
+                 compiler_options=steps.choices.compiler_options)
+  return _run_by_run(step, work_sharding, updates_state) if steps.one_at_a_time else step
+
+
+def _block_work(steps: ProgramSteps, batches: list, length: int) -> dict:
+  """The work of a block: `batches` (this process's rows of each step's stacked batch
+  [K, ...], at most `length` of them) staged on the devices at once, padded to `length`
+  (the block's compiled size) with the last, and how many of them to take."""
+  count = len(batches)
+  if not 0 < count <= length:
+    raise ValueError(f"a block of {count} steps does not fit a block of at most {length}")
+  padded = batches + [batches[-1]] * (length - count)
+  local = {key: np.stack([b[key] for b in padded], axis=1) for key in padded[0]}
+  return {"batches": sharding.global_batch(steps.mesh, local, steps.work_sharding["batches"]),
+          "count": sharding.global_runs_values(steps.mesh, np.full(steps.num_runs, count,
+                                                                   np.int32))}
+
+
+def _initial(steps: ProgramSteps, configs) -> Any:
+  """The held initial state of runs whose configs share this program, created in its shards:
+  each run's values are those of the run alone on one device."""
+  with jax.set_mesh(steps.mesh):
+    if steps.one_at_a_time:  # each run from the one-run initialiser, as alone
+      return [steps.init(per_run.stacked_values([c])) for c in configs]
+    return steps.init(per_run.stacked_values(configs))
+
+
+def _on_first_use(steps: ProgramSteps, make_step, first_sharding):
+  """The program's step of `make_step(config, fusion_boundaries)` (no state update), compiled
+  on its first call and kept."""
+  if make_step not in steps.compiled_on_use:
+    steps.compiled_on_use[make_step] = _compile(
+        steps, make_step(steps.config, steps.choices.fusion_boundaries), first_sharding,
+        updates_state=False)
+  return steps.compiled_on_use[make_step]

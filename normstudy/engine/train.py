@@ -3,10 +3,12 @@
   train_program(runs, checkpoint_dir)   read top to bottom: data, mesh and state, restore,
                                         recorders, the loop, the final checkpoint
 
-A `Program` is the K runs while they train; its methods are the loop's parts, each changing the
-program's state where that state belongs: `restore` (where to continue), `open_recorders`,
-`loop`, and the periodic actions `evaluate`, `save_checkpoint` and `record_step` (records,
-telemetry and the runs' lives).
+The loop is functions over two values: a `Setup` (what it reads and never changes: the runs,
+data, mesh, compiled steps, checkpoint manager) and a `Carry` (what it carries from one dispatch
+to the next: the state, the pending dispatch, the runs that stopped, the step last saved),
+replaced rather than changed, as nanodo's loop keeps its state in locals. Its parts: `restore`
+(where to continue), `open_recorders`, `loop`, and the periodic actions `evaluate`,
+`save_checkpoint` and `record_step` (records, telemetry and the runs' lives).
 
 The K runs' configs differ only in per-run fields (normstudy.core.per_run); each keeps its own
 loss scale, skip counter and life (normstudy.core.life): a run that finishes or halts is frozen
@@ -35,7 +37,7 @@ import signal
 import threading
 import time
 from concurrent import futures
-from typing import Any
+from typing import Any, NamedTuple
 
 from absl import logging
 import jax
@@ -147,79 +149,55 @@ def train_program(runs: list, checkpoint_dir: str, single: bool = False, tag: st
   halts (its newest checkpoint then holds the last good state); otherwise a halted run is
   frozen and saved with the others, which go on. `tag` ("program 2/5") begins each progress
   line. Raises Preempted on SIGTERM/SIGINT."""
-  program = Program(runs, checkpoint_dir, single, tag)
+  setup = set_up(runs, checkpoint_dir, single, tag)
+  recorders, pool = [], None
   try:
-    program.restore()
-    program.open_recorders()
+    carry = restore(setup, initial_carry(setup))
+    recorders, pool = open_recorders(setup, carry)
     logging.info("training %d run(s) in one program: steps %d..%d, %d tokens/step, mesh %s; "
-                 "progress every %d steps", len(runs), program.start_step + 1,
-                 program.num_steps, program.tokens_per_step, dict(program.mesh.shape),
-                 max(1, program.num_steps // 20))
+                 "progress every %d steps", len(runs), carry.start_step + 1,
+                 setup.num_steps, setup.tokens_per_step, dict(setup.mesh.shape),
+                 max(1, setup.num_steps // 20))
     with stop_signals() as stop:
-      step, preempted_by = program.loop(stop)
-    if program.halted_line is not None:
-      raise RunHalted(program.halted_line)
+      carry, step, preempted_by = loop(setup, recorders, carry, stop)
+    if carry.halted_line is not None:
+      raise RunHalted(carry.halted_line)
     if preempted_by is not None:
-      for k, recorder in enumerate(program.recorders):
-        if k not in program.stopped:
+      for k, recorder in enumerate(recorders):
+        if k not in carry.stopped:
           recorder.set_status(schema.PREEMPTED, last_step=step)
       raise Preempted(f"{preempted_by} at step {step}: checkpoint saved in {checkpoint_dir}; "
                       "run the same command to continue")
-    if step > program.start_step and program.last_saved != step:
-      program.save_checkpoint(step)
+    if step > carry.start_step and carry.last_saved != step:
+      save_checkpoint(setup, recorders, carry, step)
   finally:
-    program.close()
-  return program.recorders
+    checkpoints.finish(setup.mngr, checkpoints.state_bytes(setup.abstract))
+    for recorder in recorders:
+      recorder.close()
+    if pool is not None:
+      pool.shutdown()
+  return recorders
 
 
-class Program:
-  """The K runs of one program while they train (the loop's working state), and the loop.
-
-  Set up here: the runs and their first config (`config`, its structure every run's), the data,
-  the mesh, the compiled steps (`steps`: how the runs step and hold their state), the initial
-  `state` and the checkpoint manager; `loss_scaled`: whether the state scales fp16 losses. Then
-  `restore` sets where training continues (`start_step`, `last_saved`, the runs `stopped`
-  before it), `open_recorders` the `recorders`, and the loop the `pending` step, the runs that
-  stop (`stopped`: run index -> status) and, when the single run halts, its `halted_line`."""
-
-  def __init__(self, runs: list, checkpoint_dir: str, single: bool, tag: str = ""):
-    """Data, mesh, the compiled steps, the initial state and the checkpoint manager (the runs'
-    directories exist: normstudy.experiments made them). `tag` begins each progress line."""
-    configs = [run.config for run in runs]
-    self.runs, self.config, self.checkpoint_dir = runs, configs[0], checkpoint_dir
-    self.single, self.tag = single, tag
-    try:
-      self.splits = sources.load_splits(self.config)
-    except ValueError as e:  # no files match, a tokenizer that does not fit: the user's to fix
-      raise UserError(str(e)) from None
-    eval_data = _stack([_stack(batches_lib.eval_batches(c, self.splits)) for c in configs])
-    self.mesh = sharding.make_mesh(self.config.mesh)
-    self.steps = execution.ProgramSteps(self.config, self.mesh, len(runs))
-    self.abstract = self.steps.abstract(configs)
-    self.loss_scaled = self.abstract.loss_scale.dynamic
-    self.state = self.steps.initial(configs)
-    self.mngr = checkpoints.manager(checkpoint_dir, self.config.train.max_to_keep)
-    self.train_data = [batches_lib.train_batches(c, self.splits) for c in configs]
-    self.eval_batches = [
-        sharding.global_batch(self.mesh, jax.tree.map(lambda x, i=i: x[:, i], eval_data))
-        for i in range(self.config.train.eval_steps)]
-    # f(x; theta_0) on the first eval batch while update sizes are measured: the base of the
-    # accumulated update. The initial state is a pure function of the configs, so a program
-    # that resumes has it too.
-    self.initial_outputs = (
-        self.steps.outputs(self.steps.params(self.state), self.eval_batches[0])
-        if self.config.train.update_size_steps else None)
-    self.last_steps = frozenset(c.train.num_steps for c in configs)  # runs may differ
-    self.start_step, self.last_saved = 0, None
-    self.resolved_at = (0, time.perf_counter())  # the last step whose records were written, when
-    self.stopped = {}  # run index -> life status
-    self.recorders, self.pool = [], None
-    self.pending: PendingStep | None = None
-    self.halted_line = None  # set when the single run halts
-    self.announced_compile = False  # the first dispatch's compile lines (compiling_first)
-    # The output logits on the first eval batch after the newest step, while update sizes are
-    # measured (train.update_size_steps).
-    self.outputs = None
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """What the loop of one program reads and never changes: the runs and their first config
+  (`config`, its structure every run's), the data, the mesh, the compiled steps (`steps`: how
+  the runs step and hold their state), the state's abstract form, the checkpoint manager, the
+  fixed validation batches and each run's last step (runs may differ)."""
+  runs: list
+  config: Any
+  checkpoint_dir: str
+  single: bool
+  tag: str
+  splits: Any
+  mesh: Any
+  steps: execution.ProgramSteps
+  abstract: Any
+  mngr: Any
+  train_data: list
+  eval_batches: list
+  last_steps: frozenset
 
   @property
   def tokens_per_step(self) -> int:
@@ -229,340 +207,424 @@ class Program:
   def num_steps(self) -> int:
     return max(self.last_steps)
 
-  def due(self, every: int, step: int) -> bool:
-    """Every `every`-th step (0: never) and each run's last step."""
-    return bool(every and step % every == 0) or step in self.last_steps
-
   def batch(self, step: int):
     return sharding.global_batch(self.mesh, _stack([ds[step - 1] for ds in self.train_data]))
 
-  def close(self):
-    checkpoints.finish(self.mngr, checkpoints.state_bytes(self.abstract))
-    for recorder in self.recorders:
+
+class Carry(NamedTuple):
+  """What the loop carries from one dispatch to the next, replaced and never changed in place:
+  the train state, the step it continued after, the step last checkpointed, the runs that
+  stopped ({run index: life status}), the dispatch whose metrics wait (`pending`), the single
+  run's halt line, the last step whose records were written and when, and the logits the update
+  sizes are measured from (train.update_size_steps)."""
+  state: Any
+  start_step: int
+  last_saved: int | None
+  stopped: dict
+  pending: PendingStep | None = None
+  halted_line: str | None = None
+  resolved_at: tuple = (0, 0.0)
+  outputs: Any = None
+  initial_outputs: Any = None
+
+
+def set_up(runs: list, checkpoint_dir: str, single: bool, tag: str) -> Setup:
+  """Data, mesh, the compiled steps and the checkpoint manager (the runs' directories exist:
+  normstudy.experiments made them). `tag` begins each progress line."""
+  configs = [run.config for run in runs]
+  config = configs[0]
+  try:
+    splits = sources.load_splits(config)
+  except ValueError as e:  # no files match, a tokenizer that does not fit: the user's to fix
+    raise UserError(str(e)) from None
+  eval_data = _stack([_stack(batches_lib.eval_batches(c, splits)) for c in configs])
+  mesh = sharding.make_mesh(config.mesh)
+  steps = execution.ProgramSteps(config, mesh, len(runs))
+  return Setup(
+      runs=runs, config=config, checkpoint_dir=checkpoint_dir, single=single, tag=tag,
+      splits=splits, mesh=mesh, steps=steps, abstract=steps.abstract(configs),
+      mngr=checkpoints.manager(checkpoint_dir, config.train.max_to_keep),
+      train_data=[batches_lib.train_batches(c, splits) for c in configs],
+      eval_batches=[sharding.global_batch(mesh, jax.tree.map(lambda x, i=i: x[:, i], eval_data))
+                    for i in range(config.train.eval_steps)],
+      last_steps=frozenset(c.train.num_steps for c in configs))
+
+
+def initial_carry(setup: Setup) -> Carry:
+  """The initial state (a pure function of the configs) and, while update sizes are measured,
+  f(x; theta_0) on the first eval batch: the base of the accumulated update (a program that
+  resumes has it too)."""
+  state = setup.steps.initial([run.config for run in setup.runs])
+  initial_outputs = (setup.steps.outputs(setup.steps.params(state), setup.eval_batches[0])
+                     if setup.config.train.update_size_steps else None)
+  return Carry(state, start_step=0, last_saved=None, stopped={},
+               initial_outputs=initial_outputs)
+
+
+def restore(setup: Setup, carry: Carry) -> Carry:
+  """Restores the newest checkpoint that restores (replaying from an earlier one, or from the
+  start, if records were lost after it) and applies the configs' per-run fields to it; marks
+  the runs stopped before it. Sets the step to continue after (0: from the start)."""
+  try:
+    start_step, restored = checkpoints.restore_latest(setup.mngr, setup.abstract)
+  except checkpoints.CheckpointError:
+    setup.mngr.close()  # orbax's background threads must stop before the process exits
+    raise
+  if restored is not None:
+    replay = _replay_from(setup, restored)
+    if replay is not None:  # records were lost: recompute them from an earlier state
+      checkpoints.discard_after(setup.mngr, replay)
+      start_step = replay
+      restored = checkpoints.restore(setup.mngr, replay, setup.abstract) if replay else None
+  if restored is None:
+    return carry
+  restored = _from_configs(restored, [run.config for run in setup.runs], setup.mesh)
+  logging.info("resumed %s from the checkpoint at step %d",  # the gs:// URL of a staged one
+               storage.remote(setup.checkpoint_dir), start_step)
+  stopped = {k: life.status_of(code)  # stopped before the checkpoint we resumed from
+             for k, code in enumerate(np.asarray(jax.device_get(restored.status)))
+             if code != life.CODE_RUNNING}
+  return carry._replace(state=setup.steps.hold(restored), start_step=start_step,
+                        last_saved=start_step, stopped=stopped)
+
+
+def _replay_from(setup: Setup, restored):
+  """None if every run's records reach the restored state; else the step to replay from: the
+  newest checkpoint before the first lost record, or 0 (the initial state, a pure function
+  of the config). Each run that lost records is reported in one line."""
+  run_steps = np.asarray(jax.device_get(restored.step))
+  lost = {}
+  for k, run in enumerate(setup.runs):
+    first = metrics_lib.first_lost_step(rundir.RunDir(run.directory).metrics_path,
+                                        int(run_steps[k]))
+    if first is not None:
+      lost[run.name] = first
+  if not lost:
+    return None
+  first = min(lost.values())
+  replay = max((s for s in setup.mngr.all_steps() if s < first), default=0)
+  for name, step in lost.items():
+    logging.warning("%s: %s has lost or damaged records from step %d on (the checkpoint is "
+                    "at step %d); replaying from %s to regenerate them", name, schema.METRICS,
+                    step, int(run_steps.max()),
+                    f"the checkpoint of step {replay}" if replay else "the start")
+  return replay
+
+
+def open_recorders(setup: Setup, carry: Carry) -> tuple:
+  """(one Recorder per run, their writer thread pool): run.json with the run's facts,
+  config.json, its records from the restored step on; warns of runs extended past their
+  schedule's horizon."""
+  is_writer = jax.process_index() == 0
+  pool = futures.ThreadPoolExecutor(max_workers=1) if is_writer else None
+  hparams = setup.steps.host_values(carry.state, lambda state: state.hparams)
+  num_params = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(setup.abstract.params))
+  resume_step = carry.start_step if carry.last_saved is not None else None
+  recorders = []
+  try:
+    _open_each(setup, carry, recorders, pool, is_writer, hparams, num_params, resume_step)
+  except BaseException:  # the ones opened are closed, as the loop's end closes them
+    for recorder in recorders:
       recorder.close()
-    if self.pool is not None:
-      self.pool.shutdown()
+    if pool is not None:
+      pool.shutdown()
+    raise
+  return recorders, pool
 
-  def restore(self) -> None:
-    """Restores the newest checkpoint that restores (replaying from an earlier one, or from the
-    start, if records were lost after it) and applies the configs' per-run fields to it; marks
-    the runs stopped before it. Sets the step to continue after (0: from the start)."""
-    try:
-      start_step, restored = checkpoints.restore_latest(self.mngr, self.abstract)
-    except checkpoints.CheckpointError:
-      self.mngr.close()  # orbax's background threads must stop before the process exits
-      raise
-    if restored is not None:
-      replay = self._replay_from(restored)
-      if replay is not None:  # records were lost: recompute them from an earlier state
-        checkpoints.discard_after(self.mngr, replay)
-        start_step = replay
-        restored = checkpoints.restore(self.mngr, replay, self.abstract) if replay else None
-    if restored is None:
-      return
-    restored = _from_configs(restored, [run.config for run in self.runs], self.mesh)
-    self.state = self.steps.hold(restored)
-    logging.info("resumed %s from the checkpoint at step %d",  # the gs:// URL of a staged one
-                 storage.remote(self.checkpoint_dir), start_step)
-    self.start_step = self.last_saved = start_step
-    for k, code in enumerate(np.asarray(jax.device_get(restored.status))):
-      if code != life.CODE_RUNNING:  # stopped before the checkpoint we resumed from
-        self.stopped[k] = life.status_of(code)
 
-  def _replay_from(self, restored):
-    """None if every run's records reach the restored state; else the step to replay from: the
-    newest checkpoint before the first lost record, or 0 (the initial state, a pure function
-    of the config). Each run that lost records is reported in one line."""
-    run_steps = np.asarray(jax.device_get(restored.step))
-    lost = {}
-    for k, run in enumerate(self.runs):
-      first = metrics_lib.first_lost_step(rundir.RunDir(run.directory).metrics_path,
-                                          int(run_steps[k]))
+def _open_each(setup, carry, recorders, pool, is_writer, hparams, num_params, resume_step):
+  """Appends each run's Recorder to `recorders` (open_recorders)."""
+  splits, horizons = setup.splits, np.asarray(hparams["schedule_steps"])
+  for k, run in enumerate(setup.runs):
+    label = labels.resolve(run.config)
+    info = schema.RunInfo(
+        label=label, name=run.name, arm=run.arm or run.name,
+        arm_label=run.arm_label or label, point=run.point, overrides=run.overrides,
+        dataset=splits.source, entropy_floor=splits.entropy_floor,
+        unigram_entropy=splits.unigram_entropy, masked_loss_floor=splits.masked_loss_floor,
+        masked_loss_floor_stderr=splits.masked_loss_floor_stderr, num_params=num_params,
+        tokens_per_step=setup.tokens_per_step, schedule_steps=int(horizons[k]),
+        checkpoints=os.path.relpath(setup.checkpoint_dir, run.directory), program_index=k)
+    recorders.append(recorder_lib.Recorder(
+        run, resume_step, info, pool, is_writer, stopped=k in carry.stopped))
+    if horizons[k] < run.config.train.num_steps:
+      hp = {name: float(values[k]) for name, values in hparams.items()}
+      final = float(optimizer_lib.learning_rate(run.config.optimizer.schedule, hp, horizons[k]))
+      logging.warning("%s: extended to %d steps; the learning-rate schedule keeps the horizon "
+                      "of %d steps it started with, so the steps after it run at its final "
+                      "rate %g", run.name, run.config.train.num_steps, int(horizons[k]), final)
+
+
+def due(every: int, step: int, last_steps: frozenset) -> bool:
+  """Every `every`-th step (0: never) and each run's last step."""
+  return bool(every and step % every == 0) or step in last_steps
+
+
+def telemetry_due(train_cfg, step: int) -> bool:
+  every = train_cfg.telemetry_every
+  return bool(every) and step % every == 0
+
+
+def steps_alone(train_cfg, last_steps: frozenset, step: int) -> bool:
+  """Whether `step` is dispatched alone through the one-step programs: it takes telemetry,
+  measures an update size, or the config steps one at a time (train.steps_per_dispatch 1).
+  Every other step goes through the block program, a block of one included, so a plain step
+  is always the same compiled computation however the steps are split into blocks."""
+  return (train_cfg.steps_per_dispatch <= 1 or telemetry_due(train_cfg, step)
+          or step <= train_cfg.update_size_steps or step > max(last_steps))
+
+
+def dispatch_end(train_cfg, last_steps: frozenset, step: int) -> int:
+  """The last step of the dispatch that begins at `step`: `step` itself when it goes alone;
+  otherwise the block's: at most steps_per_dispatch steps, ending at the first step that
+  evaluates, checkpoints or ends a run, or before a step that goes alone."""
+  if steps_alone(train_cfg, last_steps, step):
+    return step
+  last = min(step + train_cfg.steps_per_dispatch - 1, max(last_steps))
+  for s in range(step, last):
+    if (due(train_cfg.eval_every, s, last_steps) or due(train_cfg.checkpoint_every, s, last_steps)
+        or steps_alone(train_cfg, last_steps, s + 1)):
+      return s
+  return last
+
+
+def stage(setup: Setup, step: int) -> tuple:
+  """(first, last, work) of the dispatch that begins at `step`: the batch of a step alone
+  (first is None), or a block's batches staged on the devices (ProgramSteps.block_work)."""
+  train_cfg = setup.config.train
+  if steps_alone(train_cfg, setup.last_steps, step):
+    return None, step, setup.batch(step)
+  last = dispatch_end(train_cfg, setup.last_steps, step)
+  batches = [_stack([ds[s - 1] for ds in setup.train_data]) for s in range(step, last + 1)]
+  return step, last, setup.steps.block_work(batches, train_cfg.steps_per_dispatch)
+
+
+def loop(setup: Setup, recorders: list, carry: Carry, stop: dict) -> tuple:
+  """Steps until every run has stopped, the single run halted, or a stop signal arrived;
+  returns (the carry, the last step dispatched, the signal's name or None). Steps go one at a
+  time or in blocks (dispatch_end); a stop signal is acted on after the current dispatch."""
+  train_cfg, runs, steps = setup.config.train, setup.runs, setup.steps
+  progress = recorder_lib.Progress(runs, carry.start_step, setup.num_steps, tag=setup.tag)
+  step = carry.start_step
+  carry = carry._replace(resolved_at=(step, time.perf_counter()))
+  work = stage(setup, step + 1)
+  if step < train_cfg.update_size_steps:
+    carry = carry._replace(outputs=steps.outputs(steps.params(carry.state),
+                                                 setup.eval_batches[0]))
+  else:  # resumed past the measured steps
+    carry = carry._replace(initial_outputs=None)
+  compiling = _compiling_first(setup)
+  while len(carry.stopped) < len(runs) and carry.halted_line is None:
+    resolved = None
+    if carry.pending is not None:  # the dispatch before: was it finite, did its runs stop?
+      resolved = resolve(setup, carry)
+      if len(set(carry.stopped) | stopping(resolved)) == len(runs):  # no run left running
+        carry = record(setup, recorders, carry, resolved, progress=progress)
+        break
+    first, step, batch = work
+    stopped = frozenset(carry.stopped) | stopping(resolved)
+    with next(compiling)(first is not None):
       if first is not None:
-        lost[run.name] = first
-    if not lost:
-      return None
-    first = min(lost.values())
-    replay = max((s for s in self.mngr.all_steps() if s < first), default=0)
-    for name, step in lost.items():
-      logging.warning("%s: %s has lost or damaged records from step %d on (the checkpoint is "
-                      "at step %d); replaying from %s to regenerate them", name, schema.METRICS,
-                      step, int(run_steps.max()),
-                      f"the checkpoint of step {replay}" if replay else "the start")
-    return replay
+        state, device_metrics = steps.step_block(carry.state, batch, stopped)
+      else:
+        state, device_metrics = steps.step(carry.state, batch,
+                                           telemetry_due(train_cfg, step), stopped)
+    carry = carry._replace(state=state)
+    if resolved is not None:
+      carry = record(setup, recorders, carry, resolved, progress=progress)
+    pending = PendingStep(step, device_metrics, None if first is not None else batch,
+                          first=first)
+    if step <= train_cfg.update_size_steps:
+      pending.update_sizes, carry = measure_update(setup, carry, step)
+    carry = carry._replace(pending=pending)
+    work = stage(setup, step + 1)  # prepared while the device runs this dispatch
+    if due(train_cfg.eval_every, step, setup.last_steps):
+      pending.eval_losses = evaluate(setup, carry.state)
+    preempted_by = stop["signal"] or (
+        "preemption notice" if jax.process_count() > 1
+        and setup.mngr.reached_preemption(step) else None)
+    if due(train_cfg.checkpoint_every, step, setup.last_steps) or preempted_by:
+      carry = save_checkpoint(setup, recorders, carry, step, progress)
+    if preempted_by and carry.halted_line is None:
+      return carry, step, preempted_by
+  return carry, step, None
 
-  def open_recorders(self) -> None:
-    """One Recorder per run (run.json with the run's facts, config.json, its records from the
-    restored step on); warns of runs extended past their schedule's horizon."""
-    is_writer = jax.process_index() == 0
-    self.pool = futures.ThreadPoolExecutor(max_workers=1) if is_writer else None
-    hparams = self.steps.host_values(self.state, lambda state: state.hparams)
-    horizons = np.asarray(hparams["schedule_steps"])
-    num_params = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(self.abstract.params))
-    resume_step = self.start_step if self.last_saved is not None else None
-    splits = self.splits
-    for k, run in enumerate(self.runs):
-      label = labels.resolve(run.config)
-      info = schema.RunInfo(
-          label=label, name=run.name, arm=run.arm or run.name,
-          arm_label=run.arm_label or label, point=run.point, overrides=run.overrides,
-          dataset=splits.source, entropy_floor=splits.entropy_floor,
-          unigram_entropy=splits.unigram_entropy, masked_loss_floor=splits.masked_loss_floor,
-          masked_loss_floor_stderr=splits.masked_loss_floor_stderr, num_params=num_params,
-          tokens_per_step=self.tokens_per_step, schedule_steps=int(horizons[k]),
-          checkpoints=os.path.relpath(self.checkpoint_dir, run.directory), program_index=k)
-      self.recorders.append(recorder_lib.Recorder(
-          run, resume_step, info, self.pool, is_writer, stopped=k in self.stopped))
-      if horizons[k] < run.config.train.num_steps:
-        hp = {name: float(values[k]) for name, values in hparams.items()}
-        final = float(optimizer_lib.learning_rate(run.config.optimizer.schedule, hp,
-                                                  horizons[k]))
-        logging.warning("%s: extended to %d steps; the learning-rate schedule keeps the horizon "
-                        "of %d steps it started with, so the steps after it run at its final "
-                        "rate %g", run.name, run.config.train.num_steps, int(horizons[k]), final)
 
-  def telemetry_due(self, step: int) -> bool:
-    every = self.config.train.telemetry_every
-    return bool(every) and step % every == 0
+def _compiling_first(setup: Setup):
+  """Yields, per dispatch, a context for it: around the loop's first dispatch, which compiles
+  the train step (or block) or loads it from the compile cache, a line before and one after
+  with its time (normstudy.engine.logs.compiling); nothing around the others."""
+  runs = f"{len(setup.runs)} run(s)" + (", stepped one at a time"
+                                        if setup.steps.one_at_a_time else "")
 
-  def steps_alone(self, step: int) -> bool:
-    """Whether `step` is dispatched alone through the one-step programs: it takes telemetry,
-    measures an update size, or the config steps one at a time (train.steps_per_dispatch 1).
-    Every other step goes through the block program, a block of one included, so a plain step
-    is always the same compiled computation however the steps are split into blocks."""
-    cfg = self.config.train
-    return (cfg.steps_per_dispatch <= 1 or self.telemetry_due(step)
-            or step <= cfg.update_size_steps or step > self.num_steps)
-
-  def dispatch_end(self, step: int) -> int:
-    """The last step of the dispatch that begins at `step`: `step` itself when it goes alone;
-    otherwise the block's: at most steps_per_dispatch steps, ending at the first step that
-    evaluates, checkpoints or ends a run, or before a step that goes alone."""
-    cfg = self.config.train
-    if self.steps_alone(step):
-      return step
-    last = min(step + cfg.steps_per_dispatch - 1, self.num_steps)
-    for s in range(step, last):
-      if (self.due(cfg.eval_every, s) or self.due(cfg.checkpoint_every, s)
-          or self.steps_alone(s + 1)):
-        return s
-    return last
-
-  def stage(self, step: int) -> tuple:
-    """(first, last, work) of the dispatch that begins at `step`: the batch of a step alone
-    (first is None), or a block's batches staged on the devices (ProgramSteps.block_work)."""
-    if self.steps_alone(step):
-      return None, step, self.batch(step)
-    last = self.dispatch_end(step)
-    batches = [_stack([ds[s - 1] for ds in self.train_data]) for s in range(step, last + 1)]
-    return step, last, self.steps.block_work(batches, self.config.train.steps_per_dispatch)
-
-  def loop(self, stop: dict):
-    """Steps until every run has stopped, the single run halted, or a stop signal arrived;
-    returns (the last step dispatched, the signal's name or None). Steps go one at a time or
-    in blocks (dispatch_end); a stop signal is acted on after the current dispatch."""
-    train_cfg = self.config.train
-    progress = recorder_lib.Progress(self.runs, self.start_step, self.num_steps, tag=self.tag)
-    step = self.start_step
-    self.resolved_at = (step, time.perf_counter())
-    work = self.stage(step + 1)
-    if step < train_cfg.update_size_steps:
-      self.outputs = self.steps.outputs(self.steps.params(self.state), self.eval_batches[0])
-    else:  # resumed past the measured steps
-      self.initial_outputs = None
-    while len(self.stopped) < len(self.runs) and self.halted_line is None:
-      resolved = None
-      if self.pending is not None:  # the dispatch before: was it finite, did its runs stop?
-        resolved = self.resolve()
-        if self.all_stop_with(resolved):
-          self.record(resolved, progress=progress)
-          break
-      first, step, batch = work
-      stopped = frozenset(self.stopped) | self.stopping(resolved)
-      with self.compiling_first(first is not None):
-        if first is not None:
-          self.state, device_metrics = self.steps.step_block(self.state, batch, stopped)
-        else:
-          self.state, device_metrics = self.steps.step(self.state, batch,
-                                                       self.telemetry_due(step), stopped)
-      if resolved is not None:
-        self.record(resolved, progress=progress)
-      self.pending = PendingStep(step, device_metrics, None if first is not None else batch,
-                                 first=first)
-      if step <= train_cfg.update_size_steps:
-        self.pending.update_sizes = self.measure_update()
-      work = self.stage(step + 1)  # prepared while the device runs this dispatch
-      if self.due(train_cfg.eval_every, step):
-        self.pending.eval_losses = self.evaluate()
-      preempted_by = stop["signal"] or (
-          "preemption notice" if jax.process_count() > 1
-          and self.mngr.reached_preemption(step) else None)
-      if self.due(train_cfg.checkpoint_every, step) or preempted_by:
-        self.save_checkpoint(step, progress)
-      if preempted_by and self.halted_line is None:
-        return step, preempted_by
-    return step, None
-
-  def compiling_first(self, block: bool):
-    """Around the loop's first dispatch, which compiles the train step (or block) or loads it
-    from the compile cache: a line before and one after with its time (normstudy.engine.logs
-    .compiling); nothing around the others."""
-    if self.announced_compile:
-      return contextlib.nullcontext()
-    self.announced_compile = True
-    runs = f"{len(self.runs)} run(s)" + (", stepped one at a time" if self.steps.one_at_a_time
-                                         else "")
-    what = (f"the block of {self.config.train.steps_per_dispatch} train steps" if block
+  def first(block: bool):
+    what = (f"the block of {setup.config.train.steps_per_dispatch} train steps" if block
             else "the train step")
     return logs.compiling(f"{what} ({runs})")
+  yield first
+  while True:
+    yield lambda block: contextlib.nullcontext()
 
-  def measure_update(self):
-    """Each run's update size of the step just dispatched (normstudy.core.steps.update_size) on
-    the first eval batch, the same rows and masks for every run, and its accumulated update
-    (the same size measured from the initial parameters): {record key: device array [K]}."""
-    after = self.steps.outputs(self.steps.params(self.state), self.eval_batches[0])
-    sizes = {keys.UPDATE_SIZE: _update_size(self.outputs, after),
-             keys.ACCUMULATED_UPDATE: _update_size(self.initial_outputs, after)}
-    if self.pending.step >= self.config.train.update_size_steps:  # the logits can go
-      self.outputs = self.initial_outputs = None
-    else:
-      self.outputs = after
-    return sizes
 
-  def evaluate(self):
-    """Each run's mean loss per predicted token over its fixed validation batches."""
-    totals = jax.device_get([self.steps.eval(self.steps.params(self.state), b)
-                             for b in self.eval_batches])
-    loss_sum = sum(t["loss_sum"] for t in totals)
-    count = sum(t["count"] for t in totals)
-    return loss_sum / np.maximum(count, 1.0)
+def measure_update(setup: Setup, carry: Carry, step: int) -> tuple:
+  """(each run's update size of the step just dispatched (normstudy.core.steps.update_size) on
+  the first eval batch, the same rows and masks for every run, and its accumulated update (the
+  same size measured from the initial parameters): {record key: device array [K]}, the carry
+  with the logits the next measurement starts from)."""
+  after = setup.steps.outputs(setup.steps.params(carry.state), setup.eval_batches[0])
+  sizes = {keys.UPDATE_SIZE: _update_size(carry.outputs, after),
+           keys.ACCUMULATED_UPDATE: _update_size(carry.initial_outputs, after)}
+  if step >= setup.config.train.update_size_steps:  # the logits can go
+    return sizes, carry._replace(outputs=None, initial_outputs=None)
+  return sizes, carry._replace(outputs=after)
 
-  def resolve(self) -> list:
-    """Fetches the pending dispatch's metrics (and update sizes, in the same transfer) and
-    says where each failed run's step went non-finite: a single step's failures are located
-    now (the state still holds their parameters before that step), a block's were located in
-    the block. Returns a Resolved per step."""
-    pending = self.pending
-    values, pending.update_sizes = jax.device_get((pending.metrics, pending.update_sizes))
-    if not pending.is_block:
-      failed = np.asarray(values["skipped"]) & np.asarray(values["active"])
-      sites = {}
-      if failed.any():
-        flags = jax.device_get(self.steps.locate(self.state, pending.batch))
-        for k in np.flatnonzero(failed):
-          sites[k] = telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k], flags))
-      return [Resolved(pending.step, values, sites, pending.eval_losses, pending.update_sizes)]
-    flags = values.pop("sites")
-    resolved = []
-    for j, step in enumerate(range(pending.first, pending.step + 1)):
-      at = {key: np.asarray(value)[:, j] for key, value in values.items()}
-      failed = at["skipped"] & at["active"]
-      sites = {k: telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k, j], flags))
-               for k in np.flatnonzero(failed)}
-      resolved.append(Resolved(step, at, sites,
-                               pending.eval_losses if step == pending.step else None))
-    return resolved
 
-  @staticmethod
-  def stopping(resolved) -> frozenset:
-    """The runs that stop (finish or halt) at a step of `resolved` (None: none)."""
-    stopping = set()
-    for one in resolved or ():
-      values = one.values
-      stopping.update(np.flatnonzero(values["active"] & (values["status"] != life.CODE_RUNNING)))
-    return frozenset(int(k) for k in stopping)
+def evaluate(setup: Setup, state):
+  """Each run's mean loss per predicted token over its fixed validation batches."""
+  steps = setup.steps
+  totals = jax.device_get([steps.eval(steps.params(state), b) for b in setup.eval_batches])
+  loss_sum = sum(t["loss_sum"] for t in totals)
+  count = sum(t["count"] for t in totals)
+  return loss_sum / np.maximum(count, 1.0)
 
-  def all_stop_with(self, resolved) -> bool:
-    """Whether no run is left running after the resolved steps."""
-    return len(set(self.stopped) | self.stopping(resolved)) == len(self.runs)
 
-  def record_of(self, one: Resolved, k) -> dict:
-    """Run k's record of the resolved step `one`."""
+def resolve(setup: Setup, carry: Carry) -> list:
+  """Fetches the pending dispatch's metrics (and update sizes, in the same transfer) and
+  says where each failed run's step went non-finite: a single step's failures are located
+  now (the state still holds their parameters before that step), a block's were located in
+  the block. Returns a Resolved per step."""
+  pending = carry.pending
+  values, update_sizes = jax.device_get((pending.metrics, pending.update_sizes))
+  if not pending.is_block:
+    failed = np.asarray(values["skipped"]) & np.asarray(values["active"])
+    sites = {}
+    if failed.any():
+      flags = jax.device_get(setup.steps.locate(carry.state, pending.batch))
+      for k in np.flatnonzero(failed):
+        sites[k] = telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k], flags))
+    return [Resolved(pending.step, values, sites, pending.eval_losses, update_sizes)]
+  flags = values.pop("sites")
+  resolved = []
+  for j, step in enumerate(range(pending.first, pending.step + 1)):
+    at = {key: np.asarray(value)[:, j] for key, value in values.items()}
+    failed = at["skipped"] & at["active"]
+    sites = {k: telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k, j], flags))
+             for k in np.flatnonzero(failed)}
+    resolved.append(Resolved(step, at, sites,
+                             pending.eval_losses if step == pending.step else None))
+  return resolved
+
+
+def stopping(resolved) -> frozenset:
+  """The runs that stop (finish or halt) at a step of `resolved` (None: none)."""
+  stopping_ = set()
+  for one in resolved or ():
     values = one.values
-    record = {keys.STEP: one.step, **{key: values[key][k] for key in keys.STEP_KEYS}}
-    record.update({key: values[key][k] for key in values
-                   if key not in keys.STEP_KEYS + CONTROL_KEYS})
-    if one.eval_losses is not None:
-      record[keys.EVAL_LOSS] = one.eval_losses[k]
-    for key, sizes in (one.update_sizes or {}).items():
-      record[key] = float(sizes[k])
-    if values.get("telemetry") is not None:
-      record.update(telemetry.flatten(jax.tree.map(lambda x: x[k], values["telemetry"])))
-      if self.loss_scaled:
-        record[keys.FP16_OVERFLOWS] = values[keys.SKIPPED_TOTAL][k]
-    if k in one.sites:
-      record[keys.NONFINITE_AT] = one.sites[k].sentence()
-    return record
+    stopping_.update(np.flatnonzero(values["active"] & (values["status"] != life.CODE_RUNNING)))
+  return frozenset(int(k) for k in stopping_)
 
-  def record(self, resolved: list, checkpointed: bool = False, progress=None):
-    """Writes the resolved steps' records (the pending dispatch's) and advances the lives of
-    the runs that stopped with them. `checkpointed`: the last step is being checkpointed, so
-    it is recorded whatever else."""
-    losses = {}
-    # A block's steps come back together: each is timed as if the block's wall time since the
-    # dispatch before was spread evenly over its steps, so a record's tokens/s is the rate
-    # since that run's previous record, as it is when steps go one at a time.
-    now = time.perf_counter()
-    since, previous = self.resolved_at
-    for one in resolved:
-      at = previous + (now - previous) * (one.step - since) / max(resolved[-1].step - since, 1)
-      losses.update(self.record_step(one, checkpointed and one is resolved[-1], at))
-    self.resolved_at = (resolved[-1].step, now)
-    self.pending = None
-    if progress is not None:
-      progress.report(resolved[-1].step, losses, self.stopped)
 
-  def record_step(self, one: Resolved, checkpointed: bool, at: float) -> dict:
-    """Writes the records of one resolved step; returns {run name: loss} of the runs it
-    stepped."""
-    step, values = one.step, one.values
-    log_due = self.due(self.config.train.log_every, step)
-    losses = {}
-    for k, recorder in enumerate(self.recorders):
-      if not values["active"][k]:
-        continue
-      code = int(values["status"][k])
-      record = self.record_of(one, k)
-      if worth_recording(record, code, log_due=log_due, checkpointed=checkpointed,
-                         has_telemetry=values.get("telemetry") is not None):
-        record[keys.TOKENS_PER_SEC] = recorder.tokens_per_sec(step, self.tokens_per_step, at)
-        recorder.write(record)
-      losses[recorder.run.name] = float(record[keys.LOSS])
-      if code != life.CODE_RUNNING:
-        self.run_stopped(k, code, record, one.sites.get(k, schema.BACKWARD_ONLY))
-    return losses
+def record_of(one: Resolved, k, loss_scaled: bool) -> dict:
+  """Run k's record of the resolved step `one`."""
+  values = one.values
+  record = {keys.STEP: one.step, **{key: values[key][k] for key in keys.STEP_KEYS}}
+  record.update({key: values[key][k] for key in values
+                 if key not in keys.STEP_KEYS + CONTROL_KEYS})
+  if one.eval_losses is not None:
+    record[keys.EVAL_LOSS] = one.eval_losses[k]
+  for key, sizes in (one.update_sizes or {}).items():
+    record[key] = float(sizes[k])
+  if values.get("telemetry") is not None:
+    record.update(telemetry.flatten(jax.tree.map(lambda x: x[k], values["telemetry"])))
+    if loss_scaled:
+      record[keys.FP16_OVERFLOWS] = values[keys.SKIPPED_TOTAL][k]
+  if k in one.sites:
+    record[keys.NONFINITE_AT] = one.sites[k].sentence()
+  return record
 
-  def run_stopped(self, k: int, code: int, record: dict, site: schema.Site):
-    """Run k finished or halted with the step of `record`."""
-    recorder = self.recorders[k]
-    status = life.status_of(code)
-    self.stopped[k] = status
-    if status == schema.FINISHED:
-      recorder.set_status(status, last_step=record[keys.STEP],
-                          finished_num_steps=recorder.run.config.train.num_steps)
-      return
-    reason, sentence = life.halt_description(recorder.run.config, code, record)
-    recorder.set_status(status, last_step=record[keys.STEP], halt_step=record[keys.STEP],
-                        halt_reason=reason, nonfinite_at=site.sentence(),
-                        nonfinite_site=site.as_json())
-    sentence += f"; first non-finite: {site.sentence()}"
-    logging.warning("%s halted: %s", recorder.run.name, sentence)
-    if self.single:
-      good = (f"the newest checkpoint (step {self.last_saved}) holds the last good state"
-              if self.last_saved else "no checkpoint was saved yet")
-      self.halted_line = f"{sentence}; {good}"
 
-  def save_checkpoint(self, step: int, progress=None) -> None:
-    """Records the pending step (always), then checkpoints the stacked state at `step`, unless
-    the single run halted: its newest checkpoint stays the last good state."""
-    if self.pending is not None:
-      self.record(self.resolve(), checkpointed=True, progress=progress)
-    if self.halted_line is not None:
-      return
-    for recorder in self.recorders:
-      recorder.flush()
-    checkpoints.save(self.mngr, step, self.steps.stacked(self.state))
-    self.last_saved = step
+def record(setup: Setup, recorders: list, carry: Carry, resolved: list,
+           checkpointed: bool = False, progress=None) -> Carry:
+  """Writes the resolved steps' records (the pending dispatch's) and advances the lives of
+  the runs that stopped with them; returns the carry with nothing pending. `checkpointed`: the
+  last step is being checkpointed, so it is recorded whatever else."""
+  losses = {}
+  # A block's steps come back together: each is timed as if the block's wall time since the
+  # dispatch before was spread evenly over its steps, so a record's tokens/s is the rate
+  # since that run's previous record, as it is when steps go one at a time.
+  now = time.perf_counter()
+  since, previous = carry.resolved_at
+  for one in resolved:
+    at = previous + (now - previous) * (one.step - since) / max(resolved[-1].step - since, 1)
+    written, carry = record_step(setup, recorders, carry, one,
+                                 checkpointed and one is resolved[-1], at)
+    losses.update(written)
+  carry = carry._replace(resolved_at=(resolved[-1].step, now), pending=None)
+  if progress is not None:
+    progress.report(resolved[-1].step, losses, carry.stopped)
+  return carry
+
+
+def record_step(setup: Setup, recorders: list, carry: Carry, one: Resolved, checkpointed: bool,
+                at: float) -> tuple:
+  """Writes the records of one resolved step; returns ({run name: loss} of the runs it
+  stepped, the carry with the lives of the runs that stopped at it)."""
+  step, values = one.step, one.values
+  log_due = due(setup.config.train.log_every, step, setup.last_steps)
+  loss_scaled = setup.abstract.loss_scale.dynamic
+  losses = {}
+  for k, recorder in enumerate(recorders):
+    if not values["active"][k]:
+      continue
+    code = int(values["status"][k])
+    record_ = record_of(one, k, loss_scaled)
+    if worth_recording(record_, code, log_due=log_due, checkpointed=checkpointed,
+                       has_telemetry=values.get("telemetry") is not None):
+      record_[keys.TOKENS_PER_SEC] = recorder.tokens_per_sec(step, setup.tokens_per_step, at)
+      recorder.write(record_)
+    losses[recorder.run.name] = float(record_[keys.LOSS])
+    if code != life.CODE_RUNNING:
+      carry = run_stopped(setup, recorder, carry, k, code, record_,
+                          one.sites.get(k, schema.BACKWARD_ONLY))
+  return losses, carry
+
+
+def run_stopped(setup: Setup, recorder, carry: Carry, k: int, code: int, record_: dict,
+                site: schema.Site) -> Carry:
+  """Run k finished or halted with the step of `record_`: its status into run.json; the
+  carry with it stopped (and, when the single run halts, the line it stops with)."""
+  status = life.status_of(code)
+  carry = carry._replace(stopped={**carry.stopped, k: status})
+  if status == schema.FINISHED:
+    recorder.set_status(status, last_step=record_[keys.STEP],
+                        finished_num_steps=recorder.run.config.train.num_steps)
+    return carry
+  reason, sentence = life.halt_description(recorder.run.config, code, record_)
+  recorder.set_status(status, last_step=record_[keys.STEP], halt_step=record_[keys.STEP],
+                      halt_reason=reason, nonfinite_at=site.sentence(),
+                      nonfinite_site=site.as_json())
+  sentence += f"; first non-finite: {site.sentence()}"
+  logging.warning("%s halted: %s", recorder.run.name, sentence)
+  if not setup.single:
+    return carry
+  good = (f"the newest checkpoint (step {carry.last_saved}) holds the last good state"
+          if carry.last_saved else "no checkpoint was saved yet")
+  return carry._replace(halted_line=f"{sentence}; {good}")
+
+
+def save_checkpoint(setup: Setup, recorders: list, carry: Carry, step: int,
+                    progress=None) -> Carry:
+  """Records the pending step (always), then checkpoints the stacked state at `step`, unless
+  the single run halted: its newest checkpoint stays the last good state."""
+  if carry.pending is not None:
+    carry = record(setup, recorders, carry, resolve(setup, carry), checkpointed=True,
+                   progress=progress)
+  if carry.halted_line is not None:
+    return carry
+  for recorder in recorders:
+    recorder.flush()
+  checkpoints.save(setup.mngr, step, setup.steps.stacked(carry.state))
+  return carry._replace(last_saved=step)
 
 
 def _from_configs(state, configs, mesh):

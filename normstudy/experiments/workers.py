@@ -18,6 +18,7 @@ continue from their newest checkpoints with the same command. The workers are pr
 module starts itself, so it knows each one's pid, program and exit status.
 """
 
+import contextlib
 import ctypes
 import multiprocessing
 from multiprocessing import connection
@@ -159,21 +160,9 @@ class Pool:
     self.close()
 
   def _start(self, num_workers: int) -> None:
-    cores = available_cores()
-    share = len(cores) // num_workers
-    # A Queue, not a pipe written here: its feeder thread sends each call (its runs and configs,
-    # which outgrow a pipe's 64 KiB buffer: a search's round of 72 runs did) while this process
-    # goes on to read the workers' reports.
     self._tasks, self._stop = self._context.Queue(), self._context.Event()
-    pipes = [self._context.Pipe(duplex=False) for _ in range(num_workers)]
-    self.processes = [self._context.Process(
-        target=_worker, name=f"normstudy-worker-{slot + 1}",
-        args=(cores[slot * share:(slot + 1) * share], self._tasks, pipes[slot][1], self._stop,
-              logging.get_verbosity())) for slot in range(num_workers)]
-    for process, (_, sender) in zip(self.processes, pipes):
-      process.start()
-      sender.close()  # the worker's end: a worker's exit then ends its pipe here
-    self.readers = [reader for reader, _ in pipes]
+    self.processes, self.readers = _start_workers(self._context, num_workers, self._tasks,
+                                                  self._stop)
 
   def run(self, fn, calls: list, num_workers: int, describe=repr, on_done=None) -> None:
     """fn(*args) for every args in `calls` in the pool's workers (`num_workers` of them start
@@ -189,24 +178,9 @@ class Pool:
     for index, args in enumerate(calls):
       self._tasks.put((run_id, index, fn, args))
     signalled = []
-
-    def forward(signum, frame):
-      del frame
-      signalled.append(signum)
-      if len(signalled) == 1:
-        logging.warning("%s received: passing it to the workers", signal.Signals(signum).name)
-      self._stop.set()
-      for process in self.processes:
-        if process.is_alive():
-          os.kill(process.pid, signal.SIGTERM)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with _forwarding_signals(self.processes, self._stop, signalled):
       failures = _collect(self.processes, self.readers, self._stop, run_id, calls, describe,
                           on_done)
-    finally:
-      for s, handler in previous.items():
-        signal.signal(s, handler)
     if signalled and any(isinstance(e, Preempted) for _, e in failures):
       raise _stopped(signal.Signals(signalled[0]).name, failures, calls, describe)
     # The first real failure; a NotStarted only if nothing else failed.
@@ -232,6 +206,46 @@ class Pool:
     self._tasks.cancel_join_thread()
     self._tasks.close()
     self.processes = []
+
+
+def _start_workers(context, num_workers: int, tasks, stop) -> tuple:
+  """(processes, the pipes' reading ends) of `num_workers` workers, each pinned to its share of
+  the available cores, taking calls from `tasks` (a Queue, not a pipe written here: its feeder
+  thread sends each call, whose runs and configs outgrow a pipe's 64 KiB buffer as a search's
+  round of 72 runs did, while this process goes on to read the workers' reports)."""
+  cores = available_cores()
+  share = len(cores) // num_workers
+  pipes = [context.Pipe(duplex=False) for _ in range(num_workers)]
+  processes = [context.Process(
+      target=_worker, name=f"normstudy-worker-{slot + 1}",
+      args=(cores[slot * share:(slot + 1) * share], tasks, pipes[slot][1], stop,
+            logging.get_verbosity())) for slot in range(num_workers)]
+  for process, (_, sender) in zip(processes, pipes):
+    process.start()
+    sender.close()  # the worker's end: a worker's exit then ends its pipe here
+  return processes, [reader for reader, _ in pipes]
+
+
+@contextlib.contextmanager
+def _forwarding_signals(processes: list, stop, signalled: list):
+  """While a run's calls are collected, SIGINT and SIGTERM are passed to the workers (each
+  checkpoints and stops) and appended to `signalled`; the handlers before are put back."""
+  def forward(signum, frame):
+    del frame
+    signalled.append(signum)
+    if len(signalled) == 1:
+      logging.warning("%s received: passing it to the workers", signal.Signals(signum).name)
+    stop.set()
+    for process in processes:
+      if process.is_alive():
+        os.kill(process.pid, signal.SIGTERM)
+
+  previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+  try:
+    yield
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
 
 
 def _stopped(name: str, failures: list, calls: list, describe) -> Preempted:

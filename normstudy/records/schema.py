@@ -192,30 +192,30 @@ RUN_FACTS = ("label", "name", "arm", "arm_label", "point", "overrides", "dataset
 RUN_PLACE = ("checkpoints", "program_index")
 
 
+# run.json's fields (RunInfo):
+# label, arm, arm_label  its legend label; a study's or sweep's arm (variant) and that arm's
+#                        label without the sweep's point
+# point, overrides       a sweep's axis values; every override that turns the arm's config
+#                        into this run's (normstudy.main reproduces the run with them)
+# dataset, entropy_floor, unigram_entropy, masked_loss_floor(_stderr)   the data and its
+#                        reference losses (nats per token; None where the data do not know them)
+# num_params, tokens_per_step, schedule_steps   the model's size, a step's tokens, the horizon
+#                        of its learning-rate schedule (kept when a run is extended)
+# checkpoints, program_index   where its state is saved: the checkpoint directory of the program
+#                        it trains in (relative to the run's directory), and its index on the
+#                        stacked checkpoints' run axis (None: written before this was recorded)
+# status, last_step      RUNNING, FINISHED, HALTED or PREEMPTED; the last step it took
+# finished_num_steps     the train.num_steps a finished run reached, by the step's own rule
+#                        (normstudy.core.steps.reached_end: skipped steps counted or not)
+# halt_step, halt_reason, nonfinite_at, nonfinite_site   a halted run's step and reason, and
+#                        where it first went non-finite (words, and {"layer", "site"}: a Site)
+# wandb_run_id           the Weights & Biases run it continues
+# extra                  keys this version does not know, kept as they were
 @dataclasses.dataclass(frozen=True)
 class RunInfo:
   """run.json: what a run is (RUN_FACTS, written when it starts) and how its life went (its
   status and, once known, the rest, updated as it goes).
-
-  label, arm, arm_label  its legend label; a study's or sweep's arm (variant) and that arm's
-                         label without the sweep's point
-  point, overrides       a sweep's axis values; every override that turns the arm's config
-                         into this run's (normstudy.main reproduces the run with them)
-  dataset, entropy_floor, unigram_entropy, masked_loss_floor(_stderr)   the data and its
-                         reference losses (nats per token; None where the data do not know them)
-  num_params, tokens_per_step, schedule_steps   the model's size, a step's tokens, the horizon
-                         of its learning-rate schedule (kept when a run is extended)
-  checkpoints, program_index   where its state is saved: the checkpoint directory of the program
-                         it trains in (relative to the run's directory), and its index on the
-                         stacked checkpoints' run axis (None: written before this was recorded)
-  status, last_step      RUNNING, FINISHED, HALTED or PREEMPTED; the last step it took
-  finished_num_steps     the train.num_steps a finished run reached, by the step's own rule
-                         (normstudy.core.steps.reached_end: skipped steps counted or not)
-  halt_step, halt_reason, nonfinite_at, nonfinite_site   a halted run's step and reason, and
-                         where it first went non-finite (words, and {"layer", "site"}: a Site)
-  wandb_run_id           the Weights & Biases run it continues
-  extra                  keys this version does not know, kept as they were
-  """
+  Its fields are listed above the class."""
   label: str | None = None
   name: str | None = None
   arm: str | None = None
