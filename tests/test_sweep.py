@@ -151,7 +151,7 @@ def test_each_run_of_a_sweep_equals_the_run_alone(tmp_path):
 def test_programs_of_one_structure_in_one_process_share_their_compiled_steps(tmp_path,
                                                                              monkeypatch):
   # A search trains each arm's program again every round; the process (or pool worker) keeps
-  # the compiled steps by the program's structure (execution.ProgramSteps._key), so a program
+  # the compiled steps by the program's structure (execution._program_key), so a program
   # of the same structure builds nothing, and records bit for bit what it records with steps
   # built afresh. A structural difference builds its own.
   path = os.path.join(runs.REPO, "configs", "seed_figure.py")
@@ -171,8 +171,7 @@ def test_programs_of_one_structure_in_one_process_share_their_compiled_steps(tmp
     return sweep_runs
 
   built = []
-  monkeypatch.setattr(execution.ProgramSteps, "_build", _counted(
-      execution.ProgramSteps._build, built))
+  monkeypatch.setattr(execution, "_build_steps", _counted(execution._build_steps, built))
   execution._KEPT.clear()
   inprocess.train_programs(program("first", [1e-3]), str(tmp_path / "first"))
   assert len(built) == 1

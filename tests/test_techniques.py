@@ -290,11 +290,14 @@ def test_rezero_starts_as_the_identity(make_config):
 def test_every_placement_trains_with_every_option_on(make_config, placement):
   """All options at once on each placement, in float16 and scanned (a traced layer index):
   they compose, and the stack still learns."""
-  no_norms = placement in ("rezero", "ngpt")  # their own branch scales, and no norms
+  # What the placement already has is not asked for twice (its properties say: no norms, a
+  # branch scale of its own, q, k and v normalised).
+  facts = placements.get(placement)
   config = make_config(placement=placement, dtype="float16", scan_layers=True, num_layers=2,
-                       qk_norm="rmsnorm", layer_scale=0.0 if no_norms else 0.5,
+                       qk_norm="none" if facts.qkv_norm else "rmsnorm",
+                       layer_scale=0.0 if facts.branch_scale else 0.5,
                        emb_grad_shrink=0.5, attn_softcap=20.0, output_softcap=15.0,
-                       attention_scores_dtype="float32", layernorm_scaling=not no_norms)
+                       attention_scores_dtype="float32", layernorm_scaling=facts.has_norms)
   config.loss.z_loss = 1e-4
   validation.validate(config)
   losses, metrics = train_losses(config, 12)

@@ -365,11 +365,11 @@ class SweepRun:
   (normstudy.records.outcomes: the search's and the analysis's word) and the step it did not
   recover from (`failed_at`, None when it did not fail)."""
   name: str
-  arm: str
-  point: dict
-  overrides: dict
-  command: str
-  status: str
+  arm: str = ""
+  point: dict = dataclasses.field(default_factory=dict)
+  overrides: dict = dataclasses.field(default_factory=dict)
+  command: str = ""
+  status: str = RUNNING
   outcome: str | None = None
   failed_at: int | None = None
 
