@@ -4,7 +4,7 @@ The same transformer with and without its attention sublayers (model.attention=n
 are MLPs, and the only context a token sees is the conv positions' 5-token window), SEEDS seeds
 each, trained NUM_STEPS steps at the recipe's learning rate, on the context language
 (configs/context.py) and, as the control, on the seed figure's Markov chain
-(`--config.data.dialects=1`, the Makefile's second sweep). The arm is Pre-LN with the input norm,
+(data.dialects=1, the experiment's part `chain`). The arm is Pre-LN with the input norm,
 the recipe's fastest learner (docs/speed). The speed analysis compares the two arms paired by
 seed (speed.csv, speed_tests.csv); each run's run.json holds the language's loss floor
 (masked_loss_floor), which only a model that reads the whole row can approach: any model limited
@@ -14,21 +14,20 @@ to a 5-token window stays above `benchmarks/context_language.py`'s window bound.
 from configs import context
 from configs import seed_figure
 from normstudy.core import config as config_lib
+from normstudy.records.experiment import Experiment
+from normstudy.records.experiment import Part
 
 ARM = "pre_norm_input_norm_clip1"
-VARIANTS = {
-    "attention": ("{auto} | Input Norm", dict(seed_figure.VARIANTS[ARM][1])),
+_ARMS = {
+    "attention": ("{auto} | Input Norm", dict(seed_figure.EXPERIMENT.arms[ARM][1])),
     "no_attention": ("{auto} | Input Norm | No Attention",
-                     {**seed_figure.VARIANTS[ARM][1], "model.attention": "none"}),
+                     {**seed_figure.EXPERIMENT.arms[ARM][1], "model.attention": "none"}),
 }
-SWEEP_VARIANTS = tuple(VARIANTS)
-STUDY_VARIANTS = SWEEP_VARIANTS
 
 NUM_STEPS = 1000
 SEEDS = [0, 1, 2]
 EVAL_ROWS = 512
-SWEEP = {"train.seed": SEEDS}
-SWEEP_SETTINGS = {
+_SETTINGS = {
     "train.num_steps": NUM_STEPS,
     "train.log_every": 10,
     "train.eval_every": 100,
@@ -37,8 +36,13 @@ SWEEP_SETTINGS = {
     "train.checkpoint_every": NUM_STEPS,
     "train.tensorboard": False,
 }
+# Two sweeps: the context language (DIR/context) and its control, one dialect, a plain chain
+# (DIR/chain); then `python -m normstudy.context_gap --workdir=DIR/<part>` for each.
+EXPERIMENT = Experiment(arms=_ARMS, settings=_SETTINGS, parts={
+    "context": Part(axes={"train.seed": SEEDS}),
+    "chain": Part(axes={"train.seed": SEEDS}, settings={"data.dialects": 1})})
 
 
 def get_config(variant: str = "attention"):
-  return config_lib.variant_config(VARIANTS, context.base_config, variant,
+  return config_lib.variant_config(EXPERIMENT.arms, context.base_config, variant,
                                    "configs/attention.py")

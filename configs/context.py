@@ -12,14 +12,13 @@ attention sublayer (its only context is the conv positions' 5-token window); the
 any model limited to that window is above the floor by LOCAL_WINDOW_GAP (docs/results.md).
 """
 
+import dataclasses
+
 from configs import seed_figure
 from normstudy.core import config as config_lib
 
-VARIANTS = seed_figure.VARIANTS
-SWEEP_VARIANTS = seed_figure.SWEEP_VARIANTS
-STUDY_VARIANTS = seed_figure.STUDY_VARIANTS
-SWEEP = seed_figure.SWEEP
-SWEEP_SETTINGS = seed_figure.SWEEP_SETTINGS
+# The seed figure's experiment on this data (one seed per arm in a study).
+EXPERIMENT = dataclasses.replace(seed_figure.EXPERIMENT, seeds=())
 
 DIALECTS = 16
 DIALECT_WEIGHT = 0.3
@@ -37,4 +36,4 @@ def base_config():
 
 
 def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/context.py")
+  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant, "configs/context.py")

@@ -22,14 +22,13 @@ inputs as series.
 
 from configs import context
 from normstudy.core import config as config_lib
+from normstudy.records.experiment import Experiment
 
-VARIANTS = {
+_ARMS = {
     "post_norm": ("{auto}", {"model.placement": "post_ln"}),
     "post_norm_deepnorm": ("{auto}", {"model.placement": "deepnorm"}),
     "pre_norm": ("{auto}", {"model.placement": "pre_ln"}),
 }
-SWEEP_VARIANTS = tuple(VARIANTS)
-STUDY_VARIANTS = SWEEP_VARIANTS
 
 DEPTHS = [6, 12, 24]
 SEEDS = [0, 1, 2]
@@ -44,8 +43,8 @@ UPDATE_SIZE_STEPS = 100
 TELEMETRY_EVERY = 5
 EVAL_ROWS = 256
 
-SWEEP = {"model.num_layers": DEPTHS, "train.seed": SEEDS}
-SWEEP_SETTINGS = {
+_AXES = {"model.num_layers": DEPTHS, "train.seed": SEEDS}
+_SETTINGS = {
     "train.num_steps": NUM_STEPS,
     "optimizer.warmup_steps": WARMUP,
     "train.update_size_steps": UPDATE_SIZE_STEPS,
@@ -56,6 +55,9 @@ SWEEP_SETTINGS = {
     "train.checkpoint_every": NUM_STEPS,
     "train.tensorboard": False,
 }
+
+
+EXPERIMENT = Experiment(arms=_ARMS, axes=_AXES, settings=_SETTINGS, report="depth")
 
 
 def base_config():
@@ -69,4 +71,4 @@ def base_config():
 
 
 def get_config(variant: str = "post_norm"):
-  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/depth.py")
+  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant, "configs/depth.py")

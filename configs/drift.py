@@ -29,19 +29,18 @@ parts.
 from configs import seed_figure
 from configs import survival
 from normstudy.core import config as config_lib
+from normstudy.records.experiment import Experiment
 
 # The law's arms, and plain Pre-LN at two more weight decays.
 ARMS = ("pre_norm_clip1", "pre_norm_input_norm_clip1", "post_norm_input_norm_clip1",
         "post_norm_deepnorm_clip1")
 DECAY_BASE = "pre_norm_clip1"  # the recipe's weight decay, 0.01
 WEIGHT_DECAYS = {"pre_norm_clip1_wd0": 0.0, "pre_norm_clip1_wd0.1": 0.1}
-VARIANTS = {name: survival.VARIANTS[name] for name in ARMS}
+_ARMS = {name: survival.EXPERIMENT.arms[name] for name in ARMS}
 for _name, _decay in WEIGHT_DECAYS.items():
-  _label, _settings = survival.VARIANTS[DECAY_BASE]
-  VARIANTS[_name] = (f"{_label} | Weight Decay={_decay:g}",
+  _label, _settings = survival.EXPERIMENT.arms[DECAY_BASE]
+  _ARMS[_name] = (f"{_label} | Weight Decay={_decay:g}",
                      {**_settings, "optimizer.weight_decay": _decay})
-SWEEP_VARIANTS = tuple(VARIANTS)
-STUDY_VARIANTS = SWEEP_VARIANTS
 
 NUM_STEPS = 960
 TELEMETRY_EVERY = 20
@@ -55,14 +54,17 @@ HELDOUT_SEEDS = [0, 1, 2]
 # The failure fractions by HELDOUT_STEPS at which the held-out rates are placed.
 HELDOUT_FRACTIONS = (0.2, 0.5, 0.8)
 
-SWEEP = {"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS}
-SWEEP_SETTINGS = {**survival.SWEEP_SETTINGS,
+_AXES = {"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS}
+_SETTINGS = {**survival.EXPERIMENT.settings,
                   "train.num_steps": NUM_STEPS,
                   "train.eval_every": NUM_STEPS,
                   "train.checkpoint_every": NUM_STEPS,
                   "train.telemetry_every": TELEMETRY_EVERY}
 
 
+EXPERIMENT = Experiment(arms=_ARMS, axes=_AXES, settings=_SETTINGS)
+
+
 def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(VARIANTS, seed_figure.base_config, variant,
+  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
                                    "configs/drift.py")

@@ -18,12 +18,11 @@ search of 3 rounds and a probe round (LADDER_SEARCH), no telemetry.
 from configs import shakespeare
 from configs import survival
 from normstudy.core import config as config_lib
+from normstudy.records.experiment import Experiment
 
-VARIANTS = {name: survival.VARIANTS[name] for name in (
+_ARMS = {name: survival.EXPERIMENT.arms[name] for name in (
     "pre_norm_clip1", "post_norm_deepnorm_clip1", "pre_norm_attn_relax_clip1",
     "post_norm_input_norm_clip1")}
-SWEEP_VARIANTS = tuple(VARIANTS)
-STUDY_VARIANTS = SWEEP_VARIANTS
 
 NUM_STEPS = 120
 SEEDS = [0, 1]
@@ -37,8 +36,8 @@ LADDER_DTYPES = ("float16", "float32")
 LADDER_SEARCH = {"field": "optimizer.learning_rate", "low": 0.03, "high": 3.0, "rounds": 3,
                  "probe_decades": 0.125}
 
-SWEEP = {"train.seed": SEEDS}
-SWEEP_SETTINGS = survival.settings_at(NUM_STEPS)
+EXPERIMENT = Experiment(arms=_ARMS, axes={"train.seed": SEEDS},
+                        settings=survival.settings_at(NUM_STEPS))
 
 
 def rung_overrides(num_layers: int, d_model: int) -> dict:
@@ -53,4 +52,4 @@ def base_config():
 
 
 def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/ladder.py")
+  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant, "configs/ladder.py")

@@ -2,22 +2,25 @@
 layers at width 32) for plain Pre-LN under CompleteP, base 4 layers x 32 (at the 4 x 32 rung
 CompleteP is sp's model and rate)."""
 
+import dataclasses
+
 from configs import ladder
-# The CPU ladder's dtypes, sweep, settings, rung fields and recipe; only arms and rungs differ.
-from configs.ladder import LADDER_DTYPES, SWEEP, SWEEP_SETTINGS, base_config, rung_overrides  # noqa: F401,E501
+# The CPU ladder's dtypes, rung fields and recipe (its axes and settings: EXPERIMENT's); only
+# arms and rungs differ.
+from configs.ladder import LADDER_DTYPES, base_config, rung_overrides  # noqa: F401
 from normstudy.core import config as config_lib
 
-VARIANTS = {
-    "pre_norm_clip1_completep": (ladder.VARIANTS["pre_norm_clip1"][0], {
-        **ladder.VARIANTS["pre_norm_clip1"][1], "model.parametrization": "completep",
+_ARMS = {
+    "pre_norm_clip1_completep": (ladder.EXPERIMENT.arms["pre_norm_clip1"][0], {
+        **ladder.EXPERIMENT.arms["pre_norm_clip1"][1], "model.parametrization": "completep",
         "model.base_width": 32, "model.base_depth": 4}),
 }
-SWEEP_VARIANTS = tuple(VARIANTS)
-STUDY_VARIANTS = SWEEP_VARIANTS
+EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS)
 
 LADDER_RUNGS = [rung for rung in ladder.LADDER_RUNGS if rung[1] == 32]  # the depth rungs
 LADDER_SEARCH = ladder.LADDER_SEARCH
 
 
 def get_config(variant: str = "pre_norm_clip1_completep"):
-  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/ladder_completep.py")
+  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
+                                   "configs/ladder_completep.py")

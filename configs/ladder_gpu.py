@@ -23,11 +23,7 @@ lease. LEASE_* below is what fits one (benchmarks/gpu_ladder.sh).
 from configs import ladder
 
 # The CPU ladder's arms, recipe, search and rung fields; only the rungs differ.
-VARIANTS = ladder.VARIANTS
-SWEEP_VARIANTS = ladder.SWEEP_VARIANTS
-STUDY_VARIANTS = ladder.STUDY_VARIANTS
-SWEEP = ladder.SWEEP
-SWEEP_SETTINGS = ladder.SWEEP_SETTINGS
+EXPERIMENT = ladder.EXPERIMENT
 LADDER_DTYPES = ladder.LADDER_DTYPES
 LADDER_SEARCH = ladder.LADDER_SEARCH
 rung_overrides = ladder.rung_overrides

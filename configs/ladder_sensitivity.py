@@ -21,10 +21,7 @@ rates; no telemetry.
 from configs import ladder
 from configs import seed_figure
 from configs import shakespeare
-
-VARIANTS = ladder.VARIANTS
-SWEEP_VARIANTS = ladder.SWEEP_VARIANTS
-STUDY_VARIANTS = ladder.STUDY_VARIANTS
+from normstudy.records.experiment import Experiment
 
 NUM_STEPS = 400
 SEEDS = [0, 1, 2]
@@ -35,11 +32,12 @@ LADDER_DTYPES = ("float16",)
 # ladder), so each curve spans its optimum and its cliff.
 LADDER_LEARNING_RATES = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
 
-SWEEP = {"train.seed": SEEDS}
 # The sensitivity sweep's settings (configs/seed_figure.py) at NUM_STEPS, judged at the end.
-SWEEP_SETTINGS = {**seed_figure.SWEEP_SETTINGS, "train.num_steps": NUM_STEPS,
-                  "optimizer.warmup_steps": NUM_STEPS // 10, "train.eval_every": NUM_STEPS,
-                  "train.checkpoint_every": NUM_STEPS, "train.telemetry_every": 0}
+EXPERIMENT = Experiment(
+    arms=ladder.EXPERIMENT.arms, axes={"train.seed": SEEDS},
+    settings={**seed_figure.EXPERIMENT.settings, "train.num_steps": NUM_STEPS,
+              "optimizer.warmup_steps": NUM_STEPS // 10, "train.eval_every": NUM_STEPS,
+              "train.checkpoint_every": NUM_STEPS, "train.telemetry_every": 0})
 rung_overrides = ladder.rung_overrides
 
 
@@ -50,5 +48,5 @@ def base_config():
 
 def get_config(variant: str = "pre_norm_clip1"):
   from normstudy.core import config as config_lib
-  return config_lib.variant_config(VARIANTS, base_config, variant,
+  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
                                    "configs/ladder_sensitivity.py")

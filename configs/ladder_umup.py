@@ -6,24 +6,26 @@ u-muP's learning rate is the base of per-parameter rates (a hidden matrix's is l
 on unit-scale weights used times 1 / sqrt(fan_in)), so its critical value lies about a decade and
 a half above sp's: the search starts from [0.3, 30] (it widens the bracket where that is wrong)."""
 
+import dataclasses
+
 from configs import ladder
-# The CPU ladder's dtypes, sweep, settings, rung fields and recipe; only arms and rungs differ.
-from configs.ladder import LADDER_DTYPES, SWEEP, SWEEP_SETTINGS, base_config, rung_overrides  # noqa: F401,E501
+# The CPU ladder's dtypes, rung fields and recipe (its axes and settings: EXPERIMENT's); only
+# arms and rungs differ.
+from configs.ladder import LADDER_DTYPES, base_config, rung_overrides  # noqa: F401
 from normstudy.core import config as config_lib
 
 _UMUP = {"model.parametrization": "umup", "model.tie_embeddings": False}
-VARIANTS = {
+_ARMS = {
     "pre_norm_clip1_umup": ("{auto} | No Loss Scaler", {
-        **ladder.VARIANTS["pre_norm_clip1"][1], **_UMUP, "optimizer.loss_scale.kind": "none"}),
+        **ladder.EXPERIMENT.arms["pre_norm_clip1"][1], **_UMUP, "optimizer.loss_scale.kind": "none"}),
     "pre_norm_clip1_umup_scaler": ("{auto} | Loss Scaler", {
-        **ladder.VARIANTS["pre_norm_clip1"][1], **_UMUP}),
+        **ladder.EXPERIMENT.arms["pre_norm_clip1"][1], **_UMUP}),
 }
-SWEEP_VARIANTS = tuple(VARIANTS)
-STUDY_VARIANTS = SWEEP_VARIANTS
+EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS)
 
 LADDER_RUNGS = [rung for rung in ladder.LADDER_RUNGS if rung[0] == 4]  # the width rungs
 LADDER_SEARCH = {**ladder.LADDER_SEARCH, "low": 0.3, "high": 30.0}
 
 
 def get_config(variant: str = "pre_norm_clip1_umup"):
-  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/ladder_umup.py")
+  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant, "configs/ladder_umup.py")

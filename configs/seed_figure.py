@@ -7,17 +7,19 @@ This file keeps the recipe as fairseq and MERT run it (fairseq's Adam, betas (0.
 exact GELU in float32, MERT's input LayerNorm for the Post-LN encoder, convolutional positions,
 span masking) on a model small enough that all four runs finish in minutes on two CPU cores.
 
-VARIANTS is the table of arms: {name: (label, {dotted.field: value})}, applied through the same
-override mechanism as the command line. Labels are templates (normstudy.core.labels): "{auto}" is
-described from the config, so an override shows in the legend. `normstudy.study` runs the paper's
-four (STUDY_VARIANTS, `make study`); `normstudy.sweep` runs all five over SWEEP, with
-SWEEP_SETTINGS (`make sensitivity`): the fifth arm, DeepNorm with attention relax, puts the relax
-where attention scores overflow, the only place it can act.
+EXPERIMENT declares what the file runs (normstudy.records.experiment): its arms, {name: (label,
+{dotted.field: value})}, applied through the same override mechanism as the command line. Labels
+are templates (normstudy.core.labels): "{auto}" is described from the config, so an override
+shows in the legend. `normstudy.study` runs the paper's four over three seeds (study_arms,
+seeds: `make study`); `normstudy.sweep` runs all five over its axes with its settings (`make
+sensitivity`): the fifth arm, DeepNorm with attention relax, puts the relax where attention
+scores overflow, the only place it can act.
 """
 
 from normstudy.core import config as config_lib
+from normstudy.records.experiment import Experiment
 
-VARIANTS = {
+_ARMS = {
     "pre_norm_clip10": ("{auto} | Run 1", {"optimizer.clip_norm": 10.0}),
     "pre_norm_clip1": ("{auto} | Run 2", {}),
     "post_norm_deepnorm_clip1": ("{auto}", {"model.placement": "deepnorm",
@@ -34,17 +36,17 @@ VARIANTS = {
                                                            "model.input_norm": True}),
 }
 # The seed figure's sensitivity sweep: the paper's four arms and DeepNorm with relax.
-SWEEP_VARIANTS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
+_SWEEP_ARMS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
                   "pre_norm_attn_relax_clip1", "post_norm_deepnorm_attn_relax_clip1")
 # The seed figure's four runs.
-STUDY_VARIANTS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
+_STUDY_ARMS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
                   "pre_norm_attn_relax_clip1")
 
 # The learning-rate sensitivity study (Wortsman et al. 2023): every arm over these axes. The
 # recipe's own learning rate is 3e-3; the grid spans where every arm trains to where the probe
 # saw fp16 loss-scale collapse in every arm (3e-1). A depth axis is one flag away:
 # --axis=model.num_layers=4,12 (docs/results.md, "Learning-rate sensitivity").
-SWEEP = {
+_AXES = {
     "optimizer.learning_rate": [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1],
     "train.seed": [0, 1, 2],
 }
@@ -53,7 +55,7 @@ SWEEP = {
 # records every 5 steps, telemetry (attention logits) every 25.
 # `--config.train.num_steps=1000 --config.optimizer.warmup_steps=80` restores the recipe's
 # length (about five times as long).
-SWEEP_SETTINGS = {
+_SETTINGS = {
     # A curve of a sweep is many runs: its legend is the arm's description, without the seed
     # figure's "Run 1"/"Run 2".
     "label": "{auto}",
@@ -64,6 +66,12 @@ SWEEP_SETTINGS = {
     "train.telemetry_every": 25,
     "train.checkpoint_every": 100,
 }
+
+
+# The seed figure over seeds: one seed per arm in float16 is chaotic across CPU kinds (a loss
+# spike on one machine is none on another), so each arm is drawn as its median and range.
+EXPERIMENT = Experiment(arms=_ARMS, sweep_arms=_SWEEP_ARMS, study_arms=_STUDY_ARMS, axes=_AXES,
+                        settings=_SETTINGS, seeds=(0, 1, 2))
 
 
 def base_config():
@@ -119,4 +127,5 @@ def base_config():
 
 
 def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/seed_figure.py")
+  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
+                                   "configs/seed_figure.py")

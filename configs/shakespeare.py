@@ -12,14 +12,13 @@ same of the King James Bible (66 books, another style); `--config.data.tokenizer
 plays, deterministically, cached beside the dataset).
 """
 
+import dataclasses
+
 from configs import seed_figure
 from normstudy.core import config as config_lib
 
-VARIANTS = seed_figure.VARIANTS
-SWEEP_VARIANTS = seed_figure.SWEEP_VARIANTS
-STUDY_VARIANTS = seed_figure.STUDY_VARIANTS
-SWEEP = seed_figure.SWEEP
-SWEEP_SETTINGS = seed_figure.SWEEP_SETTINGS
+# The seed figure's experiment on this data (one seed per arm in a study).
+EXPERIMENT = dataclasses.replace(seed_figure.EXPERIMENT, seeds=())
 
 VALIDATION_FRACTION = 0.1
 
@@ -34,4 +33,4 @@ def base_config():
 
 
 def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/shakespeare.py")
+  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant, "configs/shakespeare.py")

@@ -17,10 +17,7 @@ Holm's correction over the arms).
 from configs import seed_figure
 from configs import survival
 from normstudy.core import config as config_lib
-
-VARIANTS = survival.VARIANTS
-SWEEP_VARIANTS = survival.SWEEP_VARIANTS
-STUDY_VARIANTS = SWEEP_VARIANTS
+from normstudy.records.experiment import Experiment
 
 NUM_STEPS = 600
 # Six seeds: a sign test over seeds can reach p < 0.05 (two-sided, 0.031 at 6 of 6) only from 6.
@@ -29,8 +26,10 @@ SEEDS = [0, 1, 2, 3, 4, 5]
 # (train.eval_seed, the default 0), so arms and seeds are compared on the same data and the
 # tests pair by seed.
 EVAL_ROWS = 512
-SWEEP = {"train.seed": SEEDS}
-SWEEP_SETTINGS = {
+EXPERIMENT = Experiment(
+    arms=survival.EXPERIMENT.arms, sweep_arms=survival.EXPERIMENT.sweep_arms,
+    study_arms=survival.EXPERIMENT.sweep_arms, axes={"train.seed": SEEDS},
+    report="learning speed", settings={
     "train.num_steps": NUM_STEPS,
     "train.log_every": 10,
     "train.eval_every": 50,
@@ -38,9 +37,9 @@ SWEEP_SETTINGS = {
     "train.telemetry_every": 0,
     "train.checkpoint_every": 200,
     "train.tensorboard": False,
-}
+})
 
 
 def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(VARIANTS, seed_figure.base_config, variant,
+  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
                                    "configs/speed.py")

@@ -5,13 +5,9 @@ from configs import context
 from configs import speed
 from normstudy.core import config as config_lib
 
-VARIANTS = speed.VARIANTS
-SWEEP_VARIANTS = speed.SWEEP_VARIANTS
-STUDY_VARIANTS = SWEEP_VARIANTS
-SWEEP = speed.SWEEP
-SWEEP_SETTINGS = speed.SWEEP_SETTINGS
+EXPERIMENT = speed.EXPERIMENT
 
 
 def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(VARIANTS, context.base_config, variant,
+  return config_lib.variant_config(EXPERIMENT.arms, context.base_config, variant,
                                    "configs/speed_context.py")

@@ -17,12 +17,11 @@ updates, each with an exact paired permutation test and Holm over the family: `p
 normstudy.techniques --workdir=DIR --config=configs/spike_failure.py` writes spike_handling.csv.
 """
 
+import dataclasses
+
 from configs import spike_handling
 from normstudy.core import config as config_lib
 
-VARIANTS = spike_handling.VARIANTS
-SWEEP_VARIANTS = spike_handling.SWEEP_VARIANTS
-STUDY_VARIANTS = SWEEP_VARIANTS
 BASELINES = spike_handling.BASELINES
 SPIKE_HANDLING = spike_handling.SPIKE_HANDLING
 SPIKE_MEASURES = "failure"
@@ -34,13 +33,15 @@ WARMUP = 20
 # at step 390 (the loss scale at its floor). So 0.08 and twice it.
 LEARNING_RATES = [0.08, 0.16]
 SEEDS = [0, 1, 2, 3, 4, 5]
-SWEEP = {"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS}
 # Every step logged (spikes are read from the per-step loss), evaluated at the end, no telemetry.
-SWEEP_SETTINGS = {**spike_handling.SWEEP_SETTINGS, "train.num_steps": NUM_STEPS,
-                  "train.eval_every": NUM_STEPS, "train.checkpoint_every": NUM_STEPS,
-                  "optimizer.warmup_steps": WARMUP, "optimizer.schedule": "constant"}
+EXPERIMENT = dataclasses.replace(
+    spike_handling.EXPERIMENT,
+    axes={"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS},
+    settings={**spike_handling.EXPERIMENT.settings, "train.num_steps": NUM_STEPS,
+              "train.eval_every": NUM_STEPS, "train.checkpoint_every": NUM_STEPS,
+              "optimizer.warmup_steps": WARMUP, "optimizer.schedule": "constant"})
 
 
 def get_config(variant: str = "baseline"):
-  return config_lib.variant_config(VARIANTS, spike_handling.base_config, variant,
+  return config_lib.variant_config(EXPERIMENT.arms, spike_handling.base_config, variant,
                                    "configs/spike_failure.py")

@@ -18,16 +18,15 @@ family).
 
 from configs import shakespeare
 from normstudy.core import config as config_lib
+from normstudy.records.experiment import Experiment
 
-VARIANTS = {
+_ARMS = {
     "baseline": ("Pre-Norm | Gradient Clip=1", {}),
     "skip_spikes": ("Pre-Norm | Gradient Clip=1 | skip-step 6 sigma",
                     {"optimizer.skip_spikes": 6.0}),
     "update_clip": ("Pre-Norm | Gradient Clip=1 | update clip 1",
                     {"optimizer.update_clip": 1.0}),
 }
-SWEEP_VARIANTS = tuple(VARIANTS)
-STUDY_VARIANTS = SWEEP_VARIANTS
 BASELINES = {"skip_spikes": "baseline", "update_clip": "baseline"}
 SPIKE_HANDLING = ("skip_spikes", "update_clip")
 
@@ -36,12 +35,15 @@ NUM_STEPS = 1000
 # loss rises from 1e-2 on).
 LEARNING_RATES = [3e-3, 1e-2]
 SEEDS = [0, 1, 2, 3, 4, 5]
-SWEEP = {"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS}
+_AXES = {"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS}
 # Every step logged (a spike is read from the per-step loss), evaluated at the end, no
 # telemetry (the spike detectors read the loss, the gradient norm and the update norm).
-SWEEP_SETTINGS = {"label": "{auto}", "train.num_steps": NUM_STEPS, "train.log_every": 1,
+_SETTINGS = {"label": "{auto}", "train.num_steps": NUM_STEPS, "train.log_every": 1,
                   "train.eval_every": NUM_STEPS, "train.checkpoint_every": NUM_STEPS,
                   "train.telemetry_every": 0}
+
+
+EXPERIMENT = Experiment(arms=_ARMS, axes=_AXES, settings=_SETTINGS)
 
 
 def base_config():
@@ -50,4 +52,5 @@ def base_config():
 
 
 def get_config(variant: str = "baseline"):
-  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/spike_handling.py")
+  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
+                                   "configs/spike_handling.py")

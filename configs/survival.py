@@ -10,12 +10,13 @@ figure's recipe (configs/seed_figure.py) with
     skip the scaler recovers from is no death) at 120, 240 and 480 steps by truncation
     (critical_lr_horizons.csv): at 120 steps near-critical runs died at steps 92-119, so a
     120-step horizon decided a run's fate by whether its overflow came before its end;
-  - as a grid (`make survival-grid`): learning rates a quarter decade apart, placed by a pilot so
-    that every arm's critical learning rate (50% of runs failing) lies inside it; SEEDS seeds;
-  - as a search (`make survival`, the Makefile's SURVIVAL_SEARCH): each arm and seed bisected
-    from [0.1, 1], 4 rounds, then a probe round 1/8 decade either side of each midpoint, 6
-    seeds. Failure is a noisy function of the learning rate, not a step (on a 1/32-decade grid
-    each seed of plain Pre-LN has a transition zone 0.13-0.16 decades wide, surviving between
+  - as a grid (`make survival-grid`, configs/survival_grid.py): learning rates a quarter
+    decade apart, placed by a pilot so that every arm's critical learning rate (50% of runs
+    failing) lies inside it; SEEDS seeds;
+  - as a search (`make survival`, this file's EXPERIMENT): each arm and seed bisected from
+    [0.1, 1], 4 rounds, then a probe round 1/8 decade either side of each midpoint, 6 seeds;
+    then every arm at the recipe's learning rate (its part `learning`, DIR/learning). Failure
+    is a noisy function of the learning rate, not a step (on a 1/32-decade grid each seed of plain Pre-LN has a transition zone 0.13-0.16 decades wide, surviving between
     failures), so the critical learning rate is the 50% point of a logistic transition fitted
     to every probe of an arm (normstudy.analysis.transition) and the search's design is the one
     whose intervals cover the truth in simulated worlds (tests/test_transition.py).
@@ -34,30 +35,43 @@ at step LOGIT_STEP against learning rate. configs/survival_depth.py asks the sam
 
 from configs import seed_figure
 from normstudy.core import config as config_lib
+from normstudy.records.experiment import Experiment
+from normstudy.records.experiment import Part
+from normstudy.records.experiment import Search
 
 # The seed figure's arms; their "Run 1"/"Run 2" name the seed figure's single runs, and here a
 # curve is many runs.
-VARIANTS = {name: (label.replace(" | Run 1", "").replace(" | Run 2", ""), settings)
-            for name, (label, settings) in seed_figure.VARIANTS.items()}
+_ARMS = {name: (label.replace(" | Run 1", "").replace(" | Run 2", ""), settings)
+         for name, (label, settings) in seed_figure.EXPERIMENT.arms.items()}
 # MERT's released relax divides after q K^T, so it cannot keep the product from overflowing
 # (docs/reference.md, "Precision and fidelity"): its own arm beside CogView's form.
-VARIANTS["pre_norm_attn_relax_after_product_clip1"] = (
+_ARMS["pre_norm_attn_relax_after_product_clip1"] = (
     "{auto}", {"model.attention_relax": 32.0, "model.attention_relax_form": "after_product"})
-SWEEP_VARIANTS = ("pre_norm_clip1", "pre_norm_clip10", "pre_norm_attn_relax_clip1",
-                  "pre_norm_attn_relax_after_product_clip1", "pre_norm_input_norm_clip1",
-                  "post_norm_input_norm_clip1", "post_norm_deepnorm_clip1")
-STUDY_VARIANTS = SWEEP_VARIANTS
+_SWEEP_ARMS = ("pre_norm_clip1", "pre_norm_clip10", "pre_norm_attn_relax_clip1",
+               "pre_norm_attn_relax_after_product_clip1", "pre_norm_input_norm_clip1",
+               "post_norm_input_norm_clip1", "post_norm_deepnorm_clip1")
 
 NUM_STEPS = 480
 WARMUP = 20
 LOGIT_STEP = 50  # telemetry every LOGIT_STEP steps: the attention logit is read at this step
-SEEDS = [0, 1, 2]
+SEEDS = [0, 1, 2]  # the grid's (configs/survival_grid.py)
 # Quarter decades, 10^-1.25 (0.056) to 10^0.25 (1.78), placed by a pilot (one seed, 0.032 to 3.2
 # by half decades: every arm survived 0.1 and died at 3.2; docs/results.md, "Survival").
 LEARNING_RATES = [round(10 ** (e / 4), 6) for e in range(-5, 2)]
 
-SWEEP = {"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS}
-SWEEP_SETTINGS = {
+# The critical learning rate by search (normstudy.experiments.search), per arm and seed: round 1
+# checks that 0.1 survives and 1 fails (at 480 steps 0.1 fails for some Pre-LN seeds: their
+# bracket moves down a decade, costing a round), 3 more rounds halve the bracket, then a probe
+# round 1/8 decade either side of each midpoint; the analysis fits the transition to every probe
+# of an arm (the design whose intervals cover the truth in simulated worlds:
+# tests/test_transition.py).
+SEARCH = Search("optimizer.learning_rate", 0.1, 1.0, rounds=4, probe_decades=0.125)
+SEARCH_SEEDS = [0, 1, 2, 3, 4, 5]
+# Alive is not learning: beside the search, every arm at the recipe's learning rate over the
+# same horizon (one seed, DIR/learning), so outcomes.csv says whether the arm learns there.
+LEARNING_RATE = 0.003
+
+_SETTINGS = {
     "train.num_steps": NUM_STEPS,
     "optimizer.warmup_steps": WARMUP,
     "optimizer.schedule": "constant",
@@ -68,15 +82,21 @@ SWEEP_SETTINGS = {
     "train.checkpoint_every": NUM_STEPS,
     "train.tensorboard": False,
 }
+EXPERIMENT = Experiment(
+    arms=_ARMS, sweep_arms=_SWEEP_ARMS, study_arms=_SWEEP_ARMS,
+    axes={"train.seed": SEARCH_SEEDS}, settings=_SETTINGS, search=SEARCH,
+    parts={"learning": Part(axes={"optimizer.learning_rate": [LEARNING_RATE],
+                                  "train.seed": [0]})},
+    report="critical learning rate by search")
 
 
 def settings_at(num_steps: int) -> dict:
-  """SWEEP_SETTINGS for runs of `num_steps` steps judged at their end, without telemetry: the
-  instrument at a shorter horizon (configs/ladder.py, configs/techniques.py)."""
-  return {**SWEEP_SETTINGS, "train.num_steps": num_steps, "train.eval_every": num_steps,
+  """The experiment's settings for runs of `num_steps` steps judged at their end, without
+  telemetry: the instrument at a shorter horizon (configs/ladder.py, configs/techniques.py)."""
+  return {**EXPERIMENT.settings, "train.num_steps": num_steps, "train.eval_every": num_steps,
           "train.telemetry_every": 0, "train.checkpoint_every": num_steps}
 
 
 def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(VARIANTS, seed_figure.base_config, variant,
+  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
                                    "configs/survival.py")

@@ -6,20 +6,19 @@ beta = (8N)^(-1/4) keep Post-LN's updates bounded as N grows, so at 4 layers (al
 with the same input norm (alpha = beta = 1) at 12 layers, where alpha is 2.21 and beta 0.32.
 """
 
+import dataclasses
+
 from configs import seed_figure
 from configs import survival
 from normstudy.core import config as config_lib
 
-VARIANTS = survival.VARIANTS
-SWEEP_VARIANTS = ("post_norm_input_norm_clip1", "post_norm_deepnorm_clip1")
-STUDY_VARIANTS = SWEEP_VARIANTS
 NUM_LAYERS = 12
-
-SWEEP = {"optimizer.learning_rate": survival.LEARNING_RATES, "train.seed": survival.SEEDS,
-         "model.num_layers": [NUM_LAYERS]}
-SWEEP_SETTINGS = dict(survival.SWEEP_SETTINGS)
+_ARMS = ("post_norm_input_norm_clip1", "post_norm_deepnorm_clip1")
+EXPERIMENT = dataclasses.replace(
+    survival.EXPERIMENT, sweep_arms=_ARMS, study_arms=_ARMS, parts={},
+    axes={"train.seed": survival.SEARCH_SEEDS, "model.num_layers": [NUM_LAYERS]})
 
 
 def get_config(variant: str = "post_norm_deepnorm_clip1"):
-  return config_lib.variant_config(VARIANTS, seed_figure.base_config, variant,
+  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
                                    "configs/survival_depth.py")

@@ -23,9 +23,12 @@ its step time against the baseline's, from the same runs (the Makefile's `techni
 from configs import seed_figure
 from configs import survival
 from normstudy.core import config as config_lib
+from normstudy.records.experiment import Experiment
+from normstudy.records.experiment import Part
+from normstudy.records.experiment import Search
 
 # name: (label, {dotted.field: value}); labels name the technique from the config ("{auto}").
-VARIANTS = {
+_ARMS = {
     "baseline": ("{auto}", {}),
     # Logits and attention
     "qk_norm": ("{auto}", {"model.qk_norm": "layernorm"}),
@@ -51,18 +54,29 @@ VARIANTS = {
     "skip_spikes": ("{auto}", {"optimizer.skip_spikes": 6.0}),  # OLMo-core's 6 sigma
 }
 # Each technique's own baseline (the arm it differs from in one thing).
-BASELINES = {name: "baseline" for name in VARIANTS if name != "baseline"}
+BASELINES = {name: "baseline" for name in _ARMS if name != "baseline"}
 # Evaluated as users asked (issue 43): on runs at the same rate and seed, do they change the
 # time to failure, the number of loss spikes, the loss after recovery? (spike_handling.csv)
 SPIKE_HANDLING = ("skip_spikes", "update_clip")
-SWEEP_VARIANTS = tuple(VARIANTS)
-STUDY_VARIANTS = SWEEP_VARIANTS
 
 NUM_STEPS = 120
 SEEDS = [0, 1, 2]
-
-SWEEP = {"train.seed": SEEDS}
-SWEEP_SETTINGS = survival.settings_at(NUM_STEPS)
+# The critical learning rate by search in each dtype (3 rounds from [0.1, 1], then a probe round
+# 1/8 decade either side), then each arm at the recipe's rate for its cost (2 seeds, 300 steps;
+# two runs a program, each program on its own core, so step times compare); then
+# `python -m normstudy.techniques --workdir=DIR` writes techniques.csv from the three.
+SEARCH = Search("optimizer.learning_rate", 0.1, 1.0, rounds=3, probe_decades=0.125)
+RECIPE_STEPS = 300
+EXPERIMENT = Experiment(
+    arms=_ARMS, axes={}, settings=survival.settings_at(NUM_STEPS),
+    parts={**{dtype: Part(axes={"train.seed": SEEDS}, settings={"model.dtype": dtype},
+                          search=SEARCH) for dtype in ("float16", "float32")},
+           "recipe": Part(axes={"train.seed": [0, 1],
+                                "optimizer.learning_rate": [survival.LEARNING_RATE]},
+                          settings={"train.num_steps": RECIPE_STEPS,
+                                    "train.eval_every": RECIPE_STEPS,
+                                    "train.checkpoint_every": RECIPE_STEPS},
+                          max_runs_per_program=2)})
 
 
 def base_config():
@@ -75,4 +89,5 @@ def base_config():
 
 
 def get_config(variant: str = "baseline"):
-  return config_lib.variant_config(VARIANTS, base_config, variant, "configs/techniques.py")
+  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
+                                   "configs/techniques.py")

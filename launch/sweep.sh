@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One job per variant of a config file's study (its STUDY_VARIANTS, else VARIANTS), locally, on
+# One job per variant of a config file's study (its EXPERIMENT's study arms, else all), locally, on
 # SLURM, or on TPU pods: normstudy.study's runs as separate jobs. With --grid: a sweep's grid
 # (the file's SWEEP and any --axis in the normstudy options) as --shares tasks, each training
 # its share of the grid's programs (normstudy.sweep --programs=I/N), then the sweep run whole,
@@ -123,11 +123,11 @@ exec $quoted${round_flag:+$round_flag }--programs=\$SLURM_ARRAY_TASK_ID/$shares
   exit 0
 fi
 variants=$("$python" -c "
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location('sweep_config', sys.argv[1])
-module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
+import sys
+from normstudy.experiments import grid
+module = grid.load_config_module(sys.argv[1])  # its EXPERIMENT's arms, or its older tables
 print(' '.join(getattr(module, 'STUDY_VARIANTS', None) or getattr(module, 'VARIANTS', ())))" "$config")
-[ -n "$variants" ] || die "$config lists no VARIANTS"
+[ -n "$variants" ] || die "$config declares no arms (EXPERIMENT's, or VARIANTS)"
 
 flag=()
 [ "$DRY_RUN" = 1 ] && flag=(--dry-run)

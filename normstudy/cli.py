@@ -20,6 +20,7 @@ from normstudy.errors import Preempted
 from normstudy.errors import RunHalted
 from normstudy.errors import UserError
 from normstudy.errors import WorkerKilled
+from normstudy.records import experiment
 from normstudy.records import schema
 
 
@@ -258,6 +259,11 @@ def _parse_flags(argv):
     print(f"error: {missing}", file=sys.stderr)
     sys.exit(2)
   argv = [_integral_override(arg) for arg in argv]
+  # ml_collections' config_flags (1.1) loads --config's file as the module "config_config"
+  # (SourceFileLoader.load_module), which re-executes a file into the module already there and
+  # keeps the globals an earlier command's file defined; a command's file is loaded fresh
+  # (normstudy.experiments.grid reads the tables of this module rather than load it again).
+  sys.modules.pop(experiment.CONFIG_MODULE, None)
   try:
     return flags.FLAGS(argv)
   except SystemExit as e:  # a config file that exits while it is loaded trained nothing

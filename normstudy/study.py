@@ -30,7 +30,8 @@ def define_flags():
   flags.DEFINE_string("workdir", None, "Study directory; one subdirectory per variant.")
   flags.DEFINE_bool("allow_config_change", False,
                     "Continue runs whose saved config differs in model, optimizer or data.")
-  flags.DEFINE_list("seeds", [], "Train each variant once per seed (e.g. 0,1,2): each arm drawn "
+  flags.DEFINE_list("seeds", [], "Train each variant once per seed (e.g. 0,1,2; default: the "
+                    "file's EXPERIMENT.seeds): each arm drawn "
                     "as the median and range over them. Default: each variant once, at its "
                     "config's train.seed.")
   cli.define_workers_flag()
@@ -54,7 +55,9 @@ def main(argv):
   if not getattr(module, "VARIANTS", None):
     raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
   cli.check_workers(FLAGS.workers)
-  seeds = _seeds(FLAGS.seeds)
+  declared = getattr(module, "EXPERIMENT", None)
+  seeds = _seeds(FLAGS.seeds if FLAGS["seeds"].present or declared is None
+                 else [str(seed) for seed in declared.seeds])
   from normstudy.records import storage
   storage.check_workdir(FLAGS.workdir)
   from normstudy import analysis

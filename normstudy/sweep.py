@@ -18,6 +18,11 @@ writes DIR/<run>/ as a single run does; stacked checkpoints live under DIR/check
 DIR/sweep.json lists the axes and each run's status. Re-running the same command resumes where
 it stopped.
 
+A file that declares an EXPERIMENT (normstudy.records.experiment) is run whole by
+`--config=FILE --workdir=DIR`: its axes and settings, its search (with its rounds and probes),
+then each of its parts into DIR/<part>, then the analysis of DIR (and the interaction with the
+sibling search it names); sweep.json records it. Flags still override what it declares.
+
 --search=FIELD:LOW,HIGH --rounds=N bisects FIELD for every point of the other axes instead of
 sweeping it (normstudy.experiments.search; docs/reference.md, "The critical learning rate by search").
 
@@ -26,6 +31,9 @@ programs; a search shares one round at a time (--round=K --programs=I/N, every e
 trained first). The same command without --programs then trains nothing left and writes
 sweep.json and the analysis.
 """
+
+import dataclasses
+import os
 
 from absl import flags
 from ml_collections import config_flags
@@ -83,15 +91,19 @@ def main(argv):
   spec = config_flags.get_config_filename(FLAGS["config"])
   path, _, variant = spec.partition(":")
   module = grid.load_config_module(path)
+  declared = getattr(module, "EXPERIMENT", None)
   axes = grid.axes_of(module, FLAGS.axis)
-  search_ = _parse_search(axes)
+  search_ = _parse_search(axes, declared.search if declared is not None else None)
   share = _parse_share(FLAGS.programs) if FLAGS.programs is not None else None
   _check_round(search_, share)
   if FLAGS.max_runs_per_program < 0:
     raise errors.UserError(f"--max_runs_per_program={FLAGS.max_runs_per_program} is not allowed;"
                            " allowed: 0 (no limit) or an integer >= 1")
+  if declared is not None and not FLAGS["max_runs_per_program"].present:
+    FLAGS.max_runs_per_program = declared.max_runs_per_program
   cli.check_workers(FLAGS.workers)
-  if not axes and search_ is None:
+  parts_only = declared is not None and not declared.has_main and bool(declared.parts)
+  if not axes and search_ is None and not parts_only:
     raise errors.UserError(f"no axes: pass --axis=dotted.field=v1,v2,... or declare SWEEP in "
                            f"{path}")
   overrides = config_flags.get_override_values(FLAGS["config"])
@@ -111,60 +123,88 @@ def main(argv):
   # Built (each config checked) before the training stack loads: a get_config that builds no
   # config is refused in a fraction of a second. A search's points stand at the file's value of
   # the searched field.
-  grid_runs = (list(grid.search_points(spec).values()) if search_ is not None
-               else spec.runs(FLAGS.workdir))
+  if parts_only:  # each part's grid, checked now (named <part>/<run>, as they will be)
+    grid_runs = [dataclasses.replace(run, name=f"{name}/{run.name}")
+                 for name, part in declared.parts.items()
+                 for run in _part_runs(grid.for_part(spec, name, part), part)]
+  else:
+    grid_runs = (list(grid.search_points(spec).values()) if search_ is not None
+                 else spec.runs(FLAGS.workdir))
   from normstudy.records import storage
   storage.check_workdir(FLAGS.workdir)
-  from normstudy import analysis
-  from normstudy.experiments import planning  # the training stack, once the command line is good
-  from normstudy.experiments import search_runner
   if FLAGS.print_config:
     print(cli.runs_config_text(grid_runs))
     return
   # Printed once the plan is checked: what every arm's config changes from the defaults.
   changes = cli.grid_config_changes(grid_runs, {*axes, *([search_.field] if search_ else [])})
   with storage.staged(FLAGS.workdir) as workdir:  # gs://: through a local stage
-    if search_ is not None and share is not None:
-      statuses = search_runner.search_share(
-          spec, search_, workdir, FLAGS.round, *share, FLAGS.allow_config_change,
-          FLAGS.max_runs_per_program, FLAGS.workers,
-          describe=lambda lines: _print_lines([*lines, *changes]))
-      _print_share_end(share, statuses, f" of round {FLAGS.round}")
+    statuses, outputs = ({}, {}) if parts_only else _train(spec, search_, share, changes,
+                                                            workdir)
+    if statuses is None:  # a share of a cluster's job array: the rest is the others'
       return
-    if search_ is not None:
-      statuses, outputs = search_runner.run_search(
-          spec, search_, workdir, analysis.analyze, FLAGS.allow_config_change,
-          FLAGS.max_runs_per_program,
-          FLAGS.workers, describe=lambda lines: _print_lines([*lines, *changes]))
-    else:
-      plan = planning.plan(spec, workdir, FLAGS.allow_config_change,
-                              FLAGS.max_runs_per_program, FLAGS.workers)
-      _print_lines([*plan.describe(), *changes])
-      if share is not None:
-        plan = planning.share(plan, *share)
-        _print_lines([f"share {share[0]}/{share[1]}: programs "
-                      f"{', '.join(str(i) for i, _ in plan.todo) or 'none left to train'}"])
-        _print_share_end(share, planning.train_share(plan))
-        return
-      statuses, outputs = planning.run_grid(plan, analysis.analyze)
+    if declared is not None and (declared.parts or declared.against):
+      outputs.update(_parts_and_analysis(spec, declared, workdir, statuses))
     outputs = {name: storage.remote(out) for name, out in outputs.items()}
   for name, out in outputs.items():
     print(f"{name}: {out}")
   print(f"runs: {_counts(statuses)}")
 
 
-def _parse_search(axes: dict):
-  """The Search of --search and --rounds, or None; the searched field leaves `axes` (the file's
-  grid of it: the search replaces it). UserError for what is wrong."""
-  if FLAGS.search is None:
+def _train(spec, search_, share, changes: list, workdir: str) -> tuple:
+  """Trains the grid or the search of `spec` into `workdir` (or, with `share`, its share of a
+  cluster's programs: then (None, None)); returns (statuses, the analysis's outputs)."""
+  from normstudy import analysis
+  from normstudy.experiments import planning  # the training stack, once the command line is good
+  from normstudy.experiments import search_runner
+  describe = lambda lines: _print_lines([*lines, *changes])  # noqa: E731
+  if search_ is not None and share is not None:
+    statuses = search_runner.search_share(
+        spec, search_, workdir, FLAGS.round, *share, FLAGS.allow_config_change,
+        FLAGS.max_runs_per_program, FLAGS.workers, describe=describe)
+    _print_share_end(share, statuses, f" of round {FLAGS.round}")
+    return None, None
+  if search_ is not None:
+    return search_runner.run_search(spec, search_, workdir, analysis.analyze,
+                                    FLAGS.allow_config_change, FLAGS.max_runs_per_program,
+                                    FLAGS.workers, describe=describe)
+  plan = planning.plan(spec, workdir, FLAGS.allow_config_change, FLAGS.max_runs_per_program,
+                       FLAGS.workers)
+  describe(plan.describe())
+  if share is not None:
+    plan = planning.share(plan, *share)
+    _print_lines([f"share {share[0]}/{share[1]}: programs "
+                  f"{', '.join(str(i) for i, _ in plan.todo) or 'none left to train'}"])
+    _print_share_end(share, planning.train_share(plan))
+    return None, None
+  return planning.run_grid(plan, analysis.analyze)
+
+
+def _part_runs(spec, part) -> list:
+  """The runs (or a search's points) of a part's grid `spec`, checked."""
+  from normstudy.experiments import grid
+  if part.search is not None:
+    return list(grid.search_points(spec).values())
+  return spec.runs(FLAGS.workdir)
+
+
+def _parse_search(axes: dict, declared=None):
+  """The Search of --search and --rounds (or of the file's EXPERIMENT, `declared`: a
+  normstudy.records.experiment.Search, its rounds and probes unless the flags say), or None;
+  the searched field leaves `axes` (the file's grid of it: the search replaces it). UserError
+  for what is wrong."""
+  if FLAGS.search is None and declared is None:
     for name in ("rounds", "round", "probe_decades"):
       if FLAGS[name].present:
         raise errors.UserError(f"--{name}={FLAGS[name].value} needs --search=FIELD:LOW,HIGH")
     return None
   from normstudy.experiments import grid
-  search_ = search.Search.parse(FLAGS.search, FLAGS.rounds, FLAGS.probe_decades)
-  if any(grid.parse_axis(text)[0] == search_.field for text in FLAGS.axis):
-    raise errors.UserError(f"--axis={search_.field}=... and --search={FLAGS.search} both set "
+  text = FLAGS.search if FLAGS.search is not None else declared.flag
+  rounds = FLAGS.rounds if FLAGS["rounds"].present or declared is None else declared.rounds
+  probes = (FLAGS.probe_decades if FLAGS["probe_decades"].present or declared is None
+            else declared.probe_decades)
+  search_ = search.Search.parse(text, rounds, probes)
+  if any(grid.parse_axis(t)[0] == search_.field for t in FLAGS.axis):
+    raise errors.UserError(f"--axis={search_.field}=... and --search={text} both set "
                            f"{search_.field}; drop one")
   axes.pop(search_.field, None)
   return search_
@@ -186,6 +226,43 @@ def _check_round(search_, share) -> None:
     probe = " and a probe round" if search_.probe_decades > 0 else ""
     raise errors.UserError(f"--round={FLAGS.round} is not allowed; allowed: "
                            f"1..{search_.total_rounds} (--rounds={search_.rounds}{probe})")
+
+
+def _parts_and_analysis(spec, declared, workdir: str, statuses: dict) -> dict:
+  """After the main sweep of a declared experiment: each part's sweep into workdir/<part> (its
+  runs' statuses added to `statuses`), then the analysis of workdir with the parts' runs, and
+  the interaction with the sibling search `against` names when it holds one."""
+  from normstudy import analysis
+  from normstudy.experiments import grid
+  from normstudy.experiments import planning
+  from normstudy.experiments import search as search_lib
+  from normstudy.experiments import search_runner
+  for name, part in declared.parts.items():
+    part_spec = grid.for_part(spec, name, part)
+    where = os.path.join(workdir, name)
+    _print_lines([f"part {name} of the experiment, into {where}:"])
+    if part.search is not None:
+      found = search_lib.Search.parse(part.search.flag, part.search.rounds,
+                                      part.search.probe_decades)
+      part_statuses, _ = search_runner.run_search(
+          part_spec, found, where, analysis.analyze, FLAGS.allow_config_change,
+          part.max_runs_per_program, FLAGS.workers, describe=_print_lines)
+    else:
+      plan = planning.plan(part_spec, where, FLAGS.allow_config_change,
+                           part.max_runs_per_program, FLAGS.workers)
+      _print_lines(plan.describe())
+      part_statuses, _ = planning.run_grid(plan, analysis.analyze)
+    statuses.update({f"{name}/{run}": status for run, status in part_statuses.items()})
+  if not declared.has_main:
+    return {}
+  outputs = analysis.analyze(workdir)  # with the parts' runs (a search's learning runs)
+  against = os.path.join(os.path.dirname(os.path.normpath(workdir)), declared.against)
+  if declared.against and os.path.isfile(os.path.join(against, "sweep.json")):
+    outputs.update(analysis.interaction.analyze(against, workdir))
+  elif declared.against:
+    print(f"no search in {against} (the experiment compares with it): its interaction is "
+          "written once that search has run, by this command again")
+  return outputs
 
 
 def _print_share_end(share, statuses: dict, which: str = "") -> None:

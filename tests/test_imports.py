@@ -304,3 +304,33 @@ def test_a_workdir_url_that_cannot_be_used_is_refused_before_the_training_stack_
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.stderr.strip().splitlines() == [line], out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "exit 2 False False", out.stdout
+
+
+def test_every_experiment_is_declared_once_and_the_makefile_passes_only_where_and_how():
+  """Issue 77: no config file declares the older module tables (each declares one EXPERIMENT),
+  the analysis's reports are the ones an experiment may name, and every make target of an
+  experiment passes its command only --config, --workdir and --workers."""
+  from normstudy import analysis
+  from normstudy.records import experiment
+  configs = os.path.join(runs.REPO, "configs")
+  for name in sorted(os.listdir(configs)):
+    if name.endswith(".py"):
+      text = open(os.path.join(configs, name), encoding="utf-8").read()
+      assert not re.findall(r"^(VARIANTS|SWEEP\w*|STUDY_VARIANTS)\b", text, re.M), name
+      # lm.py: sizes, not an experiment; a ladder of declared parts (ladder_mup.py) declares none.
+      if "def get_config" in text and name != "lm.py" and "LADDER_PARTS" not in text:
+        assert len(re.findall(r"^EXPERIMENT = ", text, re.M)) == 1, name
+  assert tuple(r.name for r in analysis.REPORTS) == experiment.REPORTS
+  makefile = open(os.path.join(runs.REPO, "Makefile"), encoding="utf-8").read()
+  # A recipe's line starts with a tab; a backslash continues it.
+  recipes = re.findall(r"^\t[^\n]*?-m (normstudy\.\w+)((?:[^\n]*\\\n)*[^\n]*)", makefile, re.M)
+  commands = {"normstudy.sweep", "normstudy.study", "normstudy.ladder", "normstudy.drift",
+              "normstudy.techniques", "normstudy.context_gap"}
+  checked = 0
+  for module, args in recipes:
+    if module not in commands:
+      continue
+    checked += 1
+    for token in args.replace("\\\n", " ").split():
+      assert re.match(r"(--config=|--workdir=|\$\(WORKERS_FLAG\))", token), (module, token)
+  assert checked >= 20

@@ -241,7 +241,7 @@ def test_the_gpu_ladder_continues_the_cpu_ladder_at_larger_rungs():
                                 grid.load_config_module("configs/ladder_gpu.py"))
   assert max((r.num_layers, r.d_model) for r in rungs) == (24, 1024)  # MERT's shape
   assert not {(r.num_layers, r.d_model) for r in rungs} & set(cpu.LADDER_RUNGS)
-  assert gpu.LADDER_SEARCH == cpu.LADDER_SEARCH and gpu.SWEEP_SETTINGS == cpu.SWEEP_SETTINGS
+  assert gpu.LADDER_SEARCH == cpu.LADDER_SEARCH and gpu.EXPERIMENT == cpu.EXPERIMENT
   assert gpu.get_config("pre_norm_clip1").to_dict() == cpu.get_config("pre_norm_clip1").to_dict()
 
 

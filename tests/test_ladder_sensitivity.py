@@ -184,10 +184,10 @@ def test_the_sensitivity_ladder_plans_a_learning_rate_grid_per_rung():
       "--config.model.d_ff=64", "--config.model.num_heads=1")
   # The search ladder's arms at the same rungs, trained by the recipe (a decaying schedule), not
   # the survival instrument's constant rate.
-  assert config.VARIANTS == search_ladder.VARIANTS
+  assert config.EXPERIMENT.arms == search_ladder.EXPERIMENT.arms
   assert set(config.LADDER_RUNGS) <= set(search_ladder.LADDER_RUNGS)
   assert config.get_config("pre_norm_clip1").optimizer.schedule == "polynomial"
-  assert config.SWEEP_SETTINGS["train.num_steps"] == config.NUM_STEPS
+  assert config.EXPERIMENT.settings["train.num_steps"] == config.NUM_STEPS
 
 
 @pytest.mark.parametrize("change, message", [

@@ -32,8 +32,8 @@ def _halting_study(tmp_path):
       from configs import seed_figure
       from normstudy.core import config as config_lib
 
-      VARIANTS = dict(seed_figure.VARIANTS)
-      STUDY_VARIANTS = seed_figure.STUDY_VARIANTS
+      VARIANTS = dict(seed_figure.EXPERIMENT.arms)
+      STUDY_VARIANTS = seed_figure.EXPERIMENT.study_arms
       label, settings = VARIANTS["pre_norm_attn_relax_clip1"]
       VARIANTS["pre_norm_attn_relax_clip1"] = (label, {{
           **settings, "optimizer.learning_rate": 1e3,

@@ -5,6 +5,7 @@ import os
 import re
 import shlex
 import signal
+import textwrap
 
 import pytest
 
@@ -522,3 +523,46 @@ def test_the_config_file_is_loaded_once(tmp_path):
                            check=False)
   assert result.returncode == 2 and "--max_runs_per_program=-1" in result.stderr
   assert log.read_text().splitlines() == ["loaded"]
+
+
+@pytest.mark.slow
+def test_a_declared_experiment_runs_whole_from_its_file_and_is_recorded(tmp_path):
+  """Issue 77: `normstudy.sweep --config=FILE --workdir=DIR` runs what the file's EXPERIMENT
+  declares (its search with its rounds, then its part into DIR/<part>, then the analysis of DIR
+  with the part's runs), sweep.json records the experiment whole, and the analysis writes the
+  report it names."""
+  config = tmp_path / "declared.py"
+  config.write_text(textwrap.dedent("""
+      from configs import seed_figure
+      from normstudy.core import config as config_lib
+      from normstudy.records.experiment import Experiment, Part, Search
+
+      ARMS = {name: seed_figure.EXPERIMENT.arms[name]
+              for name in ("pre_norm_clip1", "post_norm_deepnorm_clip1")}
+      EXPERIMENT = Experiment(
+          arms=ARMS, axes={"train.seed": [0]}, settings={"label": "{auto}"},
+          search=Search("optimizer.learning_rate", 0.01, 100.0, rounds=1),
+          parts={"learning": Part(axes={"optimizer.learning_rate": [0.003],
+                                        "train.seed": [0]})},
+          report="critical learning rate by search")
+
+      def get_config(variant="pre_norm_clip1"):
+        return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
+                                         "declared.py")
+      """))
+  workdir = tmp_path / "w"
+  runs.run_inline("normstudy.sweep", f"--config={config}", f"--workdir={workdir}",
+                  *runs.tiny_args(tmp_path / "tfds", num_steps=6), "--workers=1")
+  from normstudy.experiments import grid
+  declared = grid.load_config_module(str(config)).EXPERIMENT
+  record = json.loads((workdir / "sweep.json").read_text())
+  assert record["experiment"] == declared.as_json()
+  assert record["search"]["rounds"] == 1  # the file's, not the flag's default
+  assert record["search"]["field"] == "optimizer.learning_rate"
+  part = json.loads((workdir / "learning" / "sweep.json").read_text())
+  assert part["experiment"] == {**declared.as_json(), "part": "learning"}
+  assert part["axes"] == {"optimizer.learning_rate": [0.003], "train.seed": [0]}
+  assert (workdir / "critical_lr.csv").is_file()  # the declared report
+  # The analysis of DIR holds the part's runs (the recipe's rate, which the search never tried).
+  assert "0.003" in (workdir / "runs.csv").read_text()
+  assert not (workdir / "learning" / "critical_lr.csv").exists()  # a part: by its data

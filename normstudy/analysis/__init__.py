@@ -152,7 +152,12 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | N
     raise NoRunsError(f"no run with a metrics.jsonl below {workdir!r}")
   summary = summarize(loaded)
   outputs, sections, table = {}, [], summary
-  report = next((r for r in REPORTS if r.applies_to(loaded)), None)
+  experiment = loaded.experiment or {}
+  declared = "" if experiment.get("part") else experiment.get("report")  # a part: by the data
+  if declared:  # the experiment says which report its directory gets
+    report = next(r for r in REPORTS if r.name == declared)
+  else:  # a directory that does not say: the first report that applies to its runs
+    report = next((r for r in REPORTS if r.applies_to(loaded)), None)
   if report is not None:
     outputs, sections, table = report.write(loaded, summary, workdir)
   table.to_csv(os.path.join(workdir, "summary.csv"), index=False)

@@ -120,11 +120,13 @@ class Run:
 class Runs:
   """Runs loaded from a directory (`load_runs`): `table`, their records in long form (run,
   label, step, metric, value; a non-finite value stays as NaN or inf, a metric a record does not
-  have is absent), `runs`, each run's facts (a Run) by name in the table's order, and `search`,
-  sweep.json's search record (a schema.SearchRecord) when the directory holds a search."""
+  have is absent), `runs`, each run's facts (a Run) by name in the table's order, `search`,
+  sweep.json's search record (a schema.SearchRecord) when the directory holds a search, and
+  `experiment`, the experiment its sweep.json records (normstudy.records.experiment), if any."""
   table: pd.DataFrame
   runs: dict
   search: schema.SearchRecord | None = None
+  experiment: dict | None = None
 
   def __post_init__(self):
     # Each (run, metric)'s rows, indexed once: a run's series is then a lookup, not a scan.
@@ -209,7 +211,8 @@ def load_runs(workdir: str) -> Runs:
   table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
       columns=["run", "step", "metric", "value"])
   table.insert(1, "label", table.run.map(labels) if len(table) else [])
-  return Runs(table[COLUMNS], facts, _sweep(workdir).search)
+  sweep = _sweep(workdir)
+  return Runs(table[COLUMNS], facts, sweep.search, sweep.experiment)
 
 
 def seed_groups(loaded: Runs) -> dict | None:

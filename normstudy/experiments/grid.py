@@ -7,7 +7,9 @@
 
 A file may also declare SWEEP_SETTINGS, {dotted.field: value} applied to every run of a sweep of
 it before the command line's overrides (shorter runs, sparser logs: what makes a grid of many runs
-affordable).
+affordable). The names are the older module tables; a file that declares an EXPERIMENT
+(normstudy.records.experiment) has them from it (`load_config_module`: its arms, sweep_arms,
+study_arms, axes and settings), so the rest of this module reads either alike.
 
 Each grid point is one run: the arm's config with the command-line overrides, then the point's
 values, applied through `config.override` (the same typed assignment as the command line). A
@@ -24,13 +26,14 @@ import dataclasses
 import itertools
 import os
 import runpy
-import sys
 import shlex
+import sys
 import types
 
 from normstudy import errors
 from normstudy.core import config as config_lib
 from normstudy.core import labels
+from normstudy.records import experiment as experiment_lib
 from normstudy.records import names
 from normstudy.records import rundir
 from normstudy.records import schema
@@ -87,14 +90,45 @@ def load_config_module(path: str):
   # The file --config named is loaded once: ml_collections' config_flags (1.1) loads it as the
   # module "config_config" when the flag parses; a command reads that module's tables rather
   # than running the file a second time.
-  parsed = sys.modules.get("config_config")
+  parsed = sys.modules.get(experiment_lib.CONFIG_MODULE)
   if parsed is not None and os.path.realpath(getattr(parsed, "__file__", "") or "") == (
       os.path.realpath(path)):
     module = types.SimpleNamespace(**vars(parsed))
   else:
     module = types.SimpleNamespace(**runpy.run_path(path))
+  declared = getattr(module, "EXPERIMENT", None)
+  if declared is not None:
+    if not isinstance(declared, experiment_lib.Experiment):
+      raise errors.UserError(f"{path}: EXPERIMENT is a {type(declared).__name__}, not a "
+                             "normstudy.records.experiment.Experiment")
+    older = [name for name in _TABLES if hasattr(module, name)]
+    if older:
+      raise errors.UserError(f"{path} declares EXPERIMENT and {', '.join(older)}: declare the "
+                             "experiment once (EXPERIMENT's arms, axes, settings, ...)")
+    if declared.report and declared.report not in experiment_lib.REPORTS:
+      raise errors.UserError(f"{path}: EXPERIMENT's report={declared.report!r} is not allowed; "
+                             f"allowed: {', '.join(map(repr, experiment_lib.REPORTS))} or ''")
+    for name, value in declared.tables().items():
+      setattr(module, name, value)
   check_tables(module, path)
   return module
+
+
+# The module tables a file may declare instead of EXPERIMENT (files written before it).
+_TABLES = ("VARIANTS", "SWEEP_VARIANTS", "STUDY_VARIANTS", "SWEEP", "SWEEP_SETTINGS")
+
+
+def declared_experiment(module) -> experiment_lib.Experiment:
+  """The file's EXPERIMENT, or the one its older module tables stand for."""
+  declared = getattr(module, "EXPERIMENT", None)
+  if declared is not None:
+    return declared
+  return experiment_lib.Experiment(
+      arms=dict(getattr(module, "VARIANTS", {}) or {}),
+      sweep_arms=tuple(getattr(module, "SWEEP_VARIANTS", ()) or ()),
+      study_arms=tuple(getattr(module, "STUDY_VARIANTS", ()) or ()),
+      axes=dict(getattr(module, "SWEEP", {}) or {}),
+      settings=dict(getattr(module, "SWEEP_SETTINGS", {}) or {}))
 
 
 def _is_names(value) -> bool:
@@ -250,6 +284,7 @@ class Grid:
   module: object
   file_axes: tuple = ()
   study: bool = False
+  part: str = ""  # a declared experiment's part (normstudy.records.experiment.Part)
 
   @property
   def spec(self) -> str:
@@ -299,6 +334,16 @@ class Grid:
     return path
 
 
+def for_part(spec: Grid, name: str, part) -> Grid:
+  """The grid of part `name` of the file's declared experiment: the same arms and overrides,
+  the part's axes in place of the experiment's and its settings added to them."""
+  module = types.SimpleNamespace(**vars(spec.module))
+  module.SWEEP = dict(part.axes)
+  module.SWEEP_SETTINGS = {**getattr(spec.module, "SWEEP_SETTINGS", {}), **part.settings}
+  return dataclasses.replace(spec, axes=dict(part.axes), module=module,
+                             file_axes=tuple(part.axes), part=name)
+
+
 def search_points(spec: Grid) -> dict:
   """{name: run} of the points a search bisects: the grid of `spec`, whose axes leave out the
   searched field (a sweep's: the file's SWEEP_SETTINGS apply)."""
@@ -324,8 +369,13 @@ def write_sweep(workdir: str, grid: Grid, runs: list, statuses: dict,
                                  r.command(os.path.join(reproduce, r.name)), status,
                                  ended.kind if ended else None,
                                  ended.failed_at if ended else None))
+  declared = getattr(grid.module, "EXPERIMENT", None)
+  experiment = None
+  if declared is not None:
+    experiment = {**declared.as_json(), **({"part": grid.part} if grid.part else {})}
   record = schema.SweepRecord(
       config=grid.spec, axes=grid.axes, axes_from_file=list(grid.file_axes),
-      settings=grid.settings, overrides=dict(grid.overrides), runs=swept, search=search)
+      settings=grid.settings, overrides=dict(grid.overrides), runs=swept, search=search,
+      experiment=experiment)
   rundir.write_json(path, record.as_json())
   return path

@@ -384,7 +384,8 @@ class SweepRun:
 class SweepRecord:
   """sweep.json: the sweep's --config (`config`), its axes and which came from the file's SWEEP
   (`axes_from_file`), the file's SWEEP_SETTINGS (`settings`), the command line's overrides, its
-  runs (SweepRun), and a search's record (SearchRecord) when it bisected a field."""
+  runs (SweepRun), a search's record (SearchRecord) when it bisected a field, and the file's
+  declared experiment."""
   config: str
   axes: dict
   axes_from_file: list
@@ -392,6 +393,9 @@ class SweepRecord:
   overrides: dict
   runs: list  # of SweepRun
   search: SearchRecord | None = None
+  # The file's declared experiment, whole (normstudy.records.experiment.Experiment.as_json; a
+  # part's sweep adds "part": its name); None for a file of module tables, or written before.
+  experiment: dict | None = None
 
   @classmethod
   def from_json(cls, obj: dict) -> "SweepRecord":
@@ -400,7 +404,7 @@ class SweepRecord:
                list(obj.get("axes_from_file") or []), dict(obj.get("settings") or {}),
                dict(obj.get("overrides") or {}),
                [SweepRun(**_known(SweepRun, r)[0]) for r in obj.get("runs") or []],
-               SearchRecord.from_json(search) if search else None)
+               SearchRecord.from_json(search) if search else None, obj.get("experiment"))
 
   def as_json(self) -> dict:
     obj: dict[str, Any] = {"config": self.config, "axes": self.axes,
@@ -409,4 +413,6 @@ class SweepRecord:
                            "runs": [r.as_json() for r in self.runs]}
     if self.search is not None:
       obj["search"] = self.search.as_json()
+    if self.experiment is not None:
+      obj["experiment"] = self.experiment
     return obj

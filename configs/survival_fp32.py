@@ -1,0 +1,20 @@
+"""Survival in float32 (`make survival-fp32`): configs/survival.py's search with
+model.dtype=float32 (float16's range and bfloat16's rounding apart: bfloat16 has float32's range
+and coarser rounding), then its interaction with the float16 search in the sibling directory
+`survival` (runs/survival: `make survival` first; interaction.csv says whether an arm's margin
+in float16 is the dtype's)."""
+
+import dataclasses
+
+from configs import seed_figure
+from configs import survival
+from normstudy.core import config as config_lib
+
+EXPERIMENT = dataclasses.replace(
+    survival.EXPERIMENT, parts={}, against="survival",
+    settings={**survival.EXPERIMENT.settings, "model.dtype": "float32"})
+
+
+def get_config(variant: str = "pre_norm_clip1"):
+  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
+                                   "configs/survival_fp32.py")
