@@ -33,6 +33,8 @@ and the likelihood-ratio test of one curve per pair of arms); both the largest a
 at step LOGIT_STEP against learning rate. configs/survival_depth.py asks the same at 12 layers.
 """
 
+import dataclasses
+
 from configs import seed_figure
 from normstudy.core import config as config_lib
 from normstudy.records.experiment import Experiment
@@ -88,6 +90,14 @@ EXPERIMENT = Experiment(
     parts={"learning": Part(axes={"optimizer.learning_rate": [LEARNING_RATE],
                                   "train.seed": [0]})},
     report="critical learning rate by search")
+
+
+def in_dtype(dtype: str) -> Experiment:
+  """The search in `dtype` (configs/survival_bf16.py, survival_fp32.py): the same arms,
+  seeds and instrument, then its interaction with the float16 search in the sibling directory
+  `survival`."""
+  return dataclasses.replace(EXPERIMENT, parts={}, against="survival",
+                             settings={**EXPERIMENT.settings, "model.dtype": dtype})
 
 
 def settings_at(num_steps: int) -> dict:

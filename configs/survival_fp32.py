@@ -4,15 +4,11 @@ and coarser rounding), then its interaction with the float16 search in the sibli
 `survival` (runs/survival: `make survival` first; interaction.csv says whether an arm's margin
 in float16 is the dtype's)."""
 
-import dataclasses
-
 from configs import seed_figure
 from configs import survival
 from normstudy.core import config as config_lib
 
-EXPERIMENT = dataclasses.replace(
-    survival.EXPERIMENT, parts={}, against="survival",
-    settings={**survival.EXPERIMENT.settings, "model.dtype": "float32"})
+EXPERIMENT = survival.in_dtype("float32")
 
 
 def get_config(variant: str = "pre_norm_clip1"):

@@ -36,6 +36,7 @@ import dataclasses
 import math
 
 from normstudy.errors import UserError
+from normstudy.records import experiment
 
 WIDEN_FACTOR = 10.0
 MAX_WIDENINGS = 2
@@ -43,14 +44,10 @@ DEFAULT_ROUNDS = 5  # --rounds's default (launch/sweep.sh reads it to submit eve
 
 
 @dataclasses.dataclass(frozen=True)
-class Search:
-  """What to search: `field` from [`low`, `high`] over `rounds` bisection rounds, then, with
-  `probe_decades` > 0, one probe round (`total_rounds` counts it)."""
-  field: str
-  low: float
-  high: float
-  rounds: int
-  probe_decades: float = 0.0
+class Search(experiment.Search):
+  """What to search (normstudy.records.experiment.Search's fields: `field` from [`low`, `high`]
+  over `rounds` bisection rounds, then, with `probe_decades` > 0, one probe round, which
+  `total_rounds` counts), and its parsing from the command line."""
 
   @property
   def total_rounds(self) -> int:
