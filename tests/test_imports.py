@@ -286,13 +286,20 @@ def test_the_commands_import_no_heavy_stack_before_their_flags_parse():
     ("normstudy.study", ["--config=configs/seed_figure.py"]), ("normstudy.analyze", [])])
 def test_a_workdir_url_that_cannot_be_used_is_refused_before_the_training_stack_loads(
     command, args):
-  """A bad --workdir URL (another scheme, no bucket) is one line in a fraction of a second: the
-  commands check it (normstudy.records.storage.check_workdir) before they import JAX or
-  pandas."""
+  """A bad --workdir URL (another scheme, no bucket, a name no bucket can have) is one line in a
+  fraction of a second: the commands check it (normstudy.records.storage.check_workdir) before
+  they import JAX or pandas."""
   for workdir, line in (("s3://b/x", "error: --workdir='s3://b/x': s3:// is not supported; "
                                      "allowed: a local path or gs://BUCKET/PATH"),
                         ("gs:///x", "error: --workdir='gs:///x' names no bucket; allowed: "
-                                    "gs://BUCKET/PATH")):
+                                    "gs://BUCKET/PATH"),
+                        # Issue 78: once "'gs:': gs::// is not supported", and a 72 s wait.
+                        ("gs://", "error: --workdir='gs://' names no bucket; allowed: "
+                                  "gs://BUCKET/PATH"),
+                        ("gs://Bad_Bucket!/x", "error: --workdir='gs://Bad_Bucket!/x': "
+                         "'Bad_Bucket!' is not a Cloud Storage bucket name; allowed: lowercase "
+                         "letters, digits, '-', '_' and '.', beginning and ending with a letter "
+                         "or a digit")):
     argv = [command, f"--workdir={workdir}", *args]
     code = ("import runpy, sys\n"
             f"sys.argv = {argv!r}\n"

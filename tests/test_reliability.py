@@ -179,6 +179,9 @@ BAD_VALUES = [
     ("optimizer.clip_norm", -1.0, "None or 0 (off), or a number > 0"),
     ("optimizer.learning_rate", 0.0, "a number > 0"),
     ("train.batch_size", 0, "an integer >= 1"),
+    # Issue 78: once a 65-line OverflowError from core/per_run.py.
+    ("train.num_steps", 99999999999999999999999, "an integer >= 1, below 2^31"),
+    ("train.max_consecutive_skips", 2**31, "below 2^31 (a run counts in 32-bit integers)"),
     ("model.attention_relax", -1.0, "0 (off) or a number > 0"),
     ("data.mask_prob", 1.5, "a number in [0, 1]"),
     ("train.on_nonfinite", "retry", "allowed: halt, skip"),
@@ -285,6 +288,10 @@ def test_synthetic_split_sizes_follow_the_generator():
      "config file 'configs/__init__.py' defines no get_config()"),
     ((f"--config={SEED}", "--config.train.num_steps=2.5"),  # "invalid literal for int() ..."
      "--config.train.num_steps=2.5 is not allowed; allowed: an integer"),
+    # Issue 78: once a 65-line OverflowError from core/per_run.py.
+    ((f"--config={SEED}", "--config.train.num_steps=99999999999999999999999"),
+     "config.train.num_steps=99999999999999999999999 is not allowed; allowed: an integer >= 1, "
+     "below 2^31"),
     ((f"--config={SEED}", "--config.train.tensorboard=maybe"),  # "('Non-boolean argument ..."
      "--config.train.tensorboard=maybe is not allowed; allowed: true or false"),
     ((f"--config={SEED}", "--config.model.attention_kernel=cudnn",

@@ -27,6 +27,7 @@ from normstudy.core.fields import get_field  # noqa: F401  (the one dotted gette
 _INT_1 = ("an integer >= 1", lambda v: v >= 1)
 _POSITIVE = ("a number > 0", lambda v: v > 0)
 _SEED = ("an integer in [0, 2^31)", lambda v: 0 <= v < 2**31)
+_INT_LIMIT = 2**31  # every integer field: a run holds them as int32
 
 
 def _f(name, default, doc, allowed=None, accepts=None, **kw) -> Field:
@@ -318,6 +319,13 @@ def check_ranges(config) -> None:
   for field, value in _float_fields(config):
     if not math.isfinite(value):
       raise errors.not_allowed(field, value, "a finite number")
+  for field in FIELDS:
+    value = get_field(config, field.name)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _INT_LIMIT:
+      # A run holds its steps, limits and seeds as 32-bit integers (once an OverflowError
+      # traceback from normstudy.core.per_run).
+      raise errors.not_allowed(field.name, value, f"{field.choices or field.allowed}, below "
+                                                   "2^31 (a run counts in 32-bit integers)")
   for field in FIELDS:
     value = get_field(config, field.name)
     if not field.check(value):

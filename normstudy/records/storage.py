@@ -307,13 +307,26 @@ def _bucket_exists(bucket: str) -> bool:
     return True
 
 
+# Cloud Storage's bucket names: lowercase letters, digits, '-', '_' and '.', beginning and ending
+# with a letter or a digit (cloud.google.com/storage/docs/buckets#naming). Their 3-63 length is
+# left to the service.
+_BUCKET_NAME = re.compile(r"[a-z0-9]([a-z0-9._-]*[a-z0-9])?")
+
+
 def _check_url(url: str) -> None:
-  if not url.startswith("gs://"):
-    scheme = url.split("://", 1)[0]
+  scheme, sep, rest = url.partition("://")
+  if not sep and url.endswith(":"):  # "gs://" with its slashes stripped
+    scheme, rest = url[:-1], ""
+  if scheme != "gs":
     raise UserError(f"--workdir={url!r}: {scheme}:// is not supported; allowed: a local path "
                     "or gs://BUCKET/PATH")
-  if not url.split("://", 1)[1].split("/", 1)[0]:
+  bucket = rest.split("/", 1)[0]
+  if not bucket:
     raise UserError(f"--workdir={url!r} names no bucket; allowed: gs://BUCKET/PATH")
+  if not _BUCKET_NAME.fullmatch(bucket):
+    raise UserError(f"--workdir={url!r}: {bucket!r} is not a Cloud Storage bucket name; "
+                    "allowed: lowercase letters, digits, '-', '_' and '.', beginning and ending "
+                    "with a letter or a digit")
 
 
 def check_workdir(workdir: str) -> None:
@@ -322,8 +335,8 @@ def check_workdir(workdir: str) -> None:
   command calls it before its training stack loads; `staged` calls it again."""
   if not is_url(workdir):
     return
+  _check_url(workdir)  # as the user wrote it: "gs://" names no bucket
   url = workdir.rstrip("/")
-  _check_url(url)
   refused = refused_by(_endpoint())
   if refused is not None:  # before the lease: nothing is written, and no 35 s of retries
     raise UserError(_unreachable_line(url, refused))
