@@ -191,6 +191,7 @@ def _defines(source: str, name: str) -> bool:
 
 _NOT_INT = re.compile(r"flag (--config\.[\w.]+)=(.*): invalid literal for int\(\) with base 10")
 _NOT_BOOL = re.compile(r"flag (--config\.[\w.]+)=(.*): \('Non-boolean argument to boolean flag'")
+_NOT_FLOAT = re.compile(r"flag (--config\.[\w.]+)=(.*): could not convert string to float")
 
 
 _FLAG_NOT_NUMBER = re.compile(r"flag (--\w+)=(.*): (?:invalid literal for (int\(\))|could not "
@@ -220,6 +221,10 @@ def _typed_value_line(text: str, argv):
   match = _NOT_BOOL.search(text)
   if match:
     return f"{match[1]}={match[2]} is not allowed; allowed: true or false"
+  match = _NOT_FLOAT.search(text)
+  if match:  # issue 78: once "could not convert string to float: 'None'"
+    return (f"{match[1]}={match[2]} is not allowed; allowed: a number "
+            f"({match[1][2:]} is one)")
   match = _FLAG_NOT_NUMBER.search(text)
   if match:  # a command's own flag (--workers=2.5, --rounds=x)
     kind = "an integer" if match[3] == "int()" else "a number"

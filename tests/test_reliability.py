@@ -305,6 +305,23 @@ def test_bad_command_line_is_one_line_and_creates_nothing(tmp_path, args, messag
   _assert_one_line(result, message, workdir)
 
 
+@pytest.mark.parametrize("args,message", [
+    # Issue 78: each once in Python's words ("... of original type <class 'str'> and cannot be
+    # casted to type <class 'float'>", "could not convert string to float: 'None'").
+    (("--axis=optimizer.learning_rate=abc,def",),
+     "config.optimizer.learning_rate='abc' is not allowed; allowed: a number"),
+    (("--axis=model.num_layers=1.5,2",),
+     "config.model.num_layers=1.5 is not allowed; allowed: an integer"),
+    (("--axis=train.seed=0,1", "--config.optimizer.learning_rate=None"),
+     "--config.optimizer.learning_rate=None is not allowed; allowed: a number"),
+])
+def test_a_sweep_value_of_the_wrong_type_is_one_plain_line(tmp_path, args, message):
+  workdir = tmp_path / "never"
+  result = runs.run_module("normstudy.sweep", f"--config={SEED}", *args, f"--workdir={workdir}",
+                           check=False)
+  _assert_one_line(result, message, workdir)
+
+
 @pytest.mark.slow
 def test_config_files_and_workdirs_that_cannot_be_used_are_one_line(tmp_path):
   none = tmp_path / "none.py"

@@ -282,7 +282,16 @@ def override(config, dotted: str, value) -> None:
     with node.unlocked() if node.is_locked else contextlib.nullcontext():
       node[name] = value
   except (TypeError, ValueError) as e:
+    kind = _KIND_WORDS.get(type(node[name]))
+    if kind is not None and "cannot be casted" in str(e):  # ml_collections' words (1.1)
+      raise errors.ConfigError(f"config.{dotted}={value!r} is not allowed; allowed: {kind} "
+                               f"(config.{dotted} is one)") from None
     raise errors.ConfigError(f"config.{dotted}={value!r}: {e}") from None
+
+
+# A field's type in words, for a value of another type (once "... of original type <class 'str'>
+# and cannot be casted to type <class 'float'>").
+_KIND_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 def apply_overrides(config, overrides: dict) -> None:
