@@ -119,12 +119,20 @@ def flag_error_line(error: Exception, argv) -> str:
   typed = _typed_value_line(text, argv)
   if typed is not None:
     return typed
+  spec = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), "")
+  if "get_config() takes 0 positional arguments" in text and ":" in spec:
+    path, variant = spec.split(":", 1)
+    return (f"get_config() of {path!r} takes no variant; drop ':{variant}' from --config={spec}, "
+            "or give get_config a variant argument")
   users = _users_frame(error)
   if users is not None:
     return users
-  raised = [line.strip() for line in text.splitlines() if re.match(r"\s*\w+Error: ", line)]
+  # The last exception line of the file's traceback, its class qualified or not
+  # ("normstudy.errors.ConfigError: unknown config field 'model.x'": once lost).
+  raised = [line.strip() for line in text.splitlines() if re.match(r"\s*[\w.]+Error: ", line)]
   if raised:
-    return raised[-1].split("Error: ", 1)[1]
+    reason = raised[-1].split("Error: ", 1)[1]
+    return reason + (f" (--config={spec})" if "parsing config file" in text and spec else "")
   return text.strip().splitlines()[0] if text.strip() else type(error).__name__
 
 

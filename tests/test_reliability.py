@@ -623,3 +623,21 @@ def test_optimizer_side_techniques_resume_bit_exactly_in_float16(tmp_path):
   runs.run_inline("normstudy.analyze", f"--workdir={tmp_path / 'whole'}")
   summary = pd.read_csv(tmp_path / "whole" / "summary.csv")
   assert summary.spike_skips.tolist() == [skips[-1]]
+
+
+@pytest.mark.parametrize("source, variant, message", [
+    # Issue 78, item 4: once "Error whilst parsing config file:" and nothing after.
+    ("from configs import seed_figure\nfrom normstudy.core import config as config_lib\n"
+     "ARMS = {'x': ('x', {'model.no_such': 1})}\n\ndef get_config(v='x'):\n"
+     "  return config_lib.variant_config(ARMS, seed_figure.base_config, v, 'c.py')\n",
+     ":x", "unknown config field 'model.no_such' (--config="),
+    # Issue 78, item 8: once "get_config() takes 0 positional arguments but 1 was given".
+    ("from configs import seed_figure\n\ndef get_config():\n  return seed_figure.get_config()\n",
+     ":x", "takes no variant; drop ':x' from --config="),
+])
+def test_a_config_file_mistake_is_one_line_with_its_reason(tmp_path, source, variant, message):
+  workdir = tmp_path / "never"
+  (tmp_path / "c.py").write_text(source)
+  result = runs.run_module("normstudy.main", f"--config={tmp_path / 'c.py'}{variant}",
+                           f"--workdir={workdir}", check=False)
+  _assert_one_line(result, message, workdir)
