@@ -278,7 +278,7 @@ def _parse_flags(argv):
   # (normstudy.experiments.grid reads the tables of this module rather than load it again).
   sys.modules.pop(experiment.CONFIG_MODULE, None)
   try:
-    return flags.FLAGS(argv)
+    parsed = flags.FLAGS(argv)
   except SystemExit as e:  # a config file that exits while it is loaded trained nothing
     spec = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), "?")
     print(f"error: config file {spec.split(':', 1)[0]!r} exited (code {e.code!r}) while it was "
@@ -287,6 +287,22 @@ def _parse_flags(argv):
   except Exception as e:  # a flag or config-file mistake: one line, no traceback
     print(f"error: {flag_error_line(e, argv)}", file=sys.stderr)
     sys.exit(2)
+  _check_workdir_flag()
+  return parsed
+
+
+def _check_workdir_flag() -> None:
+  """--workdir as the shell would have read it: `~` expanded (once a directory named `~`), and
+  one line for a path with a line break in it."""
+  if "workdir" not in flags.FLAGS or not flags.FLAGS.workdir:
+    return
+  workdir = flags.FLAGS.workdir
+  if "\n" in workdir or "\r" in workdir:
+    print(f"error: --workdir={workdir!r} holds a line break; allowed: a path on one line",
+          file=sys.stderr)
+    sys.exit(2)
+  if workdir.startswith("~"):
+    flags.FLAGS.workdir = os.path.expanduser(workdir)
 
 
 # XLA programs compiled by a command are kept on disk and reused by later processes: a search's

@@ -641,3 +641,29 @@ def test_a_config_file_mistake_is_one_line_with_its_reason(tmp_path, source, var
   result = runs.run_module("normstudy.main", f"--config={tmp_path / 'c.py'}{variant}",
                            f"--workdir={workdir}", check=False)
   _assert_one_line(result, message, workdir)
+
+
+@pytest.mark.parametrize("args,message", [
+    # Issue 78, item 13: a line break in a label or a workdir's name was taken as it was.
+    (("--config.label=a\nb",), "config.label='a\\nb' holds a line break; allowed: one line"),
+    (("--workdir=/tmp/a\nb",), "--workdir='/tmp/a\\nb' holds a line break; allowed: a path on "
+                               "one line"),
+])
+def test_a_line_break_in_a_label_or_a_workdir_is_one_line(tmp_path, args, message):
+  workdir = tmp_path / "never"
+  args = args if any(a.startswith("--workdir") for a in args) else (*args, f"--workdir={workdir}")
+  result = runs.run_module("normstudy.main", f"--config={SEED}", *args, check=False)
+  _assert_one_line(result, message, workdir)
+
+
+@pytest.mark.slow
+def test_a_workdir_under_tilde_is_the_home_directory(tmp_path):
+  """Issue 78, item 12: `--workdir=~/wd` once made a directory literally named `~` in the
+  working directory; `~` is the home directory, as in a shell."""
+  home = tmp_path / "home"
+  home.mkdir()
+  result = runs.run_module("normstudy.main", f"--config={SEED}", "--workdir=~/wd",
+                           *runs.tiny_args(tmp_path / "tfds", num_steps=2, every=2),
+                           env=dict(os.environ, HOME=str(home)))
+  assert (home / "wd" / "run.json").is_file(), result.stderr[-2000:]
+  assert not os.path.exists(os.path.join(runs.REPO, "~"))

@@ -48,6 +48,8 @@ def check(config) -> None:
   template = config.label or "{auto}"
   allowed = ("allowed: {auto} or {section.field} / {section.field:format} of the config, e.g. "
              "{optimizer.learning_rate:g}")
+  if "\n" in template or "\r" in template:  # a legend entry, a CSV cell: one line each
+    raise errors.ConfigError(f"config.label={template!r} holds a line break; allowed: one line")
   stray = re.search(r"[{}]", _FIELD.sub("", template))
   if stray:  # {}, {0}, {auto, {x!z}: no field, or a format this template language lacks
     raise errors.ConfigError(f"config.label={template!r}: a {stray.group(0)!r} that is not part "
