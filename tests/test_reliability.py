@@ -631,6 +631,10 @@ def test_optimizer_side_techniques_resume_bit_exactly_in_float16(tmp_path):
      "ARMS = {'x': ('x', {'model.no_such': 1})}\n\ndef get_config(v='x'):\n"
      "  return config_lib.variant_config(ARMS, seed_figure.base_config, v, 'c.py')\n",
      ":x", "unknown config field 'model.no_such' (--config="),
+    # Issue 78, item 1: once accepted, then a 63-line ValueError from inside the model 26 s later.
+    ("from configs import seed_figure\n\ndef get_config(v='pre_norm_clip1'):\n"
+     "  c = seed_figure.get_config(v)\n  c.model.no_such_knob = 7\n  return c\n",
+     "", "config.model.no_such_knob=7 is not a config field (its config file sets it)"),
     # Issue 78, item 8: once "get_config() takes 0 positional arguments but 1 was given".
     ("from configs import seed_figure\n\ndef get_config():\n  return seed_figure.get_config()\n",
      ":x", "takes no variant; drop ':x' from --config="),

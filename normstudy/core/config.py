@@ -322,6 +322,23 @@ def _float_fields(node, prefix=""):
       yield f"{prefix}{key}", value
 
 
+def check_known(config) -> None:
+  """ConfigError for a field no declaration names (a config file's get_config may add one: once
+  accepted, then a 63-line ValueError from inside the model 26 s later)."""
+  declared = {field.name for field in FIELDS}
+
+  def walk(node, prefix):
+    for key in node.keys():
+      name = f"{prefix}{key}"
+      if isinstance(node[key], ml_collections.ConfigDict):
+        walk(node[key], f"{name}.")
+      elif name not in declared:
+        raise errors.ConfigError(f"config.{name}={node[key]!r} is not a config field (its "
+                                 "config file sets it); allowed: the fields of "
+                                 "normstudy/core/config.py (docs/reference.md, Configuration)")
+  walk(config, "")
+
+
 def check_ranges(config) -> None:
   """Raises ConfigError for the first float field that is not finite (inf, NaN), then the
   first field (in FIELDS' order) outside what it allows."""

@@ -117,6 +117,7 @@ RULES = (
 def validate(config) -> None:
   """Raises ConfigError naming the first bad field (or combination), its value and what is
   allowed."""
+  config_lib.check_known(config)
   config_lib.check_ranges(config)
   for registry in REGISTRIES:
     registry.get(get_field(config, registry.field))
