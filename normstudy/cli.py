@@ -375,6 +375,8 @@ def run(main, define_flags):
     except WorkerKilled as e:
       print(f"stopped: {e}", file=sys.stderr)
       sys.exit(1)
+    except KeyboardInterrupt:  # outside training, whose loop checkpoints on SIGINT itself
+      _interrupted()
     except Exception as e:  # the machine's failures are one line; anything else is a bug
       line = errors.environment_problem(e)
       if line is None:
@@ -382,4 +384,15 @@ def run(main, define_flags):
       print(f"error: {line}", file=sys.stderr)
       sys.exit(2)
 
-  app.run(wrapped, flags_parser=_parse_flags)
+  try:
+    app.run(wrapped, flags_parser=_parse_flags)
+  except KeyboardInterrupt:  # while the flags parse or the config file loads
+    _interrupted()
+
+
+def _interrupted() -> None:
+  """Ctrl-C at any point of a command: one line and exit 130 (a shell's 128 + SIGINT), never
+  a traceback (issue 78)."""
+  print("interrupted (Ctrl-C): stopped; a run continues from its last checkpoint with the same "
+        "command", file=sys.stderr)
+  sys.exit(130)

@@ -671,3 +671,28 @@ def test_a_workdir_under_tilde_is_the_home_directory(tmp_path):
                            env=dict(os.environ, HOME=str(home)))
   assert (home / "wd" / "run.json").is_file(), result.stderr[-2000:]
   assert not os.path.exists(os.path.join(runs.REPO, "~"))
+
+
+@pytest.mark.parametrize("command", ["normstudy.main", "normstudy.study", "normstudy.sweep"])
+def test_ctrl_c_while_a_config_loads_is_one_line_and_exit_130(tmp_path, command):
+  """Issue 78, item 3: Ctrl-C once printed a KeyboardInterrupt traceback (main, rc 130) or an
+  "Exception ignored" traceback and the config anyway (study, rc 0). Sent while the config file
+  loads (its get_config waits), each command stops with one line and 130, writing nothing."""
+  started = tmp_path / "started"
+  config = tmp_path / "slow.py"
+  config.write_text("import pathlib, time\nfrom configs import seed_figure\n"
+                    "EXPERIMENT = seed_figure.EXPERIMENT\n\n"
+                    "def get_config(variant='pre_norm_clip1'):\n"
+                    f"  pathlib.Path({str(started)!r}).touch()\n  time.sleep(60)\n"
+                    "  return seed_figure.get_config(variant)\n")
+  workdir = tmp_path / "never"
+  process = runs.start_module(command, f"--config={config}", f"--workdir={workdir}",
+                              "--print_config")
+  deadline = time.monotonic() + runs.bound(120)
+  while not started.exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+  process.send_signal(signal.SIGINT)
+  out, err = process.communicate(timeout=runs.bound(120))
+  assert process.returncode == 130, err[-2000:]
+  assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted")
+  assert not out and not workdir.exists()
