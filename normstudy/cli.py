@@ -124,6 +124,11 @@ def flag_error_line(error: Exception, argv) -> str:
     path, variant = spec.split(":", 1)
     return (f"get_config() of {path!r} takes no variant; drop ':{variant}' from --config={spec}, "
             "or give get_config a variant argument")
+  cast = _CAST.search(text)
+  if cast:  # ml_collections' words (1.1) for a value of another type set in a config file
+    kind = _TYPE_WORDS.get(cast[4], f"a {cast[4]}")
+    return (f"{cast[1]}={cast[2]!r} is not allowed; allowed: {kind} (a {cast[3]} was given"
+            + (f", --config={spec})" if spec else ")"))
   users = _users_frame(error)
   if users is not None:
     return users
@@ -199,6 +204,10 @@ def _defines(source: str, name: str) -> bool:
 
 _NOT_INT = re.compile(r"flag (--config\.[\w.]+)=(.*): invalid literal for int\(\) with base 10")
 _NOT_BOOL = re.compile(r"flag (--config\.[\w.]+)=(.*): \('Non-boolean argument to boolean flag'")
+_CAST = re.compile(r"Could not override field '(\w+)' \(reference\)\. (.*) is of original type "
+                   r"<class '(\w+)'> and cannot be casted to type <class '(\w+)'>")
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false",
+               "str": "a string"}
 _NOT_FLOAT = re.compile(r"flag (--config\.[\w.]+)=(.*): could not convert string to float")
 
 

@@ -635,6 +635,15 @@ def test_optimizer_side_techniques_resume_bit_exactly_in_float16(tmp_path):
     ("from configs import seed_figure\n\ndef get_config(v='pre_norm_clip1'):\n"
      "  c = seed_figure.get_config(v)\n  c.model.no_such_knob = 7\n  return c\n",
      "", "config.model.no_such_knob=7 is not a config field (its config file sets it)"),
+    # Issue 78, item 6: once "... of original type <class 'str'> and cannot be casted to type
+    # <class 'int'>", no file named.
+    ("from configs import seed_figure\n\ndef get_config(v='pre_norm_clip1'):\n"
+     "  c = seed_figure.get_config(v)\n  c.train.num_steps = '3'\n  return c\n",
+     "", "num_steps='3' is not allowed; allowed: an integer (a str was given, --config="),
+    # Issue 78, item 9: once "error: \"'train'\"".
+    ("from configs import seed_figure\n\ndef get_config(v='pre_norm_clip1'):\n"
+     "  c = seed_figure.get_config(v)\n  del c['train']\n  return c\n",
+     "", "returned a config without the section(s) train"),
     # Issue 78, item 8: once "get_config() takes 0 positional arguments but 1 was given".
     ("from configs import seed_figure\n\ndef get_config():\n  return seed_figure.get_config()\n",
      ":x", "takes no variant; drop ':x' from --config="),
