@@ -185,3 +185,15 @@ def test_timing_history_is_one_table_and_the_guides_name_no_dates():
   for name in ("development.md", "throughput.md"):
     text = open(os.path.join(runs.REPO, "docs", name), encoding="utf-8").read()
     assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", text), name
+
+
+def test_the_own_text_example_says_how_long_it_trains_and_how_to_shorten_it():
+  """Issue 78, item 20: the README's own-text command trained 1000 steps (about 9 minutes on 2
+  cores) without saying so. Its sentence names the steps the config trains, the time, and the
+  override that shortens it."""
+  from configs import shakespeare
+  text = open(os.path.join(runs.REPO, "README.md"), encoding="utf-8").read()
+  line = next(l for l in text.splitlines() if l.startswith("**Your own text**"))
+  steps = shakespeare.get_config("pre_norm_clip1").train.num_steps
+  assert f"{steps} steps" in line and "minutes" in line
+  assert re.search(r"--config\.train\.num_steps=\d+", line)
