@@ -705,3 +705,22 @@ def test_ctrl_c_while_a_config_loads_is_one_line_and_exit_130(tmp_path, command)
   assert process.returncode == 130, err[-2000:]
   assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted")
   assert not out and not workdir.exists()
+
+
+@pytest.mark.parametrize("command,extra", [("normstudy.main", ()),
+                                           ("normstudy.sweep", ("--axis=train.seed=0",))])
+def test_a_directory_normstudy_did_not_write_is_not_trained_into(tmp_path, command, extra):
+  """Issue 78, item 11: --workdir=. from the repository's root, or a folder of notes, was
+  trained into. A non-empty directory without normstudy's files is one line, left as it was."""
+  workdir = tmp_path / "notes"
+  (workdir / "photos").mkdir(parents=True)
+  (workdir / "my_notes.txt").write_text("mine\n")
+  before = _tree_listing(workdir)
+  result = runs.run_module(command, f"--config={SEED}", f"--workdir={workdir}", *extra,
+                           check=False)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: --workdir={str(workdir)!r} holds files normstudy did not write (my_notes.txt, "
+      f"photos); a {'run' if command == 'normstudy.main' else 'sweep'} goes into a new or "
+      "empty directory, or one normstudy wrote: choose another --workdir")
+  assert _tree_listing(workdir) == before

@@ -175,11 +175,51 @@ def directory_kind(path: str):
   return None
 
 
+# What normstudy writes at the top of a workdir from the start (a run's files, a sweep's or
+# study's record, its lock and log, stacked checkpoints), and what a run's directory holds, which
+# a sweep's or study's arms put one or two levels down (a cluster share's runs before the
+# sweep's record). A non-empty directory with neither is someone else's (a repository's root,
+# a folder of notes) and is not trained into (issue 78).
+_WRITTEN = frozenset({schema.RUN, schema.CONFIG, schema.METRICS, schema.SWEEP, schema.STUDY,
+                      schema.CHECKPOINTS, schema.DAMAGED_CHECKPOINTS, schema.LOCK,
+                      schema.LIBRARY_LOG, schema.DRIFT_PLAN})
+_A_RUN = frozenset({schema.RUN, schema.CONFIG, schema.METRICS})
+
+
+def _holds_normstudy(path: str) -> bool:
+  """True for an absent or empty directory, or one normstudy writes into (_WRITTEN at its top,
+  a run's files one or two levels down)."""
+  try:
+    entries = os.listdir(path)
+  except OSError:
+    return True  # absent (or unreadable: ensure_directory says so)
+  return not entries or bool(_WRITTEN.intersection(entries)) or _runs_below(path, 2)
+
+
+def _runs_below(path: str, depth: int) -> bool:
+  """Whether a directory up to `depth` levels below `path` holds a run's files."""
+  for entry in sorted(os.listdir(path))[:256]:  # a sweep's arms and points: a few
+    below = os.path.join(path, entry)
+    try:
+      inside = os.listdir(below) if os.path.isdir(below) else []
+    except OSError:
+      continue
+    if _A_RUN.intersection(inside) or (depth > 1 and inside and _runs_below(below, depth - 1)):
+      return True
+  return False
+
+
 def check_kind(path: str, kind: str, what: str = "--workdir") -> None:
   """UserError when `path` holds another kind of directory than `kind`: a run trained into a
   sweep's or a study's root would sit among its runs and be counted as one, a sweep or study
   into a run directory would train around it."""
   found = directory_kind(path)
+  if found is None and not _holds_normstudy(path):
+    entries = sorted(os.listdir(path))
+    shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+    raise UserError(f"{what}={path!r} holds files normstudy did not write ({shown}); a {kind} "
+                    f"goes into a new or empty directory, or one normstudy wrote: choose another "
+                    f"{what}")
   if found is None or found[0] == kind:
     return
   inside = (f", or {os.path.join(path, '<run>')} to continue one of its runs"
