@@ -413,7 +413,7 @@ def loop(setup: Setup, recorders: list, carry: Carry, stop: dict) -> tuple:
                                                  setup.eval_batches[0]))
   else:  # resumed past the measured steps
     carry = carry._replace(initial_outputs=None)
-  compiling = _compiling_first(setup)
+  announced = False  # the first dispatch's compile lines
   while len(carry.stopped) < len(runs) and carry.halted_line is None:
     resolved = None
     if carry.pending is not None:  # the dispatch before: was it finite, did its runs stop?
@@ -423,7 +423,9 @@ def loop(setup: Setup, recorders: list, carry: Carry, stop: dict) -> tuple:
         break
     first, step, batch = work
     stopped = frozenset(carry.stopped) | stopping(resolved)
-    with next(compiling)(first is not None):
+    with (_compiling(setup, first is not None) if not announced
+          else contextlib.nullcontext()):
+      announced = True
       if first is not None:
         state, device_metrics = steps.step_block(carry.state, batch, stopped)
       else:
@@ -450,20 +452,15 @@ def loop(setup: Setup, recorders: list, carry: Carry, stop: dict) -> tuple:
   return carry, step, None
 
 
-def _compiling_first(setup: Setup):
-  """Yields, per dispatch, a context for it: around the loop's first dispatch, which compiles
-  the train step (or block) or loads it from the compile cache, a line before and one after
-  with its time (normstudy.engine.logs.compiling); nothing around the others."""
+def _compiling(setup: Setup, block: bool):
+  """Around the loop's first dispatch, which compiles the train step (or block) or loads it from
+  the compile cache: a line before and one after with its time (normstudy.engine.logs
+  .compiling)."""
   runs = f"{len(setup.runs)} run(s)" + (", stepped one at a time"
                                         if setup.steps.one_at_a_time else "")
-
-  def first(block: bool):
-    what = (f"the block of {setup.config.train.steps_per_dispatch} train steps" if block
-            else "the train step")
-    return logs.compiling(f"{what} ({runs})")
-  yield first
-  while True:
-    yield lambda block: contextlib.nullcontext()
+  what = (f"the block of {setup.config.train.steps_per_dispatch} train steps" if block
+          else "the train step")
+  return logs.compiling(f"{what} ({runs})")
 
 
 def measure_update(setup: Setup, carry: Carry, step: int) -> tuple:

@@ -118,19 +118,6 @@ def load_config_module(path: str):
 _TABLES = ("VARIANTS", "SWEEP_VARIANTS", "STUDY_VARIANTS", "SWEEP", "SWEEP_SETTINGS")
 
 
-def declared_experiment(module) -> experiment_lib.Experiment:
-  """The file's EXPERIMENT, or the one its older module tables stand for."""
-  declared = getattr(module, "EXPERIMENT", None)
-  if declared is not None:
-    return declared
-  return experiment_lib.Experiment(
-      arms=dict(getattr(module, "VARIANTS", {}) or {}),
-      sweep_arms=tuple(getattr(module, "SWEEP_VARIANTS", ()) or ()),
-      study_arms=tuple(getattr(module, "STUDY_VARIANTS", ()) or ()),
-      axes=dict(getattr(module, "SWEEP", {}) or {}),
-      settings=dict(getattr(module, "SWEEP_SETTINGS", {}) or {}))
-
-
 def _is_names(value) -> bool:
   return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
 
