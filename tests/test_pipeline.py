@@ -3,6 +3,7 @@ the figure, the summary and the notebook."""
 
 import os
 import textwrap
+import re
 
 import numpy as np
 import pandas as pd
@@ -245,6 +246,15 @@ def test_a_study_over_seeds_draws_each_arm_as_median_and_range(tmp_path):
   runs.run_inline("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
                   f"--workdir={alone}", "--config.train.seed=2", *args[1:])
   assert runs.trajectory(alone) == runs.trajectory(study / "pre_norm_clip1" / "seed2")
+  # Issue 78, item 19: the README names each table of the study by the name the study writes
+  # (docs/seed_figure/arms.csv, not docs/seed_figure_arms.csv), in its study's folder.
+  readme = open(os.path.join(runs.REPO, "README.md"), encoding="utf-8").read()
+  named = re.findall(r"docs/seed_figure[\w/.]*\.(?:csv|png|md)", readme)
+  assert "docs/seed_figure/speed_tests.csv" in named, named
+  for path in named:
+    folder, name = os.path.split(path)
+    assert folder in ("docs/seed_figure", "docs/seed_figure_text"), path
+    assert name in os.listdir(study), (path, sorted(os.listdir(study)))
   summary = pd.read_csv(study / "summary.csv").set_index("run")
   table = pd.read_csv(study / "arms.csv").set_index("arm")
   assert list(table.index) == list(arms) and (table.seeds == 2).all()

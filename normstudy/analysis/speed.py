@@ -189,6 +189,25 @@ def pairwise_observations(pairs: pd.DataFrame) -> str:
   return "\n".join(lines)
 
 
+def separations(pairs: pd.DataFrame) -> str:
+  """The sentence that says which pairs of speed_tests.csv are separated (Holm p < ALPHA), with
+  which arm ends lower, and how many are not: the README's sentence under the seed figure is
+  this function of the committed CSV (tests/test_docs.py), so it cannot say "the rest not
+  separated" while the CSV separates one of the rest."""
+  said = []
+  for row in pairs.itertuples():
+    if row.separated in (True, "True"):
+      lower, higher = (row.arm_a, row.arm_b) if row.difference < 0 else (row.arm_b, row.arm_a)
+      where = f" in {row.group}" if isinstance(row.group, str) and row.group else ""
+      said.append(f"`{lower}` ends below `{higher}`{where} (Holm p = "
+                  f"{stats.format_p(row.p_holm)})")
+  rest = len(pairs) - len(said)
+  if not said:
+    return f"none of the {rest} pairs separated"
+  return "; ".join(said) + (f"; the other {rest} pair{'s' * (rest != 1)} not separated"
+                            if rest else "")
+
+
 def observations(speed: pd.DataFrame) -> str:
   shared = speed.eval_set.str.startswith("shared").all()
   data = (f"every run was evaluated on the same eval set, {speed.eval_set.iloc[0]}, so arms "
