@@ -241,10 +241,39 @@ def test_progress_eta_is_the_steady_state_not_the_compiling_interval(monkeypatch
   assert "10.00 steps/s | ETA 15s" in lines[4]
 
 
-def test_step_ticks_fit_the_run_length():
+def test_step_ticks_are_in_one_unit_across_the_axis():
+  """Issue 78, item 21: a 1000-step run's axis read `0 ... 800 1K`. Thousands only when the
+  axis reaches 10,000 steps (the paper's 0-100K), then on every tick; plain steps otherwise,
+  also on the figure as drawn."""
+  from matplotlib.figure import Figure
   from normstudy.analysis import plots
-  assert [plots._k_formatter(v, None) for v in (0, 25, 150, 1000, 2500, 20000)] == [
-      "0", "25", "150", "1K", "2.5K", "20K"]
+  assert plots.step_ticks([0, 200, 400, 600, 800, 1000]) == ["0", "200", "400", "600", "800",
+                                                             "1000"]
+  assert plots.step_ticks([0, 25, 150]) == ["0", "25", "150"]
+  assert plots.step_ticks([0, 20000, 40000, 100000]) == ["0", "20K", "40K", "100K"]
+  assert plots.step_ticks([0, 2500, 5000, 7500, 10000]) == ["0", "2.5K", "5K", "7.5K", "10K"]
+  for last in (1000, 2000, 100_000):
+    fig = Figure()
+    ax = fig.subplots()
+    ax.plot([0, last], [0, 1])
+    ax.xaxis.set_major_formatter(plots._step_formatter())
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text() not in ("", "0")]
+    units = {label.endswith("K") for label in labels}
+    assert units == {last >= plots.THOUSANDS_FROM}, (last, labels)
+
+
+def test_an_arm_over_seeds_is_not_labelled_as_one_run():
+  """Issue 78, item 21: "Gradient Clip=10 | Run 1 (3 seeds)". MERT's "| Run N" is dropped
+  where the arms stay distinct, else it reads "arm N"."""
+  from normstudy.analysis import plots
+  labels = ["Pre-Norm | Gradient Clip=10 | Run 1", "Pre-Norm | Gradient Clip=1 | Run 2",
+            "Post-Norm | DeepNorm | Gradient Clip=1"]
+  assert plots.arm_legend_labels(labels, [3, 3, 1]) == [
+      "Pre-Norm | Gradient Clip=10 (3 seeds)", "Pre-Norm | Gradient Clip=1 (3 seeds)",
+      "Post-Norm | DeepNorm | Gradient Clip=1 (1 seed)"]
+  assert plots.arm_legend_labels(["A | Run 1", "A | Run 2"], [2, 2]) == [
+      "A | arm 1 (2 seeds)", "A | arm 2 (2 seeds)"]
 
 
 def test_update_norm_spikes_before_loss_spikes_are_counted_against_chance(tmp_path):

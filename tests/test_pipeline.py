@@ -255,6 +255,16 @@ def test_a_study_over_seeds_draws_each_arm_as_median_and_range(tmp_path):
     folder, name = os.path.split(path)
     assert folder in ("docs/seed_figure", "docs/seed_figure_text"), path
     assert name in os.listdir(study), (path, sorted(os.listdir(study)))
+  # Issue 78, item 21: an arm over seeds is no "Run 1" (MERT's label for one run); the steps
+  # axis in one unit style.
+  from normstudy.analysis import plots
+  figure = plots.comparison_figure(analysis.load_runs(str(study)))
+  legend = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+  assert "Pre-Norm | Gradient Clip=10 (2 seeds)" in legend, legend
+  assert not any(re.search(r"Run \d+ \(\d+ seeds\)", entry) for entry in legend), legend
+  figure.canvas.draw()
+  ticks = [t.get_text() for t in figure.axes[-1].get_xticklabels() if t.get_text()]
+  assert ticks and all(not t.endswith("K") for t in ticks), ticks  # a 6-step run
   summary = pd.read_csv(study / "summary.csv").set_index("run")
   table = pd.read_csv(study / "arms.csv").set_index("arm")
   assert list(table.index) == list(arms) and (table.seeds == 2).all()

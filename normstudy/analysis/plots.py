@@ -7,6 +7,7 @@ default).
 """
 
 import os
+import re
 
 import numpy as np
 import pandas as pd
@@ -39,12 +40,53 @@ def style(i: int) -> dict:
           "linestyle": LINESTYLES[(i // len(COLORS) + i) % len(LINESTYLES)]}
 
 
-def _k_formatter(value, _):
-  """Step ticks as the paper draws them (20K) from 1000 on, as plain steps below (a 200-step
-  run's ticks are 0, 50, 100, not 0.05K)."""
-  if abs(value) >= 1000:
-    return f"{value / 1000:g}K"
-  return f"{value:g}"
+# Thousands on a step axis from this many steps on: the paper's 0-100K axis reads 20K ... 100K;
+# a 1000-step run's reads 0 ... 1000, not 0 ... 800 1K.
+THOUSANDS_FROM = 10_000
+
+
+def step_ticks(values) -> list:
+  """Step tick labels in one unit across the axis: thousands (20K) when its largest tick
+  reaches THOUSANDS_FROM, plain steps otherwise (0, 200, ..., 1000)."""
+  values = list(values)
+  return [_step_label(v, values) for v in values]
+
+
+def _step_label(value, axis_ticks) -> str:
+  thousands = max((abs(v) for v in axis_ticks), default=0) >= THOUSANDS_FROM
+  return f"{value / 1000:g}K" if thousands and value else f"{value:g}"
+
+
+def _step_formatter():
+  """A matplotlib Formatter of a step axis by step_ticks: it is given every tick of the axis
+  (set_locs) before it labels one."""
+  from matplotlib.ticker import Formatter
+
+  class StepFormatter(Formatter):
+    ticks = ()
+
+    def set_locs(self, locs):  # kept here: Formatter.locs is deprecated (matplotlib 3.11)
+      self.ticks = tuple(locs)
+
+    def __call__(self, x, pos=None):
+      return _step_label(x, self.ticks or [x])
+
+  return StepFormatter()
+
+
+# MERT's figure tells its two Pre-Norm runs apart as "Run 1" and "Run 2" (configs/seed_figure.py's
+# labels keep that); an arm drawn over seeds is no single run.
+_RUN_NUMBER = re.compile(r"\s*\|\s*Run (\d+)$")
+
+
+def arm_legend_labels(labels: list, seeds: list) -> list:
+  """Legend entries of arms drawn over seeds: each label with its seed count, and without a
+  trailing "| Run N" (which beside "(3 seeds)" reads as a contradiction) where the labels stay
+  distinct without it; where they would not, "Run N" becomes "arm N"."""
+  bare = [_RUN_NUMBER.sub("", label) for label in labels]
+  if len(set(bare)) < len(bare):
+    bare = [_RUN_NUMBER.sub(r" | arm \1", label) for label in labels]
+  return [f"{label} ({n} seed{'s' * (n != 1)})" for label, n in zip(bare, seeds)]
 
 
 def save(fig, path: str) -> str:
@@ -113,7 +155,6 @@ def _comparison_axes(loaded: runs_lib.Runs):
 def _finish_comparison(loss_ax, scale_ax, handles: list, floorless: bool, smoothing: float):
   """The legend (`handles`, and a note when no floor is drawn), labels, scales and grids."""
   from matplotlib.lines import Line2D
-  from matplotlib.ticker import FuncFormatter
   if floorless:
     handles.append(Line2D([], [], linestyle="none",
                           label="no exact loss floor (real text): none drawn"))
@@ -127,7 +168,7 @@ def _finish_comparison(loss_ax, scale_ax, handles: list, floorless: bool, smooth
     scale_ax.set_ylabel("Loss Scale (fp16)")
     scale_ax.grid(alpha=0.3)
   bottom.set_xlabel("Training Step")
-  bottom.xaxis.set_major_formatter(FuncFormatter(_k_formatter))
+  bottom.xaxis.set_major_formatter(_step_formatter())
 
 
 def _spread(series: list) -> pd.DataFrame:
@@ -192,6 +233,9 @@ def _seeds_figure(loaded: runs_lib.Runs, groups: dict, smoothing: float):
 
   fig, loss_ax, scale_ax = _comparison_axes(loaded)
   floors, any_stopped, floorless = set(), False, False
+  legend = arm_legend_labels(
+      [loaded.runs[m[0]].info.arm_label or loaded.runs[m[0]].label for m in groups.values()],
+      [len(m) for m in groups.values()])
   for i, (arm, members) in enumerate(groups.items()):
     look = style(i)
     facts = loaded.runs[members[0]]
@@ -200,7 +244,7 @@ def _seeds_figure(loaded: runs_lib.Runs, groups: dict, smoothing: float):
     loss_ax.fill_between(spread.index, spread.low, spread.high, color=look["color"], alpha=0.15,
                          linewidth=0)
     loss_ax.plot(spread.index, spread["median"], linewidth=1.3,
-                 label=f"{facts.info.arm_label or facts.label} ({len(members)} seeds)", **look)
+                 label=legend[i], **look)
     evals = [loaded.series(run, "eval_loss") for run in members]
     if any(len(e) for e in evals):
       eval_median = _spread([e for e in evals if len(e)])["median"]
@@ -240,7 +284,6 @@ def plot_layers(loaded: runs_lib.Runs, workdir: str) -> dict:
   from matplotlib.colors import LogNorm
   from matplotlib.colors import Normalize
   from matplotlib.figure import Figure
-  from matplotlib.ticker import FuncFormatter
 
   written = {}
   for metric, (title, unit, log) in LAYER_PLOTS.items():
@@ -278,7 +321,7 @@ def plot_layers(loaded: runs_lib.Runs, workdir: str) -> dict:
         ax.grid(alpha=0.3)
       ax.set_title(loaded[run].label, fontsize=8)
       ax.set_xlabel("Training Step")
-      ax.xaxis.set_major_formatter(FuncFormatter(_k_formatter))
+      ax.xaxis.set_major_formatter(_step_formatter())
     for ax in axes[len(tables):]:
       ax.set_visible(False)
     if deep and image is not None:
