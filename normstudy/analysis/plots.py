@@ -238,7 +238,6 @@ def _seeds_figure(loaded: runs_lib.Runs, groups: dict, smoothing: float):
       [len(m) for m in groups.values()])
   for i, (arm, members) in enumerate(groups.items()):
     look = style(i)
-    facts = loaded.runs[members[0]]
     losses = [runs_lib.smooth(loaded.series(run, "loss"), smoothing) for run in members]
     spread = _spread(losses)
     loss_ax.fill_between(spread.index, spread.low, spread.high, color=look["color"], alpha=0.15,
