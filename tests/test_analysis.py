@@ -241,6 +241,28 @@ def test_progress_eta_is_the_steady_state_not_the_compiling_interval(monkeypatch
   assert "10.00 steps/s | ETA 15s" in lines[4]
 
 
+def test_a_programs_last_progress_line_says_how_its_runs_ended(caplog):
+  """Issue 78, item 15: a finished program's last line said `runs alive 0/2`."""
+  import logging
+  from types import SimpleNamespace
+  from normstudy.engine import recorder
+  from normstudy.records import schema
+  caplog.set_level(logging.INFO)
+  progress = recorder.Progress([SimpleNamespace(name="a"), SimpleNamespace(name="b"),
+                                SimpleNamespace(name="c")], 0, 100)
+  progress.report(50, {"a": 3.0, "b": 2.0, "c": 2.5}, {1: schema.HALTED})
+  progress.report(100, {"a": 2.0, "c": 2.1},
+                  {0: schema.FINISHED, 1: schema.HALTED, 2: schema.FINISHED})
+  lines = [r.getMessage() for r in caplog.records if "step " in r.getMessage()]
+  assert "runs alive 2/3, halted 1" in lines[0]
+  assert f"runs ended: 2 {schema.FINISHED}, 1 {schema.HALTED}" in lines[-1]
+  assert "alive" not in lines[-1]
+  caplog.clear()
+  alone = recorder.Progress([SimpleNamespace(name="a")], 0, 10)
+  alone.report(10, {"a": 2.0}, {0: schema.FINISHED})
+  assert f"run ended: 1 {schema.FINISHED}" in caplog.records[-1].getMessage()
+
+
 def test_step_ticks_are_in_one_unit_across_the_axis():
   """Issue 78, item 21: a 1000-step run's axis read `0 ... 800 1K`. Thousands only when the
   axis reaches 10,000 steps (the paper's 0-100K), then on every tick; plain steps otherwise,

@@ -124,3 +124,40 @@ def test_compiling_says_when_it_starts_ends_and_where_the_program_came_from(capl
   assert messages[2:] == ["compiling a cached step ...",
                           messages[3]] and messages[3].startswith(
                               "a cached step: loaded from the compile cache in ")
+
+
+def test_a_program_compiling_says_so_with_its_tag_and_then_every_interval(caplog):
+  """Issue 78, item 16: `make study` printed nothing for 10.5 minutes on a loaded machine (a
+  213 s compile, then 50 steps). A line when each program starts compiling, with its tag, and,
+  while the terminal has had no line for the heartbeat's interval, one saying what the program
+  is doing and for how long (the real thread, at 0.2 s instead of 30 s)."""
+  import time
+  caplog.set_level(std_logging.INFO)
+  with logs.heartbeat("[program 2/5]", every=0.2):
+    with logs.compiling("the train step (4 run(s))", "[program 2/5]"):
+      time.sleep(0.75)  # a compile that takes more than three intervals
+  messages = [r.getMessage() for r in caplog.records if r.pathname == logs.__file__]
+  assert messages[0] == "[program 2/5] compiling the train step (4 run(s)) ..."
+  beats = [m for m in messages if m.startswith("[program 2/5] compiling the train step "
+                                               "(4 run(s)): ") and m.endswith("s so far")]
+  assert len(beats) >= 2, messages
+  assert messages[-1].startswith("[program 2/5] the train step (4 run(s)): compiled in ")
+
+
+def test_the_heartbeat_speaks_only_after_an_interval_of_silence(monkeypatch, caplog):
+  """On a simulated clock: nothing while lines come; after 30 s without one, what the program
+  does (the step it last resolved) and since when; then again 30 s later."""
+  clock = {"now": 1000.0}
+  caplog.set_level(std_logging.INFO)
+  monkeypatch.setattr(logs._state, "said_at", 1000.0)
+  beat = logs.Heartbeat("[program 1/2]", every=30.0, clock=lambda: clock["now"])
+  beat.doing("training after step 40/1000")
+  for now, expected in ((1029.0, None),
+                        (1030.0, "[program 1/2] training after step 40/1000: 30s so far"),
+                        (1045.0, None),
+                        (1060.0, "[program 1/2] training after step 40/1000: 60s so far")):
+    clock["now"] = now
+    assert beat.beat() == expected
+  logs._state.said_at = 1070.0  # a progress line reached the terminal
+  clock["now"] = 1099.0
+  assert beat.beat() is None

@@ -79,6 +79,8 @@ class _State:
     self.announced = set()  # the log files this process has named on the terminal
     self.lock = threading.Lock()
     self.prefixes = _installed_prefixes()
+    self.said_at = time.monotonic()  # when the terminal last got a line
+    self.heartbeat = None  # the Heartbeat of the program training in this process
 
 
 _state = _State()
@@ -133,6 +135,8 @@ class _LibraryLines(std_logging.Filter):
       to_file = True
     if to_file:
       _keep(self.formatter.format(record))
+    else:
+      _state.said_at = time.monotonic()
     return not to_file
 
 
@@ -252,15 +256,17 @@ _cache_events = _CompileCacheEvents()
 
 
 @contextlib.contextmanager
-def compiling(what: str):
-  """A line before the call inside (which compiles `what`) and one after it: how long it took
-  and where the program came from (compiled, the compile cache, or both for a program of
-  several executables). Only the compilation is timed: jax dispatches the program's run
-  asynchronously."""
+def compiling(what: str, tag: str = ""):
+  """A line before the call inside (which compiles `what`; `tag`: the program's, "[program
+  2/5]") and one after it: how long it took and where the program came from (compiled, the
+  compile cache, or both for a program of several executables); the heartbeat says "compiling"
+  meanwhile. Only the compilation is timed: jax dispatches the program's run asynchronously."""
   hits, misses = _cache_events.counts()
-  logging.info("compiling %s ...", what)
+  logging.info("%scompiling %s ...", f"{tag} " if tag else "", what)
+  doing(f"compiling {what}")
   start = time.perf_counter()
   yield
+  doing("training")
   took = time.perf_counter() - start
   new_hits, new_misses = _cache_events.hits - hits, _cache_events.misses - misses
   if new_hits and not new_misses:
@@ -269,4 +275,67 @@ def compiling(what: str):
     source = f"compiled ({new_hits} part(s) from the compile cache)"
   else:
     source = "compiled"
-  logging.info("%s: %s in %.1fs", what, source, took)
+  logging.info("%s%s: %s in %.1fs", f"{tag} " if tag else "", what, source, took)
+  global _compiled_seconds
+  _compiled_seconds += took
+
+
+_compiled_seconds = 0.0
+
+
+def compile_seconds() -> float:
+  """The seconds this process has spent in `compiling` so far (a sweep's ETA leaves them out
+  of a program's steady time)."""
+  return _compiled_seconds
+
+
+class Heartbeat:
+  """A line at least every `every` seconds while a program trains: when the terminal has had
+  no line for that long (a long compile, slow steps on a loaded machine), one saying what the
+  program is doing and for how long ("[program 2/5] compiling the train step (4 run(s)): 60s
+  so far"). `beat` is called by the heartbeat's thread each second (and by tests, on their
+  own clock)."""
+
+  def __init__(self, tag: str = "", every: float = 30.0, clock=time.monotonic):
+    self.tag, self.every, self.clock = tag, every, clock
+    self.what, self.since = "preparing (data, parameters, checkpoints)", clock()
+
+  def doing(self, what: str) -> None:
+    if what != self.what:
+      self.what, self.since = what, self.clock()
+
+  def beat(self) -> str | None:
+    now = self.clock()
+    if now - max(_state.said_at, self.since) < self.every:
+      return None
+    line = f"{self.tag + ' ' if self.tag else ''}{self.what}: {now - self.since:.0f}s so far"
+    logging.info("%s", line)
+    _state.said_at = now  # also when the filter is not installed (a notebook, a test)
+    return line
+
+
+def doing(what: str) -> None:
+  """Tells this process's heartbeat (if a program is training) what the program does now."""
+  if _state.heartbeat is not None:
+    _state.heartbeat.doing(what)
+
+
+@contextlib.contextmanager
+def heartbeat(tag: str = "", every: float = 30.0):
+  """While inside, a Heartbeat's thread keeps the terminal from going quiet for `every`
+  seconds (issue 78: `make study` once printed nothing for 10.5 minutes on a loaded machine)."""
+  beat, stop = Heartbeat(tag, every), threading.Event()
+  previous, _state.heartbeat = _state.heartbeat, beat
+
+  def keep_beating():
+    while not stop.wait(min(1.0, every / 4)):
+      beat.beat()
+
+  thread = threading.Thread(target=keep_beating, name="normstudy-heartbeat", daemon=True)
+  thread.start()
+  try:
+    yield beat
+  finally:
+    stop.set()
+    thread.join()
+    _state.heartbeat = previous

@@ -5,12 +5,14 @@ normstudy.records.schema.RunInfo); and the program's progress line (`Progress`).
 Process 0 of a multi-process run keeps them; the others keep none.
 """
 
+import collections
 import dataclasses
 import time
 
 from absl import logging
 import numpy as np
 
+from normstudy.engine import logs
 from normstudy.engine import writers as writers_lib
 from normstudy.records import metrics as metrics_lib
 from normstudy.records import rundir
@@ -98,7 +100,9 @@ class Progress:
 
   def report(self, step, losses: dict, stopped: dict):
     """A line when `step` reaches a multiple of `every` not yet reported (a block of steps is
-    reported once, at its last step) or the last step."""
+    reported once, at its last step) or the last step. Between lines the heartbeat
+    (normstudy.engine.logs) knows the step."""
+    logs.doing(f"training after step {step}/{self.num_steps}")
     if step != self.num_steps and step // self.every == self.last[0] // self.every:
       return
     now = time.perf_counter()
@@ -115,7 +119,11 @@ class Progress:
       parts += [f"{rate:.2f} steps/s", f"ETA {(self.num_steps - step) / rate:.0f}s"]
     if self.tag:
       parts.insert(0, self.tag)
-    if len(self.names) > 1:
+    if len(stopped) == len(self.names):  # the program's last line: how its runs ended
+      ended = collections.Counter(stopped.values())
+      parts.append(("runs ended: " if len(self.names) > 1 else "run ended: ")
+                   + ", ".join(f"{n} {status}" for status, n in sorted(ended.items())))
+    elif len(self.names) > 1:
       parts.append(f"runs alive {len(self.names) - len(stopped)}/{len(self.names)}, "
                    f"halted {halted}")
     finite = {n: v for n, v in losses.items() if np.isfinite(v)}

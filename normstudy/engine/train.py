@@ -149,6 +149,11 @@ def train_program(runs: list, checkpoint_dir: str, single: bool = False, tag: st
   halts (its newest checkpoint then holds the last good state); otherwise a halted run is
   frozen and saved with the others, which go on. `tag` ("program 2/5") begins each progress
   line. Raises Preempted on SIGTERM/SIGINT."""
+  with logs.heartbeat(tag):  # a line at least every 30 s, whatever the program is doing
+    return _train_program(runs, checkpoint_dir, single, tag)
+
+
+def _train_program(runs: list, checkpoint_dir: str, single: bool, tag: str) -> list:
   setup = set_up(runs, checkpoint_dir, single, tag)
   recorders, pool = [], None
   try:
@@ -460,7 +465,7 @@ def _compiling(setup: Setup, block: bool):
                                         if setup.steps.one_at_a_time else "")
   what = (f"the block of {setup.config.train.steps_per_dispatch} train steps" if block
           else "the train step")
-  return logs.compiling(f"{what} ({runs})")
+  return logs.compiling(f"{what} ({runs})", setup.tag)
 
 
 def measure_update(setup: Setup, carry: Carry, step: int) -> tuple:

@@ -93,7 +93,7 @@ def _sendable(error: BaseException) -> BaseException:
 def _worker(cores, tasks, results, stop, verbosity):
   """A worker's life: set-up, then each task (run, index, fn, args) from `tasks` until its
   None, each reported on its own pipe `results` as ("start", run, index) and ("done", run,
-  index, error or None). A pipe's send is complete when it returns, so a worker killed mid-call
+  index, error) or ("done", run, index, None, what fn returned). A pipe's send is complete when it returns, so a worker killed mid-call
   has already said which call it was. The process lives as long as its pool: what it keeps
   between calls (XLA's client, the compiled steps of its programs) serves the next ones."""
   _start(cores, verbosity)
@@ -104,12 +104,12 @@ def _worker(cores, tasks, results, stop, verbosity):
       continue
     results.send(("start", run_id, index))
     try:
-      fn(*args)
+      value = fn(*args)
     except BaseException as e:  # noqa: BLE001 (every failure goes to the sweep)
       stop.set()  # before this worker takes the next call
       results.send(("done", run_id, index, _sendable(e)))
     else:
-      results.send(("done", run_id, index, None))
+      results.send(("done", run_id, index, None, value))
 
 
 def _killed(slot: int, process, index, calls, describe) -> WorkerKilled:
@@ -123,15 +123,15 @@ def _killed(slot: int, process, index, calls, describe) -> WorkerKilled:
       f"from their newest checkpoints: run the same command ({shlex.join(sys.orig_argv)})")
 
 
-def run(fn, calls: list, num_workers: int, describe=repr, on_done=None) -> None:
+def run(fn, calls: list, num_workers: int, describe=repr, on_done=None, on_start=None) -> None:
   """fn(*args) for every args in `calls`, in `num_workers` spawned processes, each pinned to
   its own share of len(cores) // num_workers cores (a Pool used once). After a failure or a
   stop signal no further call starts; once every started call has returned, raises Preempted
   after a signal, else the first failure (WorkerKilled for a worker that died: `describe(args)`
-  names its call). `on_done(i)` is called here after each call (calls[i]) that returns without
-  failing."""
+  names its call). `on_start(i, worker)` is called here when a worker starts calls[i],
+  `on_done(i, value)` after each call that returns `value` without failing."""
   with Pool() as pool:
-    pool.run(fn, calls, num_workers, describe, on_done)
+    pool.run(fn, calls, num_workers, describe, on_done, on_start)
 
 
 class Pool:
@@ -164,7 +164,8 @@ class Pool:
     self.processes, self.readers = _start_workers(self._context, num_workers, self._tasks,
                                                   self._stop)
 
-  def run(self, fn, calls: list, num_workers: int, describe=repr, on_done=None) -> None:
+  def run(self, fn, calls: list, num_workers: int, describe=repr, on_done=None,
+          on_start=None) -> None:
     """fn(*args) for every args in `calls` in the pool's workers (`num_workers` of them start
     on the first run; later runs use those), with `run`'s semantics."""
     if not self.processes:
@@ -180,7 +181,7 @@ class Pool:
     signalled = []
     with _forwarding_signals(self.processes, self._stop, signalled):
       failures = _collect(self.processes, self.readers, self._stop, run_id, calls, describe,
-                          on_done)
+                          on_done, on_start)
     if signalled and any(isinstance(e, Preempted) for _, e in failures):
       raise _stopped(signal.Signals(signalled[0]).name, failures, calls, describe)
     # The first real failure; a NotStarted only if nothing else failed.
@@ -263,7 +264,8 @@ def _stopped(name: str, failures: list, calls: list, describe) -> Preempted:
       f"above), {waiting} not started; run the same command to continue")
 
 
-def _collect(processes, readers, stop, run_id, calls, describe, on_done=None) -> list:
+def _collect(processes, readers, stop, run_id, calls, describe, on_done=None,
+             on_start=None) -> list:
   """Every call's outcome, until each call of this run has reported done or no worker is left:
   the failures as (call index, error), in the order they came (a worker that exits during a run
   was killed: a WorkerKilled for the call it was in, if any)."""
@@ -287,11 +289,13 @@ def _collect(processes, readers, stop, run_id, calls, describe, on_done=None) ->
                            f"run {run_id}")
       if kind == "start":
         running[slot] = index
+        if on_start is not None:
+          on_start(index, slot)
       else:
         running.pop(slot, None)
         done += 1
         if error[0] is not None:
           failures.append((index, error[0]))
         elif on_done is not None:
-          on_done(index)
+          on_done(index, error[1])
   return failures
