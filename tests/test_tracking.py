@@ -3,6 +3,7 @@ written here from the format (LevelDB's log of protobuf records), never the netw
 
 import glob
 import os
+import re
 import signal
 import struct
 
@@ -139,3 +140,23 @@ def test_a_run_without_a_wandb_key_keeps_its_records_offline_with_one_warning(tm
       result.stderr)
   history, _ = wandb_history(workdir)
   assert sorted(history) == [r["step"] for r in runs.records(workdir)]
+
+
+def test_wandbs_own_lines_go_to_the_log_file_and_normstudys_one_line_stays(tmp_path):
+  """Issue 78, item 17: without an API key wandb printed some 30 lines of its own (its version,
+  where the run is kept, the run's summary, how to sync it) on the terminal. They are in the
+  run's normstudy.log; the terminal keeps normstudy's one line about the offline mode."""
+  pytest.importorskip("wandb")
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith("WANDB_")}  # no mode, no key, not silent: as a new user runs it
+  env["HOME"] = str(tmp_path / "home")  # no ~/.netrc: no key
+  workdir = tmp_path / "run"
+  result = runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={workdir}",
+                           "--config.train.wandb_project=normstudy",
+                           *runs.tiny_args(tmp_path / "tfds", num_steps=4, every=2), env=env)
+  said = [line for line in (result.stdout + result.stderr).splitlines()
+          if re.search(r"(^|\] )wandb: ", line)]
+  assert len(said) == 1 and "wandb: no API key (WANDB_API_KEY or `wandb login`)" in said[0], said
+  log = (workdir / "normstudy.log").read_text()
+  assert "Tracking run with wandb version" in log and "wandb sync" in log
+  assert glob.glob(str(workdir / "wandb" / "offline-run-*"))  # the records were kept

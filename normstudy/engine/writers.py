@@ -9,6 +9,7 @@ what was written durable (called before each checkpoint is saved), `close` ends 
 session.
 """
 
+import logging as std_logging
 import os
 import uuid
 
@@ -153,6 +154,7 @@ class WandB(Writer):
 
   def _open(self, run, label, run_id):
     import wandb
+    _wandb_lines_to_the_log(wandb)
     mode = wandb_mode()
     where = os.path.join(run.directory, "wandb")
     sync = (f"records kept offline in {where}; send them later with `wandb sync "
@@ -177,6 +179,19 @@ class WandB(Writer):
 
   def close(self) -> None:
     self.pool.submit(lambda: self._run is not None and self._run.finish()).result()
+
+
+def _wandb_lines_to_the_log(wandb) -> None:
+  """wandb prints some 30 lines of its own on the terminal (its version, where it keeps the
+  run, the run's summary, how to sync it): they go to a Python logger instead, whose records
+  come from installed code, so normstudy.engine.logs keeps them for the run's normstudy.log;
+  normstudy's one line about the mode stays on the terminal, and wandb's errors reach it.
+  (wandb 0.19-0.31: `wandb.termsetup(settings, logger)` with silent settings sends termlog,
+  termwarn and termerror to `logger`; setup first, whose first call would reset it.)"""
+  if not hasattr(wandb, "termsetup"):
+    return
+  wandb.setup()
+  wandb.termsetup(wandb.Settings(silent=True), std_logging.getLogger("normstudy.wandb"))
 
 
 def wandb_mode() -> str:
