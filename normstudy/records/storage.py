@@ -42,6 +42,8 @@ import threading
 import time
 import urllib.parse
 
+from absl import logging
+
 from normstudy.errors import UserError
 from normstudy.errors import WorkdirBusy
 from normstudy.records import schema
@@ -277,26 +279,42 @@ def _unreachable_line(url: str, why: str) -> str:
           f"({why[:160]}); check the network (or STORAGE_EMULATOR_HOST for a local server)")
 
 
-# How long the probe of the endpoint waits for a connection before leaving the question to
-# gcsfs (whose retries wait out a slow network).
-PROBE_TIMEOUT_S = 5.0
+# The probe of the endpoint: after PROBE_SAY_AFTER_S without an answer it says that it is trying;
+# after PROBE_GIVE_UP_S without a connection (a silent host, a name that does not resolve, no
+# route) it answers that the endpoint cannot be reached. gcsfs's own retries would wait out
+# six tries with backoff, about 35 s (gcsfs 2026.10), and a first slow connection more: a user
+# once waited 72 s for a line that blamed the network.
+PROBE_SAY_AFTER_S = 5.0
+PROBE_GIVE_UP_S = 25.0
 
 
-def refused_by(endpoint: str) -> str | None:
-  """Why nothing can answer at the storage `endpoint` (a URL or host:port), when that is
-  certain now: its port refuses connections (a stopped emulator, a mistyped
-  STORAGE_EMULATOR_HOST). None when it accepts one, or may yet (a timeout, a name that does
-  not resolve now), which gcsfs's retries then wait out: six tries with backoff, about 35 s
-  (gcsfs 2026.10), before the same line."""
+def refused_by(endpoint: str, clock=time.monotonic, sleep=time.sleep,
+               say=logging.info) -> str | None:
+  """Why nothing answers at the storage `endpoint` (a URL or host:port): its port refuses
+  connections (a stopped emulator, a mistyped STORAGE_EMULATOR_HOST), or no connection could
+  be made in PROBE_GIVE_UP_S; `say`s once, after PROBE_SAY_AFTER_S, that it is trying. None
+  once a connection is accepted."""
   parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
   port = parts.port or (443 if parts.scheme == "https" else 80)
-  try:
-    socket.create_connection((parts.hostname, port), timeout=PROBE_TIMEOUT_S).close()
-  except ConnectionRefusedError as e:
-    return str(e)
-  except OSError:
-    return None
-  return None
+  start, said, last = clock(), False, None
+  while True:
+    left = PROBE_GIVE_UP_S - (clock() - start)
+    if left <= 0:
+      return f"no connection in {PROBE_GIVE_UP_S:.0f} s; the last try: {last}"
+    tried = clock()
+    try:
+      socket.create_connection((parts.hostname, port),
+                               timeout=min(PROBE_SAY_AFTER_S, left)).close()
+      return None
+    except ConnectionRefusedError as e:
+      return str(e)
+    except OSError as e:  # a timeout, a name that does not resolve, no route: try again
+      last = " ".join(str(e).split()) or type(e).__name__
+    if not said and clock() - start >= PROBE_SAY_AFTER_S - 1e-9:
+      say(f"the storage endpoint {endpoint} has not answered in {clock() - start:.0f} s "
+          f"({last}); trying for up to {PROBE_GIVE_UP_S:.0f} s")
+      said = True
+    sleep(max(0.0, min(1.0 - (clock() - tried), PROBE_GIVE_UP_S - (clock() - start))))
 
 
 def _bucket_exists(bucket: str) -> bool:
