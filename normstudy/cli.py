@@ -7,13 +7,14 @@ a test) without duplicate-flag errors.
 
 import os
 import re
+import signal
 import sys
 import traceback
 
 from absl import app
 from absl import flags
 
-
+import normstudy
 from normstudy import errors
 from normstudy.engine.logs import quiet_library_logs
 from normstudy.errors import Preempted
@@ -364,6 +365,9 @@ def run(main, define_flags):
   of normstudy.errors become one line on stderr and an exit code (user error 2, halted run 3,
   preemption 0, a sweep's worker killed 1). Compiled programs are cached on disk
   (use_compile_cache)."""
+  # From here Ctrl-C is a KeyboardInterrupt again, handled below (normstudy/__init__.py stops
+  # the imports before this in the same line).
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   use_compile_cache()
   define_flags()
 
@@ -402,6 +406,5 @@ def run(main, define_flags):
 def _interrupted() -> None:
   """Ctrl-C at any point of a command: one line and exit 130 (a shell's 128 + SIGINT), never
   a traceback (issue 78)."""
-  print("interrupted (Ctrl-C): stopped; a run continues from its last checkpoint with the same "
-        "command", file=sys.stderr)
+  print(normstudy.INTERRUPTED, file=sys.stderr)
   sys.exit(130)

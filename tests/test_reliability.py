@@ -707,6 +707,35 @@ def test_ctrl_c_while_a_config_loads_is_one_line_and_exit_130(tmp_path, command)
   assert not out and not workdir.exists()
 
 
+@pytest.mark.parametrize("command", ["normstudy.main", "normstudy.sweep"])
+def test_ctrl_c_while_the_command_imports_its_libraries_is_one_line_and_exit_130(tmp_path,
+                                                                                command):
+  """Issue 78, item 3, its last part: Ctrl-C in the first second, while `python -m
+  normstudy.<command>` imports jax, flax and the rest, printed Python's KeyboardInterrupt
+  traceback. A real `python -X importtime -m` (no fork server: its imports are done already);
+  the signal is sent as soon as the normstudy package has imported, while the command's module
+  still imports its libraries."""
+  import subprocess
+  import sys
+  process = subprocess.Popen(
+      [sys.executable, "-X", "importtime", "-m", command, "--config=configs/seed_figure.py",
+       f"--workdir={tmp_path / 'never'}"], cwd=runs.REPO, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  seen = []
+  for line in process.stderr:
+    seen.append(line)
+    if line.rstrip().endswith("| normstudy"):  # the package's own import has finished
+      process.send_signal(signal.SIGINT)
+      break
+  out, err = process.communicate(timeout=runs.bound(120))
+  said = [l for l in err.splitlines() if not l.startswith("import time:")]
+  assert any(l.rstrip().endswith("| normstudy") for l in seen)
+  assert process.returncode == 130, err[-3000:]
+  assert said == ["interrupted (Ctrl-C): stopped; a run continues from its last checkpoint "
+                  "with the same command"], said[-20:]
+  assert not out and not (tmp_path / "never").exists()
+
+
 @pytest.mark.parametrize("command,extra", [("normstudy.main", ()),
                                            ("normstudy.sweep", ("--axis=train.seed=0",))])
 def test_a_directory_normstudy_did_not_write_is_not_trained_into(tmp_path, command, extra):
