@@ -136,6 +136,11 @@ def flag_error_line(error: Exception, argv) -> str:
   # The last exception line of the file's traceback, its class qualified or not
   # ("normstudy.errors.ConfigError: unknown config field 'model.x'": once lost).
   raised = [line.strip() for line in text.splitlines() if re.match(r"\s*[\w.]+Error: ", line)]
+  if isinstance(error, SyntaxError) or (raised and re.match(r"(SyntaxError|IndentationError|"
+                                                            r"TabError): ", raised[-1])):
+    why = (f"{error.msg} (line {error.lineno})" if isinstance(error, SyntaxError)
+           else raised[-1].split(": ", 1)[1])
+    return f"config file {spec.split(':', 1)[0]!r} is not valid Python: {why} (--config={spec})"
   if raised:
     reason = raised[-1].split("Error: ", 1)[1]
     return reason + (f" (--config={spec})" if "parsing config file" in text and spec else "")
@@ -304,12 +309,20 @@ def _parse_flags(argv):
 def _check_workdir_flag() -> None:
   """--workdir as the shell would have read it: `~` expanded (once a directory named `~`), and
   one line for a path with a line break in it."""
-  if "workdir" not in flags.FLAGS or not flags.FLAGS.workdir:
+  if "workdir" not in flags.FLAGS or flags.FLAGS.workdir is None:
     return
   workdir = flags.FLAGS.workdir
+  if not workdir.strip():
+    print(f"error: --workdir={workdir!r} names no directory; allowed: a new or empty "
+          "directory, one normstudy wrote, or gs://BUCKET/PATH", file=sys.stderr)
+    sys.exit(2)
   if "\n" in workdir or "\r" in workdir:
     print(f"error: --workdir={workdir!r} holds a line break; allowed: a path on one line",
           file=sys.stderr)
+    sys.exit(2)
+  if any(ord(c) < 32 or ord(c) == 127 for c in workdir):
+    print(f"error: --workdir={workdir!r} holds a control character; allowed: a path of "
+          "printable characters", file=sys.stderr)
     sys.exit(2)
   if workdir.startswith("~"):
     flags.FLAGS.workdir = os.path.expanduser(workdir)
@@ -397,6 +410,7 @@ def run(main, define_flags):
       print(f"error: {line}", file=sys.stderr)
       sys.exit(2)
 
+  quiet_library_logs()  # from the start: a config file's loading logs through libraries too
   try:
     app.run(wrapped, flags_parser=_parse_flags)
   except KeyboardInterrupt:  # while the flags parse or the config file loads

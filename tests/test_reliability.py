@@ -669,6 +669,60 @@ def test_a_line_break_in_a_label_or_a_workdir_is_one_line(tmp_path, args, messag
   _assert_one_line(result, message, workdir)
 
 
+# Issue 78's "20 new bad inputs of your own": those of them that were not one line with exit 2
+# before this commit (each listed, with what it printed and prints, in the closing note).
+_SYNTAX = "def get_config(:\n"
+_INDENT = "def get_config():\n\treturn 1\n  x = 2\n"
+_NONE = "def get_config():\n  return None\n"
+
+
+@pytest.mark.parametrize("command,args,env,source,message", [
+    ("normstudy.main", ("--workdir=gs://b1/x",), {"STORAGE_EMULATOR_HOST":
+                                                  "http://127.0.0.1:notaport"}, None,
+     "STORAGE_EMULATOR_HOST='http://127.0.0.1:notaport' is not allowed; allowed: HOST:PORT or "
+     "http://HOST:PORT (a local storage server)"),  # a ValueError traceback
+    ("normstudy.main", ("--workdir=",), {}, None,
+     "--workdir='' names no directory; allowed: a new or empty directory, one normstudy "
+     "wrote, or gs://BUCKET/PATH"),  # "cannot be created: No such file or directory"
+    ("normstudy.main", ("--workdir=/tmp/a\tb",), {}, None,
+     "--workdir='/tmp/a\\tb' holds a control character; allowed: a path of printable "
+     "characters"),  # a directory with a tab in its name
+    ("normstudy.study", ("--seeds=",), {}, None,
+     "--seeds= names no seed; allowed: distinct integers >= 0, e.g. --seeds=0,1,2 (leave the "
+     "flag out for the file's own seeds)"),  # trained the whole study at the files' seeds
+    ("normstudy.main", ("--config.label=a\tb",), {}, None,
+     "config.label='a\\tb' holds a control character; allowed: one line of printable "
+     "characters"),  # a legend entry with a tab in it
+    ("normstudy.main", (), {}, _SYNTAX,
+     "config file '{path}' is not valid Python: invalid syntax (line 1) (--config={path})"),
+    ("normstudy.main", (), {}, _INDENT,
+     "config file '{path}' is not valid Python: unindent does not match any outer indentation "
+     "level (line 3) (--config={path})"),  # both: "invalid syntax (x.py, line 1)", no path
+    ("normstudy.main", (), {}, _NONE,
+     "get_config() of '{path}' returned None (--config={path}); it must return an "
+     "ml_collections.ConfigDict"),  # after two lines of absl's and ml_collections' warnings
+    ("normstudy.main", ("--config.train.wandb_project=team/project",), {}, None,
+     "config.train.wandb_project='team/project' is not allowed; allowed: \"\" (off) or a W&B "
+     "project name of at most 128 characters, without / \\ # ? % :"),  # trained, kept offline
+    ("normstudy.main", ("--config.train.seed=99999999999999999999",), {}, None,
+     "config.train.seed=99999999999999999999 is not allowed; allowed: an integer in [0, 2^31) "
+     "(a run counts in 32-bit integers)"),  # "in [0, 2^31), below 2^31"
+])
+def test_new_bad_inputs_at_the_seams_touched_are_one_line(tmp_path, command, args, env, source,
+                                                          message):
+  workdir = tmp_path / "never"
+  config = SEED if command == "normstudy.main" else "configs/seed_figure.py"
+  if source is not None:
+    config = tmp_path / "bad_config.py"
+    config.write_text(source)
+    message = message.format(path=config)
+  args = args if any(a.startswith("--workdir") for a in args) else (*args, f"--workdir={workdir}")
+  result = runs.run_module(command, f"--config={config}", *args, check=False,
+                           env=dict(os.environ, **env) if env else None)
+  _assert_one_line(result, message, workdir)
+  assert not os.path.exists("/tmp/a\tb")
+
+
 @pytest.mark.slow
 def test_a_workdir_under_tilde_is_the_home_directory(tmp_path):
   """Issue 78, item 12: `--workdir=~/wd` once made a directory literally named `~` in the

@@ -27,6 +27,10 @@ from normstudy.core.fields import get_field  # noqa: F401  (the one dotted gette
 _INT_1 = ("an integer >= 1", lambda v: v >= 1)
 _POSITIVE = ("a number > 0", lambda v: v > 0)
 _SEED = ("an integer in [0, 2^31)", lambda v: 0 <= v < 2**31)
+# W&B refuses project names with these characters, or longer than 128 (docs.wandb.ai: project
+# names); an offline run would keep its records under a name `wandb sync` then refuses.
+_WANDB_PROJECT = ("\"\" (off) or a W&B project name of at most 128 characters, without "
+                  "/ \\ # ? % :", lambda v: len(v) <= 128 and not set(v) & set("/\\#?%:"))
 _INT_LIMIT = 2**31  # every integer field: a run holds them as int32
 
 
@@ -209,7 +213,7 @@ _TRAIN = (
     _f("train.tensorboard", True, "TensorBoard event files beside metrics.jsonl (False spares "
        "the import of TensorFlow)", "True or False"),
     _f("train.wandb_project", "", "a Weights & Biases project to send every record to (\"\": "
-       "off; the wandb extra)", "a project's name"),
+       "off; the wandb extra)", _WANDB_PROJECT),
     _f("train.telemetry_every", 0, "per-layer telemetry every this many steps",
        ("0 (off) or an integer >= 1", lambda v: v >= 0)),
     _f("train.update_size_steps", 0, "the first this many steps record update_size: DeepNet's "
@@ -350,8 +354,10 @@ def check_ranges(config) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _INT_LIMIT:
       # A run holds its steps, limits and seeds as 32-bit integers (once an OverflowError
       # traceback from normstudy.core.per_run).
-      raise errors.not_allowed(field.name, value, f"{field.choices or field.allowed}, below "
-                                                   "2^31 (a run counts in 32-bit integers)")
+      allowed = field.choices or field.allowed
+      raise errors.not_allowed(field.name, value, (
+          allowed if "2^31" in allowed else f"{allowed}, below 2^31")
+          + " (a run counts in 32-bit integers)")
   for field in FIELDS:
     value = get_field(config, field.name)
     if not field.check(value):

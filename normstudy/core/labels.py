@@ -50,6 +50,9 @@ def check(config) -> None:
              "{optimizer.learning_rate:g}")
   if "\n" in template or "\r" in template:  # a legend entry, a CSV cell: one line each
     raise errors.ConfigError(f"config.label={template!r} holds a line break; allowed: one line")
+  if any(ord(c) < 32 or ord(c) == 127 for c in template):  # a tab: a legend's odd gap
+    raise errors.ConfigError(f"config.label={template!r} holds a control character; allowed: "
+                             "one line of printable characters")
   stray = re.search(r"[{}]", _FIELD.sub("", template))
   if stray:  # {}, {0}, {auto, {x!z}: no field, or a format this template language lacks
     raise errors.ConfigError(f"config.label={template!r}: a {stray.group(0)!r} that is not part "

@@ -29,6 +29,7 @@ import signal
 import sys
 import traceback
 
+from absl import flags
 from absl import logging
 
 from normstudy.engine.logs import quiet_library_logs
@@ -66,6 +67,9 @@ def _start(cores, verbosity):
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
   logging.use_absl_handler()
+  # A worker parses no command line: its lines would each begin with absl's "Logging before
+  # flag parsing goes to stderr" otherwise.
+  flags.FLAGS.mark_as_parsed()
   quiet_library_logs()
   logging.set_verbosity(verbosity)
   # XLA:CPU splits work by the size of its thread pool, fixed when its client starts, and its

@@ -347,6 +347,19 @@ def _check_url(url: str) -> None:
                     "with a letter or a digit")
 
 
+def _check_endpoint(endpoint: str) -> None:
+  """UserError for a STORAGE_EMULATOR_HOST that names no host and port (once a ValueError
+  traceback from the probe: 'Port could not be cast to integer value')."""
+  parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+  try:
+    ok = bool(parts.hostname) and parts.scheme in ("http", "https") and (parts.port or 1) > 0
+  except ValueError:  # a port that is no number, or out of range
+    ok = False
+  if not ok:
+    raise UserError(f"STORAGE_EMULATOR_HOST={endpoint!r} is not allowed; allowed: HOST:PORT or "
+                    "http://HOST:PORT (a local storage server)")
+
+
 def check_workdir(workdir: str) -> None:
   """UserError (one line) for a --workdir URL that cannot be used: a scheme other than gs://, no
   bucket, or an endpoint that refuses connections (refused_by). Cheap and free of JAX, so a
@@ -355,6 +368,7 @@ def check_workdir(workdir: str) -> None:
     return
   _check_url(workdir)  # as the user wrote it: "gs://" names no bucket
   url = workdir.rstrip("/")
+  _check_endpoint(_endpoint())
   refused = refused_by(_endpoint())
   if refused is not None:  # before the lease: nothing is written, and no 35 s of retries
     raise UserError(_unreachable_line(url, refused))
