@@ -44,7 +44,8 @@ def main(argv):
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   if not 0.0 <= FLAGS.smoothing < 1.0:
-    raise errors.UserError(f"--smoothing={FLAGS.smoothing} is outside [0, 1)")
+    raise errors.UserError(f"--smoothing={FLAGS.smoothing} is not allowed; allowed: a number "
+                           "in [0, 1) (the EMA's weight of the past; 0: no smoothing)")
   from normstudy.records import storage
   storage.check_workdir(FLAGS.workdir)
   from normstudy import analysis  # pandas and matplotlib, once the command line is good

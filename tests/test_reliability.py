@@ -723,6 +723,15 @@ def test_new_bad_inputs_at_the_seams_touched_are_one_line(tmp_path, command, arg
   assert not os.path.exists("/tmp/a\tb")
 
 
+def test_a_smoothing_outside_its_range_is_one_line_naming_what_is_allowed():
+  """Once "--smoothing=1.5 is outside [0, 1)": no "allowed", no meaning."""
+  result = runs.run_module("normstudy.analyze", "--workdir=docs/seed_figure_text",
+                           "--smoothing=1.5", check=False)
+  assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+      "error: --smoothing=1.5 is not allowed; allowed: a number in [0, 1) (the EMA's weight of "
+      "the past; 0: no smoothing)"], result.stderr
+
+
 @pytest.mark.slow
 def test_a_workdir_under_tilde_is_the_home_directory(tmp_path):
   """Issue 78, item 12: `--workdir=~/wd` once made a directory literally named `~` in the

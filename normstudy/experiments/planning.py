@@ -203,7 +203,7 @@ def remaining_seconds(work: list, workers: int, running: dict, finished: dict,
     return sum(seen) / len(seen)
   loads = sorted(max(start + per_unit * work[i] + compile_of(first) - now, 0.0)
                  for i, (start, first) in running.items())
-  loads = [0.0] * max(workers - len(loads), 0) + loads
+  loads = [0.0] * max(max(workers, 1) - len(loads), 0) + loads
   for i in range(len(work)):
     if i in running or i in finished:
       continue
