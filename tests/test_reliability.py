@@ -684,8 +684,8 @@ _NONE = "def get_config():\n  return None\n"
     ("normstudy.main", ("--workdir=",), {}, None,
      "--workdir='' names no directory; allowed: a new or empty directory, one normstudy "
      "wrote, or gs://BUCKET/PATH"),  # "cannot be created: No such file or directory"
-    ("normstudy.main", ("--workdir=/tmp/a\tb",), {}, None,
-     "--workdir='/tmp/a\\tb' holds a control character; allowed: a path of printable "
+    ("normstudy.main", ("--workdir={tmp}/a\tb",), {}, None,
+     "--workdir='{tmp}/a\\tb' holds a control character; allowed: a path of printable "
      "characters"),  # a directory with a tab in its name
     ("normstudy.study", ("--seeds=",), {}, None,
      "--seeds= names no seed; allowed: distinct integers >= 0, e.g. --seeds=0,1,2 (leave the "
@@ -716,11 +716,13 @@ def test_new_bad_inputs_at_the_seams_touched_are_one_line(tmp_path, command, arg
     config = tmp_path / "bad_config.py"
     config.write_text(source)
     message = message.format(path=config)
+  args = tuple(a.replace("{tmp}", str(tmp_path)) for a in args)
+  message = message.replace("{tmp}", str(tmp_path))
   args = args if any(a.startswith("--workdir") for a in args) else (*args, f"--workdir={workdir}")
   result = runs.run_module(command, f"--config={config}", *args, check=False,
                            env=dict(os.environ, **env) if env else None)
   _assert_one_line(result, message, workdir)
-  assert not os.path.exists("/tmp/a\tb")
+  assert sorted(os.listdir(tmp_path)) == (["bad_config.py"] if source is not None else [])
 
 
 def test_a_smoothing_outside_its_range_is_one_line_naming_what_is_allowed():
