@@ -81,6 +81,7 @@ class _State:
     self.prefixes = _installed_prefixes()
     self.said_at = time.monotonic()  # when the terminal last got a line
     self.heartbeat = None  # the Heartbeat of the program training in this process
+    self.compiled_s = 0.0  # seconds spent in `compiling` (a sweep's ETA leaves them out)
 
 
 _state = _State()
@@ -276,17 +277,13 @@ def compiling(what: str, tag: str = ""):
   else:
     source = "compiled"
   logging.info("%s%s: %s in %.1fs", f"{tag} " if tag else "", what, source, took)
-  global _compiled_seconds
-  _compiled_seconds += took
-
-
-_compiled_seconds = 0.0
+  _state.compiled_s += took
 
 
 def compile_seconds() -> float:
   """The seconds this process has spent in `compiling` so far (a sweep's ETA leaves them out
   of a program's steady time)."""
-  return _compiled_seconds
+  return _state.compiled_s
 
 
 class Heartbeat:

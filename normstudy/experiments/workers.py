@@ -97,8 +97,8 @@ def _sendable(error: BaseException) -> BaseException:
 def _worker(cores, tasks, results, stop, verbosity):
   """A worker's life: set-up, then each task (run, index, fn, args) from `tasks` until its
   None, each reported on its own pipe `results` as ("start", run, index) and ("done", run,
-  index, error) or ("done", run, index, None, what fn returned). A pipe's send is complete when it returns, so a worker killed mid-call
-  has already said which call it was. The process lives as long as its pool: what it keeps
+  index, error) or ("done", run, index, None, what fn returned). A pipe's send is complete
+  when it returns, so a worker killed mid-call has already said which call it was. The process lives as long as its pool: what it keeps
   between calls (XLA's client, the compiled steps of its programs) serves the next ones."""
   _start(cores, verbosity)
   for run_id, index, fn, args in iter(tasks.get, None):
@@ -279,7 +279,7 @@ def _collect(processes, readers, stop, run_id, calls, describe, on_done=None,
     for reader in connection.wait(list(open_.values())):
       slot = readers.index(reader)
       try:
-        kind, from_run, index, *error = reader.recv()
+        kind, from_run, index, *outcome = reader.recv()  # done: (error,) or (None, value)
       except EOFError:  # the worker has exited: everything it sent was read before this
         del open_[slot]
         processes[slot].join()
@@ -298,8 +298,8 @@ def _collect(processes, readers, stop, run_id, calls, describe, on_done=None,
       else:
         running.pop(slot, None)
         done += 1
-        if error[0] is not None:
-          failures.append((index, error[0]))
+        if outcome[0] is not None:
+          failures.append((index, outcome[0]))
         elif on_done is not None:
-          on_done(index, error[1])
+          on_done(index, outcome[1])
   return failures

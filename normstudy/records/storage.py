@@ -288,14 +288,28 @@ PROBE_SAY_AFTER_S = 5.0
 PROBE_GIVE_UP_S = 25.0
 
 
+def _host_and_port(endpoint: str) -> tuple:
+  """(host, port) of the storage endpoint (a URL or host:port); UserError for one that names
+  none (a malformed STORAGE_EMULATOR_HOST was once a ValueError traceback from the probe:
+  'Port could not be cast to integer value')."""
+  parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+  try:
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+  except ValueError:  # a port that is no number, or out of range
+    port = None
+  if not parts.hostname or parts.scheme not in ("http", "https") or port is None:
+    raise UserError(f"STORAGE_EMULATOR_HOST={endpoint!r} is not allowed; allowed: HOST:PORT or "
+                    "http://HOST:PORT (a local storage server)")
+  return parts.hostname, port
+
+
 def refused_by(endpoint: str, clock=time.monotonic, sleep=time.sleep,
                say=logging.info) -> str | None:
   """Why nothing answers at the storage `endpoint` (a URL or host:port): its port refuses
   connections (a stopped emulator, a mistyped STORAGE_EMULATOR_HOST), or no connection could
   be made in PROBE_GIVE_UP_S; `say`s once, after PROBE_SAY_AFTER_S, that it is trying. None
   once a connection is accepted."""
-  parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-  port = parts.port or (443 if parts.scheme == "https" else 80)
+  host, port = _host_and_port(endpoint)
   start, said, last = clock(), False, None
   while True:
     left = PROBE_GIVE_UP_S - (clock() - start)
@@ -303,14 +317,13 @@ def refused_by(endpoint: str, clock=time.monotonic, sleep=time.sleep,
       return f"no connection in {PROBE_GIVE_UP_S:.0f} s; the last try: {last}"
     tried = clock()
     try:
-      socket.create_connection((parts.hostname, port),
-                               timeout=min(PROBE_SAY_AFTER_S, left)).close()
+      socket.create_connection((host, port), timeout=min(PROBE_SAY_AFTER_S, left)).close()
       return None
     except ConnectionRefusedError as e:
       return str(e)
     except OSError as e:  # a timeout, a name that does not resolve, no route: try again
       last = " ".join(str(e).split()) or type(e).__name__
-    if not said and clock() - start >= PROBE_SAY_AFTER_S - 1e-9:
+    if not said and clock() - start >= PROBE_SAY_AFTER_S:
       say(f"the storage endpoint {endpoint} has not answered in {clock() - start:.0f} s "
           f"({last}); trying for up to {PROBE_GIVE_UP_S:.0f} s")
       said = True
@@ -347,19 +360,6 @@ def _check_url(url: str) -> None:
                     "with a letter or a digit")
 
 
-def _check_endpoint(endpoint: str) -> None:
-  """UserError for a STORAGE_EMULATOR_HOST that names no host and port (once a ValueError
-  traceback from the probe: 'Port could not be cast to integer value')."""
-  parts = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-  try:
-    ok = bool(parts.hostname) and parts.scheme in ("http", "https") and (parts.port or 1) > 0
-  except ValueError:  # a port that is no number, or out of range
-    ok = False
-  if not ok:
-    raise UserError(f"STORAGE_EMULATOR_HOST={endpoint!r} is not allowed; allowed: HOST:PORT or "
-                    "http://HOST:PORT (a local storage server)")
-
-
 def check_workdir(workdir: str) -> None:
   """UserError (one line) for a --workdir URL that cannot be used: a scheme other than gs://, no
   bucket, or an endpoint that refuses connections (refused_by). Cheap and free of JAX, so a
@@ -368,7 +368,6 @@ def check_workdir(workdir: str) -> None:
     return
   _check_url(workdir)  # as the user wrote it: "gs://" names no bucket
   url = workdir.rstrip("/")
-  _check_endpoint(_endpoint())
   refused = refused_by(_endpoint())
   if refused is not None:  # before the lease: nothing is written, and no 35 s of retries
     raise UserError(_unreachable_line(url, refused))
