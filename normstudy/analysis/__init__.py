@@ -43,6 +43,7 @@ from normstudy.analysis.runs import series
 from normstudy.analysis.runs import smooth
 from normstudy.analysis import critical_lr
 from normstudy.analysis import depth
+from normstudy.analysis import headroom
 from normstudy.analysis import interaction
 from normstudy.analysis import outcomes_table
 from normstudy.analysis import sensitivity
@@ -141,7 +142,8 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | N
   deaths.png, deaths.csv, runs.csv, survival.csv, survival_tests.csv, survival.png, and a
   per-arm summary.csv; seeds at one learning rate: speed.csv and speed.png). With few enough
   runs to read them, the per-step figures: loss_comparison.png (+ .svg) and, with telemetry,
-  layers_<metric>.png; arms that differ only in their seeds (normstudy.study --seeds) also
+  layers_<metric>.png and headroom.png; with telemetry, headroom.csv (analysis.headroom); arms
+  that differ only in their seeds (normstudy.study --seeds) also
   arms.csv, each figure's median and range over the seeds. `loaded`: the runs already loaded
   from `workdir`.
   """
@@ -170,6 +172,13 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | N
   if spike_text:
     sections = [*sections, ("Update-norm spikes", spike_text)]
   few = len(loaded) <= MAX_RUNS_PER_FIGURE
+  room = headroom.table(loaded)
+  if not room.empty:  # telemetry: each series' headroom to the format's limit
+    outputs["headroom"] = os.path.join(workdir, "headroom.csv")
+    room.to_csv(outputs["headroom"], index=False)
+    if few:
+      outputs["headroom_figure"] = headroom.plot(room, os.path.join(workdir, "headroom.png"))
+      sections = [*sections, ("Float16 headroom", headroom.observations(room))]
   if few:
     outputs["figure"] = plot_comparison(loaded, os.path.join(workdir, "loss_comparison.png"),
                                         smoothing)

@@ -29,9 +29,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from normstudy.analysis import headroom as headroom_lib
+from normstudy.analysis import stats
 from normstudy.records import keys
 
-FLOAT16_MAX = 65504.0
+FLOAT16_MAX = headroom_lib.FLOAT16_MAX
 # (telemetry metric, per layer): series whose float16 limit is FLOAT16_MAX, and the loss scale.
 CANDIDATES = (("resid_absmax", True), ("attn_logit_max", True), ("mlp_preact_absmax", True),
               ("output_logit_max", False))
@@ -62,12 +64,11 @@ def _candidates(loaded, run: str) -> dict:
 
 def headroom(name: str, values, min_scale: float) -> np.ndarray:
   """Decades left before the limit: log10(65,504 / |value|), or for the loss scale
-  log10(value / min_scale); NaN where the value is not finite."""
-  values = np.abs(np.asarray(values, dtype=float))
-  with np.errstate(divide="ignore", invalid="ignore"):
-    room = (np.log10(values / min_scale) if name == LOSS_SCALE
-            else np.log10(FLOAT16_MAX / values))
-  return np.where(np.isfinite(room), room, np.nan)
+  log10(value / min_scale); NaN where the value is not finite (normstudy.analysis.headroom's
+  bits, in decades)."""
+  room = (headroom_lib.scale_bits(values, min_scale) if name == LOSS_SCALE
+          else headroom_lib.bits(values, FLOAT16_MAX))
+  return room / math.log2(10)
 
 
 def killer(loaded, run: str, failed_at: int, min_scale: float) -> str | None:
@@ -89,24 +90,11 @@ def killer(loaded, run: str, failed_at: int, min_scale: float) -> str | None:
 
 
 def newey_west_slope(x, y, lags: int | None = None) -> tuple[float, float, float, float]:
-  """Least squares of y on x: (slope, intercept, the slope's Newey-West standard error with a
-  Bartlett kernel, degrees of freedom n - 2); lags floor(4 (n / 100)^(2/9)) by default."""
-  x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-  n = len(x)
-  design = np.column_stack([np.ones(n), x])
-  beta, *_ = np.linalg.lstsq(design, y, rcond=None)
-  residual = y - design @ beta
-  lags = int(4 * (n / 100) ** (2 / 9)) if lags is None else lags
-  scores = design * residual[:, None]
-  meat = scores.T @ scores
-  for lag in range(1, min(lags, n - 1) + 1):
-    weight = 1 - lag / (lags + 1)
-    cross = scores[lag:].T @ scores[:-lag]
-    meat += weight * (cross + cross.T)
-  bread = np.linalg.inv(design.T @ design)
-  # Small-sample scaling n / (n - 2), as for the classical variance.
-  covariance = bread @ meat @ bread * n / max(n - 2, 1)
-  return float(beta[1]), float(beta[0]), float(math.sqrt(max(covariance[1, 1], 0.0))), n - 2
+  """Least squares of y on x: (slope, intercept, the slope's Newey-West standard error, degrees
+  of freedom n - 2) (normstudy.analysis.stats.newey_west)."""
+  fit = stats.newey_west(x, y, lags)
+  return (float(fit.beta[1]), float(fit.beta[0]),
+          float(math.sqrt(max(fit.covariance[1, 1], 0.0))), fit.df)
 
 
 def _log_values(name: str, values: pd.Series, min_scale: float) -> pd.Series:

@@ -79,7 +79,9 @@ class Run:
   rule (normstudy.records.outcomes), its run.json (`info`, a schema.RunInfo), and what the
   analysis reads of its config.json: the warm-up and planned steps, the dtype, whether it is
   causal, and its eval set (eval_seed -1, also for runs that predate the field, means the masks
-  of the run's own train.seed; normstudy.data.batches.eval_mask_seed) and rows."""
+  of the run's own train.seed; normstudy.data.batches.eval_mask_seed) and rows; its size
+  (d_model, num_layers), parametrization, learning rate, seed and the fp16 loss scale's floor
+  (min_scale; None without a loss scaler)."""
   name: str
   label: str
   arm_label: str
@@ -92,12 +94,21 @@ class Run:
   causal: bool = True
   eval_seed: int = -1
   eval_rows: int = 0
+  d_model: int | None = None
+  num_layers: int | None = None
+  parametrization: str = "sp"
+  learning_rate: float | None = None
+  min_scale: float | None = None
+  seed: int | None = None
 
   @classmethod
   def from_files(cls, name: str, info: schema.RunInfo, config: dict, records: list) -> "Run":
     label = info.label or config.get("label") or name
     train, model = config.get("train", {}), config.get("model", {})
-    warmup = config.get("optimizer", {}).get("warmup_steps", 0)
+    optimizer = config.get("optimizer", {})
+    warmup = optimizer.get("warmup_steps", 0)
+    scaler = optimizer.get("loss_scale", {})
+    scaled = model.get("dtype") == "float16" and scaler.get("kind", "dynamic") != "none"
     ended = outcomes.judge(
         [r[keys.STEP] for r in records], [r.get(keys.LOSS, float("nan")) for r in records],
         [r.get(keys.SKIPPED, False) for r in records],
@@ -108,7 +119,12 @@ class Run:
                warmup_steps=warmup,
                num_steps=train.get("num_steps"), dtype=model.get("dtype"),
                causal=model.get("causal", True), eval_seed=train.get("eval_seed", -1),
-               eval_rows=train.get("eval_steps", 0) * train.get("batch_size", 0))
+               eval_rows=train.get("eval_steps", 0) * train.get("batch_size", 0),
+               d_model=model.get("d_model"), num_layers=model.get("num_layers"),
+               parametrization=model.get("parametrization", "sp"),
+               learning_rate=optimizer.get("learning_rate"),
+               min_scale=scaler.get("min_scale", 1e-4) if scaled else None,
+               seed=train.get("seed"))
 
   @property
   def floor(self):

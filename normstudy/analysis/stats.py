@@ -362,3 +362,35 @@ def _separation_bracket(x, y):
   if survivors.max() < failures.min():
     return float(survivors.max()), float(failures.min())
   return None
+
+
+@dataclasses.dataclass(frozen=True)
+class LineFit:
+  """A least-squares line y = beta[0] + beta[1] x: its coefficients, their Newey-West covariance
+  (2 x 2), the residuals' variance (n - 2 in the denominator) and the degrees of freedom."""
+  beta: np.ndarray
+  covariance: np.ndarray
+  residual_variance: float
+  df: int
+
+
+def newey_west(x, y, lags: int | None = None) -> LineFit:
+  """Least squares of y on x with Newey and West's (1987) autocorrelation-consistent covariance
+  (a Bartlett kernel, lags floor(4 (n / 100)^(2/9)) by default; the small-sample factor
+  n / (n - 2)): consecutive telemetry steps of one run are not independent draws."""
+  x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+  n = len(x)
+  design = np.column_stack([np.ones(n), x])
+  beta, *_ = np.linalg.lstsq(design, y, rcond=None)
+  residual = y - design @ beta
+  lags = int(4 * (n / 100) ** (2 / 9)) if lags is None else lags
+  scores = design * residual[:, None]
+  meat = scores.T @ scores
+  for lag in range(1, min(lags, n - 1) + 1):
+    weight = 1 - lag / (lags + 1)
+    cross = scores[lag:].T @ scores[:-lag]
+    meat += weight * (cross + cross.T)
+  bread = np.linalg.inv(design.T @ design)
+  covariance = bread @ meat @ bread * n / max(n - 2, 1)
+  return LineFit(beta=beta, covariance=covariance,
+                 residual_variance=float(residual @ residual) / max(n - 2, 1), df=n - 2)

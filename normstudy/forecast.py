@@ -1,0 +1,144 @@
+"""When will my run overflow? Each series' headroom to float16's limit, its trend, and where
+the trend reaches 0, with a 95% interval (normstudy.analysis.headroom_trend).
+
+  python -m normstudy.forecast --workdir=RUN [--trend=log_step|step] [--since=STEP]
+  python -m normstudy.forecast --workdir=DIR --validate [--out=DIR2]
+
+--workdir is a run's directory, or a directory of runs (each forecast in turn); a run that is
+still training can be read while it trains. The trend is fitted to the telemetry after
+--since (default: the run's warm-up). --validate scores forecasts made at 10%, 25% and 50% of
+every run's planned steps below DIR against what happened (concordance, interval coverage, the
+fail-by-the-end call; both trends) and writes forecast_validation.csv and forecasts.csv into
+--out (default DIR).
+"""
+
+import math
+import os
+
+from absl import flags
+
+from normstudy import cli
+from normstudy import errors
+
+FLAGS = flags.FLAGS
+# normstudy.analysis.headroom_trend's TRENDS (a test checks they agree): --help must not wait for the
+# analysis stack's import.
+TRENDS = ("log_step", "step")
+
+
+def define_flags():
+  flags.DEFINE_string("workdir", None, "A run's directory, or a directory of runs.")
+  flags.DEFINE_enum("trend", TRENDS[0], TRENDS, "The headroom's trend: a line in ln(step) "
+                    "(the value grows as a power of the step) or in the step (exponentially).")
+  flags.DEFINE_integer("since", None, "Fit the trend to telemetry after this step (default: "
+                       "the run's warm-up).")
+  flags.DEFINE_bool("validate", False, "Score forecasts made at 10%, 25% and 50% of each run "
+                    "below --workdir against what happened (forecast_validation.csv, "
+                    "forecasts.csv).")
+  flags.DEFINE_string("out", None, "With --validate: where the tables go (default --workdir).")
+  flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if FLAGS.since is not None and FLAGS.since < 0:
+    raise errors.UserError(f"--since={FLAGS.since} is not allowed; allowed: a step >= 0")
+  if FLAGS.out is not None and not FLAGS.validate:
+    raise errors.UserError("--out is where --validate writes its tables; add --validate")
+  if not os.path.isdir(FLAGS.workdir):
+    raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory (a run's, or one "
+                           "holding runs)")
+  if FLAGS.out is not None and os.path.exists(FLAGS.out) and not os.path.isdir(FLAGS.out):
+    raise errors.UserError(f"--out={FLAGS.out} is a file; --out is the directory the tables "
+                           "go into")
+  from normstudy.analysis import runs as runs_lib  # pandas, once the command line is good
+  try:
+    loaded = runs_lib.load_runs(FLAGS.workdir)
+  except runs_lib.NoRunsError as e:
+    raise errors.UserError(str(e)) from None
+  if not len(loaded):
+    raise errors.UserError(f"--workdir={FLAGS.workdir} holds no run (a directory with a "
+                           "metrics.jsonl)")
+  if FLAGS.validate:
+    _validate(loaded)
+  else:
+    _forecast(loaded)
+
+
+def _forecast(loaded) -> None:
+  from normstudy.analysis import headroom_trend as forecast_lib
+  from normstudy.analysis import headroom as headroom_lib
+  shown = 0
+  for run, facts in loaded.runs.items():
+    rows = headroom_lib.run_series(loaded, run)
+    name = run if run != "." else FLAGS.workdir
+    if rows.empty:
+      print(f"{name}: no telemetry (train.telemetry_every > 0 records the series)")
+      continue
+    since = FLAGS.since if FLAGS.since is not None else facts.warmup_steps
+    last = int(rows.step.max())
+    least = rows[(rows.series == headroom_lib.LEAST) & (rows.step == last)].iloc[0]
+    state = (f"failed at step {facts.outcome.failed_at}" if facts.outcome.failed
+             else f"{facts.status} at step {last:,}")
+    print(f"{name} ({state}; telemetry after step {since:,}, trend in "
+          f"{'ln(step)' if FLAGS.trend == 'log_step' else 'step'}): least headroom "
+          f"{least.headroom:.1f} bits ({least.layer})")
+    made = forecast_lib.run_forecasts(rows, after=since, trend=FLAGS.trend)
+    for forecast in made:
+      print("  " + forecast_lib.describe(forecast))
+    first = forecast_lib.earliest(made)
+    if first is None:
+      print(f"  fewer than {forecast_lib.MIN_POINTS} telemetry points after step {since:,}: "
+            "no trend yet")
+    elif math.isinf(first.crossing):
+      print(f"  no series' trend reaches 0 (the earliest its interval allows: "
+            f"{_when(min(f.early for f in made))})")
+    else:
+      planned = f" of {facts.num_steps:,} planned" if facts.num_steps else ""
+      print(f"  first to reach 0: {first.series} at step {first.crossing:,.0f}{planned} "
+            f"(95% interval {_when(first.early)} to {_when(first.late)})")
+    shown += 1
+  if not shown:
+    raise errors.UserError(f"--workdir={FLAGS.workdir}: no run has telemetry to forecast from "
+                           "(train.telemetry_every > 0)")
+
+
+def _when(step: float) -> str:
+  from normstudy.analysis import headroom_trend as forecast_lib
+  return f"beyond {forecast_lib.HORIZON_CAP:.0e}" if math.isinf(step) else f"{step:,.0f}"
+
+
+def _validate(loaded) -> None:
+  from normstudy.analysis import headroom_trend as forecast_lib
+  from normstudy.analysis import headroom as headroom_lib
+  outcomes = {}
+  for run, facts in loaded.runs.items():
+    rows = headroom_lib.run_series(loaded, run)
+    loss = loaded.series(run, "loss")
+    if rows.empty or not facts.num_steps or not len(loss):
+      continue
+    outcomes[run] = forecast_lib.Outcome(
+        rows=rows, failed_at=facts.outcome.failed_at if facts.outcome.failed else None,
+        last_step=int(loss.index.max()), num_steps=int(facts.num_steps),
+        warmup=int(facts.warmup_steps))
+  if not outcomes:
+    raise errors.UserError(f"--workdir={FLAGS.workdir}: no run has telemetry to validate "
+                           "forecasts on")
+  table, made = forecast_lib.validate(outcomes)
+  out = FLAGS.out or FLAGS.workdir
+  os.makedirs(out, exist_ok=True)
+  paths = {"validation": os.path.join(out, "forecast_validation.csv"),
+           "forecasts": os.path.join(out, "forecasts.csv")}
+  table.to_csv(paths["validation"], index=False)
+  made.to_csv(paths["forecasts"], index=False)
+  failed = sum(o.failed_at is not None for o in outcomes.values())
+  print(f"forecasts of {len(outcomes)} runs ({failed} failed) made at "
+        f"{', '.join(f'{f:.0%}' for f in forecast_lib.FRACTIONS)} of their planned steps:")
+  print(table.to_string(index=False))
+  for name, path in paths.items():
+    print(f"{name}: {path}")
+
+
+if __name__ == "__main__":
+  cli.run(main, define_flags)
