@@ -161,6 +161,28 @@ def test_initial_scales_follow_the_tables(make_config):
     np.testing.assert_allclose(umup["embedding"], 1.0, rtol=0.05)
 
 
+def test_mups_conv_position_kernel_keeps_its_xavier_variance(make_config):
+  """M1 (issue 85): the convolutional positions' kernel is Xavier-normal whatever model.init
+  says, variance 2 / (fan_in + fan_out) with fan_in = width x d_model / groups and fan_out =
+  width x d_model (variance_scaling's fans with the kernel's taps as its receptive field), so
+  already proportional to 1/fan_in: muP keeps it (microsoft/mup: hidden weights at variance
+  proportional to 1/fan_in, once), sp equal to muP; once it was shrunk again by m_N^-1/2
+  (std 0.0499 against 0.0706 at width 64, base 128)."""
+  def kernel_std(parametrization, d):
+    config = _config(make_config, parametrization, d_model=d, d_ff=4 * d, num_heads=4,
+                     init="bert", num_layers=1, base_width=32, position_embedding="conv")
+    params = model_lib.init_params(config.model, 0)
+    kernel = np.asarray(params["pos_conv"]["kernel"])
+    return float(np.std(kernel)), config.model
+  for d in (64, 256):
+    (mup, cfg), (sp, _) = kernel_std("mup", d), kernel_std("sp", d)
+    fan_in = cfg.conv_pos_width * d // cfg.conv_pos_groups
+    fan_out = cfg.conv_pos_width * d
+    expected = math.sqrt(2.0 / (fan_in + fan_out))
+    np.testing.assert_allclose(mup, expected, rtol=0.05)
+    np.testing.assert_allclose(sp, expected, rtol=0.05)
+
+
 def _expected_rates(parametrization, path, shape, d, d_ff, L, base_width):
   """Each parameter's learning-rate factor, transcribed: muP/CompleteP (TP5 Table 8, Dey et al.
   Table 1 at alpha 1): hidden matrices 1/m; u-muP (Blake et al. Table 2): hidden fan_in^-1/2,

@@ -32,16 +32,18 @@ class RoleBox(spmd.LogicallyPartitioned):
   fan_in: int = struct.field(default=1, pytree_node=False)
 
 
-def param(module, name, init, shape, axes, decay=True, role="vector", fan_in=1):
+def param(module, name, init, shape, axes, decay=True, role="vector", fan_in=1,
+          fan_scaled=False):
   """A float32 parameter of `module`, as it is used: under a parametrization
   (module.cfg.parametrization) its initialiser is that parametrization's for `role` and the value
   returned is the stored one times its forward multiplier (so its gradient carries the factor
-  too, as muP's multipliers do)."""
+  too, as muP's multipliers do). `fan_scaled`: `init` already scales with the fans whatever
+  model.init says (parametrizations.init_multiplier)."""
   cfg = getattr(module, "cfg", None)
   if cfg is not None and role != "vector":
     if parametrizations.unit_init(cfg, role):
       init = nn.initializers.normal(1.0)
-    elif (factor := parametrizations.init_multiplier(cfg, role)) != 1.0:
+    elif (factor := parametrizations.init_multiplier(cfg, role, fan_scaled)) != 1.0:
       init = _times(init, factor)
 
   def boxed(*args):
@@ -357,7 +359,7 @@ class ConvPositions(nn.Module):
     group_width = cfg.d_model // cfg.conv_pos_groups
     kernel = param(self, "kernel", xavier_normal(1.0, in_axis=1, out_axis=2),
                    (cfg.conv_pos_width, group_width, cfg.d_model), (None, None, "embed"),
-                   role="hidden", fan_in=cfg.conv_pos_width * group_width)
+                   role="hidden", fan_in=cfg.conv_pos_width * group_width, fan_scaled=True)
     y = grouped_conv1d(x.astype(dtype), kernel.astype(dtype), cfg.conv_pos_groups)
     y = _plus_bias(self, "bias", y, ("embed",))
     return ACTIVATIONS.get(cfg.activation)(y)

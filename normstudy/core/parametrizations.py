@@ -15,8 +15,9 @@ m_N = d_model / base_width, the depth multiplier m_L = num_layers / base_depth.
             placement's gain, one learning rate, attention 1/sqrt(d_head)).
   mup       muP for Adam (Yang et al. 2022, "Tensor Programs V", Table 8, the form the `mup`
             package implements, with Table 3's attention rule): hidden matrices initialised with
-            variance proportional to 1/fan_in (model.init="xavier" already is; "bert"'s
-            normal(0.02) is multiplied by m_N^-1/2) and their Adam learning rate times 1/m_N; the
+            variance proportional to 1/fan_in (model.init="xavier" already is, and so is the
+            position convolution's Xavier kernel under either init; "bert"'s normal(0.02) is
+            multiplied by m_N^-1/2) and their Adam learning rate times 1/m_N; the
             output logits times 1/m_N (MuReadout; MuSharedReadout when tied); attention logits
             q.k / d_head times sqrt(base_head_dim) (Table 3's 1/d, equal to sp's 1/sqrt(d_head)
             at the base head width); embeddings, vectors and the readout keep the base rate.
@@ -74,10 +75,13 @@ def unit_init(cfg, role: str) -> bool:
   return cfg.parametrization == "umup" and role in ("embedding", "hidden", "readout")
 
 
-def init_multiplier(cfg, role: str) -> float:
+def init_multiplier(cfg, role: str, fan_scaled: bool = False) -> float:
   """The factor on a parameter's sp initialiser (muP: a hidden matrix's normal(0.02) "bert"
-  init times m_N^-1/2, so its variance goes as 1/fan_in as Xavier's already does)."""
-  if _width_rules(cfg) and role == "hidden" and cfg.init == "bert":
+  init times m_N^-1/2, so its variance goes as 1/fan_in as Xavier's already does). A hidden
+  matrix whose own initialiser is scaled by its fans whatever model.init says (`fan_scaled`:
+  the convolutional positions' Xavier kernel) keeps it: shrunk again, its variance would fall
+  as 1/width^2 (`mup`'s rule is variance proportional to 1/fan_in, once)."""
+  if _width_rules(cfg) and role == "hidden" and cfg.init == "bert" and not fan_scaled:
     return width_mult(cfg) ** -0.5
   return 1.0
 
