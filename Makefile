@@ -29,6 +29,9 @@ LADDER_MUP_DIR ?= runs/ladder_mup
 SPIKE_HANDLING_DIR ?= runs/spike_handling
 SPIKE_FAILURE_DIR ?= runs/spike_failure
 DRIFT_DIR ?= runs/drift
+HORIZON_DIR ?= runs/horizon
+FORECAST_DIR ?= runs/forecast_validation
+HEADROOM_LADDER_DIR ?= runs/headroom_ladder
 # Almost all of the suite's time is XLA compilation, which runs on one core per process: one
 # test worker per core (pytest-xdist); an idle worker takes tests queued for a busy one.
 PYTEST_ARGS ?= -n auto --dist worksteal
@@ -41,7 +44,8 @@ LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0]
 
 .PHONY: install corpora tpu-aot study study-text sensitivity techniques survival survival-depth survival-grid speed \
 	survival-bf16 survival-fp32 survival-context speed-context attention depth test test-fast \
-	ladder ladder-mup ladder-sensitivity spike-handling spike-failure drift benchmark clean
+	ladder ladder-mup ladder-sensitivity spike-handling spike-failure drift benchmark clean \
+	horizon forecast-validation headroom-ladder
 
 install: $(STAMP)
 
@@ -148,6 +152,23 @@ spike-failure: corpora
 # (normstudy.drift; docs/results.md, "Failure as a drift").
 drift: install
 	$(PY) -m normstudy.drift --config=configs/drift.py --workdir=$(DRIFT_DIR) $(WORKERS_FLAG)
+# A long horizon where runs learn (configs/horizon.py): the seed figure's four arms at the
+# recipe's rate to 20,000 steps, the figure on MERT's axes and each run's headroom
+# (headroom.csv, headroom.png), then each run's overflow forecast (normstudy.forecast).
+horizon: install
+	$(PY) -m normstudy.study --config=configs/horizon.py --workdir=$(HORIZON_DIR) $(WORKERS_FLAG)
+	$(PY) -m normstudy.forecast --workdir=$(HORIZON_DIR)
+# The forecast judged by runs whose outcome is known (configs/forecast_validation.py: the drift
+# instrument's failing rates) and by the long horizon's: forecast_validation.csv, forecasts.csv.
+forecast-validation: horizon
+	$(PY) -m normstudy.sweep --config=configs/forecast_validation.py --workdir=$(FORECAST_DIR) $(WORKERS_FLAG)
+	$(PY) -m normstudy.forecast --validate --workdir=$(FORECAST_DIR) --workdir=$(HORIZON_DIR) \
+		--out=$(FORECAST_DIR)
+# The headroom ladder (configs/headroom_ladder.py): float16 headroom at MERT's and the recipe's
+# rates across width, depth and step under sp and muP, held-out rungs predicted before they
+# train, the law extrapolated to 24 x 1024 x 100K (normstudy.ladder). Sized for a GPU.
+headroom-ladder: install
+	$(PY) -m normstudy.ladder --config=configs/headroom_ladder.py --workdir=$(HEADROOM_LADDER_DIR)
 test: corpora tpu-aot
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 

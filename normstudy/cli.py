@@ -311,7 +311,15 @@ def _check_workdir_flag() -> None:
   one line for a path with a line break in it."""
   if "workdir" not in flags.FLAGS or flags.FLAGS.workdir is None:
     return
-  workdir = flags.FLAGS.workdir
+  given = flags.FLAGS.workdir
+  if isinstance(given, list):  # a command that takes several (normstudy.forecast)
+    flags.FLAGS.workdir = [_checked_workdir(workdir) for workdir in given]
+  else:
+    flags.FLAGS.workdir = _checked_workdir(given)
+
+
+def _checked_workdir(workdir: str) -> str:
+  """One --workdir value, `~` expanded; exit 2 with one line for one that names no path."""
   if not workdir.strip():
     print(f"error: --workdir={workdir!r} names no directory; allowed: a new or empty "
           "directory, one normstudy wrote, or gs://BUCKET/PATH", file=sys.stderr)
@@ -324,8 +332,7 @@ def _check_workdir_flag() -> None:
     print(f"error: --workdir={workdir!r} holds a control character; allowed: a path of "
           "printable characters", file=sys.stderr)
     sys.exit(2)
-  if workdir.startswith("~"):
-    flags.FLAGS.workdir = os.path.expanduser(workdir)
+  return os.path.expanduser(workdir) if workdir.startswith("~") else workdir
 
 
 # XLA programs compiled by a command are kept on disk and reused by later processes: a search's

@@ -2,14 +2,14 @@
 the trend reaches 0, with a 95% interval (normstudy.analysis.headroom_trend).
 
   python -m normstudy.forecast --workdir=RUN [--trend=log_step|step] [--since=STEP]
-  python -m normstudy.forecast --workdir=DIR --validate [--out=DIR2]
+  python -m normstudy.forecast --workdir=DIR [--workdir=DIR2 ...] --validate [--out=OUT]
 
---workdir is a run's directory, or a directory of runs (each forecast in turn); a run that is
-still training can be read while it trains. The trend is fitted to the telemetry after
+--workdir is a run's directory, or a directory of runs (each forecast in turn; repeat the flag
+for more); a run that is still training can be read while it trains. The trend is fitted to the telemetry after
 --since (default: the run's warm-up). --validate scores forecasts made at 10%, 25% and 50% of
-every run's planned steps below DIR against what happened (concordance, interval coverage, the
-fail-by-the-end call; both trends) and writes forecast_validation.csv and forecasts.csv into
---out (default DIR).
+every run's planned steps below the directories against what happened (concordance, interval
+coverage, the fail-by-the-end call; both trends) and writes forecast_validation.csv and
+forecasts.csv into --out (default: the first --workdir).
 """
 
 import math
@@ -27,7 +27,8 @@ TRENDS = ("log_step", "step")
 
 
 def define_flags():
-  flags.DEFINE_string("workdir", None, "A run's directory, or a directory of runs.")
+  flags.DEFINE_multi_string("workdir", None, "A run's directory, or a directory of runs "
+                            "(repeatable).")
   flags.DEFINE_enum("trend", TRENDS[0], TRENDS, "The headroom's trend: a line in ln(step) "
                     "(the value grows as a power of the step) or in the step (exponentially).")
   flags.DEFINE_integer("since", None, "Fit the trend to telemetry after this step (default: "
@@ -46,33 +47,40 @@ def main(argv):
     raise errors.UserError(f"--since={FLAGS.since} is not allowed; allowed: a step >= 0")
   if FLAGS.out is not None and not FLAGS.validate:
     raise errors.UserError("--out is where --validate writes its tables; add --validate")
-  if not os.path.isdir(FLAGS.workdir):
-    raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory (a run's, or one "
-                           "holding runs)")
+  for workdir in FLAGS.workdir:
+    if not os.path.isdir(workdir):
+      raise errors.UserError(f"--workdir={workdir} is not a directory (a run's, or one "
+                             "holding runs)")
   if FLAGS.out is not None and os.path.exists(FLAGS.out) and not os.path.isdir(FLAGS.out):
     raise errors.UserError(f"--out={FLAGS.out} is a file; --out is the directory the tables "
                            "go into")
   from normstudy.analysis import runs as runs_lib  # pandas, once the command line is good
-  try:
-    loaded = runs_lib.load_runs(FLAGS.workdir)
-  except runs_lib.NoRunsError as e:
-    raise errors.UserError(str(e)) from None
-  if not len(loaded):
-    raise errors.UserError(f"--workdir={FLAGS.workdir} holds no run (a directory with a "
-                           "metrics.jsonl)")
+  loaded = {}
+  for workdir in FLAGS.workdir:
+    try:
+      loaded[workdir] = runs_lib.load_runs(workdir)
+    except runs_lib.NoRunsError as e:
+      raise errors.UserError(str(e)) from None
+    if not len(loaded[workdir]):
+      raise errors.UserError(f"--workdir={workdir} holds no run (a directory with a "
+                             "metrics.jsonl)")
   if FLAGS.validate:
     _validate(loaded)
   else:
-    _forecast(loaded)
+    shown = sum(_forecast(workdir, runs) for workdir, runs in loaded.items())
+    if not shown:
+      raise errors.UserError(f"--workdir={','.join(FLAGS.workdir)}: no run has telemetry to "
+                             "forecast from (train.telemetry_every > 0)")
 
 
-def _forecast(loaded) -> None:
+def _forecast(workdir: str, loaded) -> int:
+  """Prints each run's forecasts; returns how many runs had telemetry."""
   from normstudy.analysis import headroom_trend as forecast_lib
   from normstudy.analysis import headroom as headroom_lib
   shown = 0
   for run, facts in loaded.runs.items():
     rows = headroom_lib.run_series(loaded, run)
-    name = run if run != "." else FLAGS.workdir
+    name = os.path.normpath(os.path.join(workdir, run))
     if rows.empty:
       print(f"{name}: no telemetry (train.telemetry_every > 0 records the series)")
       continue
@@ -99,9 +107,7 @@ def _forecast(loaded) -> None:
       print(f"  first to reach 0: {first.series} at step {first.crossing:,.0f}{planned} "
             f"(95% interval {_when(first.early)} to {_when(first.late)})")
     shown += 1
-  if not shown:
-    raise errors.UserError(f"--workdir={FLAGS.workdir}: no run has telemetry to forecast from "
-                           "(train.telemetry_every > 0)")
+  return shown
 
 
 def _when(step: float) -> str:
@@ -109,24 +115,17 @@ def _when(step: float) -> str:
   return f"beyond {forecast_lib.HORIZON_CAP:.0e}" if math.isinf(step) else f"{step:,.0f}"
 
 
-def _validate(loaded) -> None:
+def _validate(loaded: dict) -> None:
   from normstudy.analysis import headroom_trend as forecast_lib
   from normstudy.analysis import headroom as headroom_lib
   outcomes = {}
-  for run, facts in loaded.runs.items():
-    rows = headroom_lib.run_series(loaded, run)
-    loss = loaded.series(run, "loss")
-    if rows.empty or not facts.num_steps or not len(loss):
-      continue
-    outcomes[run] = forecast_lib.Outcome(
-        rows=rows, failed_at=facts.outcome.failed_at if facts.outcome.failed else None,
-        last_step=int(loss.index.max()), num_steps=int(facts.num_steps),
-        warmup=int(facts.warmup_steps))
+  for workdir, runs in loaded.items():
+    outcomes.update(_outcomes(workdir, runs, forecast_lib, headroom_lib))
   if not outcomes:
-    raise errors.UserError(f"--workdir={FLAGS.workdir}: no run has telemetry to validate "
-                           "forecasts on")
+    raise errors.UserError(f"--workdir={','.join(FLAGS.workdir)}: no run has telemetry to "
+                           "validate forecasts on")
   table, made = forecast_lib.validate(outcomes)
-  out = FLAGS.out or FLAGS.workdir
+  out = FLAGS.out or FLAGS.workdir[0]
   os.makedirs(out, exist_ok=True)
   paths = {"validation": os.path.join(out, "forecast_validation.csv"),
            "forecasts": os.path.join(out, "forecasts.csv")}
@@ -138,6 +137,23 @@ def _validate(loaded) -> None:
   print(table.to_string(index=False))
   for name, path in paths.items():
     print(f"{name}: {path}")
+
+
+def _outcomes(workdir: str, loaded, forecast_lib, headroom_lib) -> dict:
+  """{run's path: what happened to it} for the runs of one directory with telemetry."""
+  outcomes = {}
+  for run, facts in loaded.runs.items():
+    rows = headroom_lib.run_series(loaded, run)
+    loss = loaded.series(run, "loss")
+    if rows.empty or not facts.num_steps or not len(loss):
+      continue
+    if not facts.outcome.failed and int(loss.index.max()) < facts.num_steps:
+      continue  # still training or stopped early: what happens to it is not known yet
+    outcomes[os.path.normpath(os.path.join(workdir, run))] = forecast_lib.Outcome(
+        rows=rows, failed_at=facts.outcome.failed_at if facts.outcome.failed else None,
+        last_step=int(loss.index.max()), num_steps=int(facts.num_steps),
+        warmup=int(facts.warmup_steps))
+  return outcomes
 
 
 if __name__ == "__main__":

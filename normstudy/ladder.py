@@ -43,6 +43,8 @@ def define_flags():
   flags.DEFINE_integer("target_layers", 24, "The extrapolation's depth (MERT's: 24).")
   flags.DEFINE_integer("target_d_model", 1024, "The extrapolation's width (MERT's: 1024); its "
                        "MLP is 4x as wide.")
+  flags.DEFINE_integer("target_steps", 100_000, "A headroom ladder's extrapolation: the step "
+                       "(MERT's horizon: 100,000).")
   flags.mark_flags_as_required(["workdir"])
 
 
@@ -50,7 +52,7 @@ def main(argv):
   import os
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
-  for name in ("target_layers", "target_d_model"):
+  for name in ("target_layers", "target_d_model", "target_steps"):
     if getattr(FLAGS, name) < 1:
       raise errors.UserError(f"--{name}={getattr(FLAGS, name)}: it must be an integer >= 1")
   from normstudy.experiments import ladder_runs
@@ -62,6 +64,10 @@ def main(argv):
     raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory")
   table = ladder_runs.ladder_table(FLAGS.workdir)
   sensitive = ladder_runs.sensitivity_rungs(FLAGS.workdir)
+  from normstudy.analysis import headroom_ladder
+  for name, path in headroom_ladder.analyze(FLAGS.workdir, FLAGS.target_d_model,
+                                            FLAGS.target_layers, FLAGS.target_steps).items():
+    print(f"{name}: {path}")
   if table.empty and not sensitive:
     raise errors.UserError(f"--workdir={FLAGS.workdir} holds no analysed search (a directory "
                            "with critical_lr.csv and sweep.json) and no analysed learning-rate "
@@ -103,6 +109,7 @@ def _train(ladder_runs) -> None:
   module = grid.load_config_module(FLAGS.config)
   parts = ladder_runs.ladder_parts(module, FLAGS.config, grid.load_config_module)
   transfer = ladder_runs.transfer_spec(module, FLAGS.config)
+  heldout = ladder_runs.headroom_heldout(module, FLAGS.config)
   declared = sorted({d for _, path, part in parts for d in ladder_runs.ladder_spec(part, path)["dtypes"]})
   unknown = [d for d in FLAGS.dtypes or () if d not in declared]
   if unknown:
@@ -115,7 +122,19 @@ def _train(ladder_runs) -> None:
     chosen = [d for d in FLAGS.dtypes if d in own] if FLAGS.dtypes else None
     if chosen != []:
       rungs += ladder_runs.plan_rungs(path, part, chosen, name)
-  ladder_runs.train_rungs(rungs, FLAGS.workdir, tuple(FLAGS.sweep_arg), transfer=transfer)
+  fit = [r for r in rungs if (r.num_layers, r.d_model) not in heldout]
+  held = [r for r in rungs if (r.num_layers, r.d_model) in heldout]
+  ladder_runs.train_rungs(fit, FLAGS.workdir, tuple(FLAGS.sweep_arg), transfer=transfer,
+                          recorded=rungs)
+  if held:
+    from normstudy.analysis import headroom_ladder
+    points = [(r.d_model, r.num_layers, module.rung_steps(r.num_layers, r.d_model))
+              for r in held]
+    prediction = headroom_ladder.write_prediction(FLAGS.workdir, points)
+    print(f"[ladder] the held-out rungs' headroom, predicted before they train "
+          f"({headroom_ladder.PREDICTION}, {len(prediction)} rows)", flush=True)
+    ladder_runs.train_rungs(held, FLAGS.workdir, tuple(FLAGS.sweep_arg), transfer=transfer,
+                            recorded=rungs)
 
 
 if __name__ == "__main__":

@@ -146,18 +146,19 @@ def test_bad_input_is_one_line(tmp_path, args, words):
 
 
 def test_validation_ranks_runs_by_when_they_fail(tmp_path):
-  """Six runs drifting at different powers: the three fastest fail before their 2000 steps,
-  the rest survive; forecasts from a quarter and a half of each run order them (C = 1), and
-  the tables are written and read back."""
+  """Six runs drifting at different powers, in two directories pooled by a repeated --workdir:
+  the three fastest fail before their 2000 steps, the rest survive; forecasts from a quarter
+  and a half of each run order them (C = 1), and the tables are written and read back."""
   truth = {}
   # Crossings (65,504 / 0.05)^(1/k): 1,144, 1,380, 1,650; 6,600, 11,900, 23,400.
   for seed, k in enumerate((2.0, 1.95, 1.9, 1.6, 1.5, 1.4)):
-    truth[seed] = _drifting_run(str(tmp_path / "runs" / f"k{k}"), start=0.05, k=k,
+    truth[seed] = _drifting_run(str(tmp_path / f"runs{seed % 2}" / f"k{k}"), start=0.05, k=k,
                                 num_steps=2000, seed=seed)
   assert sum(failed is not None for _, failed in truth.values()) == 3
   out_dir = tmp_path / "out"
-  result = cli_runs.run_module("normstudy.forecast", f"--workdir={tmp_path / 'runs'}",
-                               "--validate", f"--out={out_dir}")
+  result = cli_runs.run_module("normstudy.forecast", f"--workdir={tmp_path / 'runs0'}",
+                               f"--workdir={tmp_path / 'runs1'}", "--validate",
+                               f"--out={out_dir}")
   assert "6 runs (3 failed)" in result.stdout
   table = pd.read_csv(out_dir / "forecast_validation.csv")
   assert list(table.columns) == list(forecast.VALIDATION_COLUMNS)

@@ -233,20 +233,40 @@ def plan_rungs(path: str, module, dtypes=None, part: str = "") -> list:
   return out
 
 
-def train_rungs(rungs: list, workdir: str, extra_argv=(), log=print, transfer=None) -> None:
+def headroom_heldout(module, path: str) -> set:
+  """The rungs a headroom ladder holds out ({(num_layers, d_model)}, HEADROOM_HELDOUT: trained
+  after the prediction from the others; the file then declares rung_steps(num_layers, d_model)
+  too), or an empty set. UserError for one that is not among LADDER_RUNGS."""
+  held = getattr(module, "HEADROOM_HELDOUT", None)
+  if held is None:
+    return set()
+  rungs = {tuple(r) for r in module.LADDER_RUNGS}
+  held = {tuple(r) for r in held}
+  if not held <= rungs or not callable(getattr(module, "rung_steps", None)):
+    raise UserError(f"{path}: HEADROOM_HELDOUT={sorted(held)} must name rungs of LADDER_RUNGS "
+                    "and come with rung_steps(num_layers, d_model)")
+  if held == rungs:
+    raise UserError(f"{path}: HEADROOM_HELDOUT holds out every rung; nothing is left to fit "
+                    "the prediction to")
+  return held
+
+
+def train_rungs(rungs: list, workdir: str, extra_argv=(), log=print, transfer=None,
+                recorded=None) -> None:
   """Trains every rung in turn, each `python -m normstudy.sweep ARGV --workdir=workdir/<rung>`
   in its own process (a finished rung's search trains nothing again: re-running resumes),
   writing ladder.json (each rung's directory and command) first and logging progress with an
   ETA from the rungs done. A rung that fails stops the ladder: RuntimeError naming it (its own
   lines say why), or UserError when the sweep refused its input. `transfer` (transfer_spec's)
-  is recorded in ladder.json for the analysis."""
+  is recorded in ladder.json for the analysis; `recorded`: the rungs ladder.json lists (default
+  `rungs`: a ladder trained in stages lists all of them each time)."""
   import subprocess
   import sys
   import time
   plan = {"rungs": [{"dtype": r.dtype, "num_layers": r.num_layers, "d_model": r.d_model,
                      "directory": r.directory,
                      "command": r.command() + f" --workdir={os.path.join(workdir, r.directory)}"
-                     + "".join(f" {a}" for a in extra_argv)} for r in rungs]}
+                     + "".join(f" {a}" for a in extra_argv)} for r in recorded or rungs]}
   if transfer is not None:
     plan["transfer"] = transfer
   os.makedirs(workdir, exist_ok=True)
