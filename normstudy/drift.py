@@ -3,6 +3,7 @@ horizon predicted before it is run, and the answer at MERT's 100K steps (`make d
 
   python -m normstudy.drift --config=configs/drift.py --workdir=DIR [--workers=N]
   python -m normstudy.drift --workdir=DIR        # the analysis alone, from what DIR holds
+  python -m normstudy.drift --workdir=docs/drift --from_tables   # the edge law's forms alone
 
 With --config, in order (re-running resumes: finished sweeps train nothing again):
   1. DIR/drift.json: the experiment the file declares (normstudy.experiments.drift_runs);
@@ -15,7 +16,11 @@ With --config, in order (re-running resumes: finished sweeps train nothing again
   4. the held-out runs at those rates, one sweep per arm into DIR/heldout/<arm>;
   5. the analysis (normstudy.analysis.horizon_report): law_fit.csv, critical_lr_law.csv,
      law_tests.csv, horizon_heldout.csv, drift.csv and its summaries, drift.png, drift.md.
-Every sweep's command is recorded in drift.json.
+Every sweep's command is recorded in drift.json. After the analysis, and alone with
+--from_tables (from DIR's drift.csv and critical_lr_law.csv, e.g. the committed docs/drift):
+the edge law's forms judged out of sample (edge_law_oos.csv), each form's lr*(H)
+(critical_lr_forms.csv), their spread in critical_lr_law.csv, and margin.csv against
+--best_rates (normstudy.analysis.edge_law).
 """
 
 from absl import flags
@@ -24,6 +29,9 @@ from normstudy import cli
 from normstudy import errors
 
 FLAGS = flags.FLAGS
+# The seed figure's sensitivity sweep (make sensitivity): each arm's best final eval loss over
+# 1e-3 .. 3e-1 and the range of rates within 0.1 nats of it, committed.
+BEST_RATES = "docs/sensitivity/summary.csv"
 
 
 def define_flags():
@@ -32,6 +40,12 @@ def define_flags():
                       "into --workdir before the analysis.")
   flags.DEFINE_multi_string("sweep_arg", [], "With --config: an argument for every sweep it runs "
                             "(repeatable), e.g. --sweep_arg=--config.model.d_model=32.")
+  flags.DEFINE_bool("from_tables", False, "Only the edge law's forms, spread and margin, from "
+                    "--workdir's drift.csv and critical_lr_law.csv (a committed drift "
+                    "directory, without its runs).")
+  flags.DEFINE_string("best_rates", BEST_RATES, "A learning-rate sweep's summary.csv (arm, "
+                      "best_lr, lr_range_low, lr_range_high): margin.csv's best-learning rates; "
+                      "'' for none.")
   cli.define_workers_flag()
   flags.declare_key_flag("workers")
   flags.mark_flags_as_required(["workdir"])
@@ -43,7 +57,14 @@ def main(argv):
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   cli.check_workers(FLAGS.workers)
+  best_rates = FLAGS.best_rates or None
+  if best_rates is not None and not os.path.isfile(best_rates):
+    raise errors.UserError(f"--best_rates={best_rates} is not a file (a learning-rate sweep's "
+                           "summary.csv, e.g. docs/sensitivity/summary.csv; '' for none)")
   start = time.monotonic()
+  if FLAGS.from_tables:
+    _from_tables(best_rates)
+    return
   if FLAGS.config is not None:
     _train()
   elif FLAGS.sweep_arg:
@@ -57,12 +78,29 @@ def main(argv):
         "permutations a pair) and the held-out test's bootstrap (1000 draws an arm); about 2 "
         "minutes on 2 cores", flush=True)
   try:
-    outputs = horizon_report.analyze(FLAGS.workdir)
+    outputs = horizon_report.analyze(FLAGS.workdir, best_rates)
   except runs_lib.NoRunsError as e:
     raise errors.UserError(str(e)) from None
   for name, path in outputs.items():
     print(f"{name}: {path}")
   print(f"[drift] done in {time.monotonic() - start:.0f}s")
+
+
+def _from_tables(best_rates) -> None:
+  import os
+  if FLAGS.config is not None:
+    raise errors.UserError("--from_tables re-derives from a drift directory's tables; drop "
+                           "--config")
+  missing = [name for name in ("drift.csv", "critical_lr_law.csv")
+             if not os.path.isfile(os.path.join(FLAGS.workdir, name))]
+  if missing:
+    raise errors.UserError(f"--workdir={FLAGS.workdir} holds no {' and no '.join(missing)} "
+                           "(a drift directory: make drift, or docs/drift)")
+  from normstudy.analysis import edge_law
+  print("[drift] the edge law's forms fitted to each arm and each horizon's censored runs; "
+        "about 20 s on 2 cores", flush=True)
+  for name, path in edge_law.write(FLAGS.workdir, best_rates).items():
+    print(f"{name}: {path}")
 
 
 def _train() -> None:

@@ -104,16 +104,17 @@ def workdir(tmp_path_factory):
         _write_run(os.path.join(root, "fit", arm, f"lr{lr:g}_seed{seed}"), arm, lr, seed, 200)
   with open(os.path.join(root, schema.DRIFT_PLAN), "w", encoding="utf-8") as f:
     json.dump(_plan(["a", "b"], {"a": 0.01}, ["a"]), f)
+  # The prediction, then held-out runs at its rates, twice the fit's horizon, drifting as the
+  # fit's: here, so that no test depends on another having run first (the suite's workers
+  # take a file's tests in any order).
+  prediction = horizon_report.predict(root)
+  for lr in prediction.lr:
+    for seed in SEEDS:
+      _write_run(os.path.join(root, "heldout", "a", f"lr{lr:g}_seed{seed}"), "a", lr, seed, 400)
   return root
 
 
 def test_the_drift_measures_match_the_fabricated_growth(workdir):
-  prediction = horizon_report.predict(workdir)
-  # Held-out runs at the predicted rates, twice the fit's horizon, drifting as the fit's.
-  for lr in prediction.lr:
-    for seed in SEEDS:
-      _write_run(os.path.join(workdir, "heldout", "a", f"lr{lr:g}_seed{seed}"), "a", lr, seed,
-                 400)
   outputs = horizon_report.analyze(workdir)
   drift = pd.read_csv(outputs["drift"])
   killers = pd.read_csv(outputs["drift_killers"])

@@ -35,6 +35,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from normstudy.analysis import drift_series
+from normstudy.analysis import edge_law
 from normstudy.analysis import law as law_lib
 from normstudy.analysis import report
 from normstudy.analysis import runs as runs_lib
@@ -358,9 +359,10 @@ def drift_tables(loaded, runs, heldout_loaded, heldout) -> dict:
           "drift_predictions": drift_series.prediction_summary(drift)}
 
 
-def analyze(workdir: str) -> dict:
-  """Every table, the figure and the observations of a drift workdir (module docstring);
-  returns {name: path}."""
+def analyze(workdir: str, best_rates: str | None = None) -> dict:
+  """Every table, the figure and the observations of a drift workdir (module docstring), then
+  the edge law's forms judged out of sample and the margin over `best_rates`' best-learning
+  rates (normstudy.analysis.edge_law); returns {name: path}."""
   plan = read_plan(workdir)
   loaded, runs = runs_table(os.path.join(workdir, FIT))
   labels = {arm: rows.arm_label.iloc[0] for arm, rows in runs.groupby("arm", sort=False)}
@@ -386,6 +388,7 @@ def analyze(workdir: str) -> dict:
   outputs["observations"] = os.path.join(workdir, "drift.md")
   with open(outputs["observations"], "w", encoding="utf-8") as f:
     f.write(text + "\n")
+  outputs.update(edge_law.write(workdir, best_rates))
   return outputs
 
 
