@@ -157,7 +157,7 @@ drift: install
 # (headroom.csv, headroom.png), then each run's overflow forecast (normstudy.forecast).
 horizon: install
 	$(PY) -m normstudy.study --config=configs/horizon.py --workdir=$(HORIZON_DIR) $(WORKERS_FLAG)
-	$(PY) -m normstudy.forecast --workdir=$(HORIZON_DIR)
+	$(PY) -m normstudy.forecast --workdir=$(HORIZON_DIR) --out=$(HORIZON_DIR)
 # The forecast judged by runs whose outcome is known (configs/forecast_validation.py: the drift
 # instrument's failing rates) and by the long horizon's: forecast_validation.csv, forecasts.csv.
 forecast-validation: horizon

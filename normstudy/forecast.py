@@ -1,12 +1,14 @@
 """When will my run overflow? Each series' headroom to float16's limit, its trend, and where
 the trend reaches 0, with a 95% interval (normstudy.analysis.headroom_trend).
 
-  python -m normstudy.forecast --workdir=RUN [--trend=log_step|step] [--since=STEP]
+  python -m normstudy.forecast --workdir=RUN [--trend=log_step|step] [--since=STEP] [--out=DIR]
   python -m normstudy.forecast --workdir=DIR [--workdir=DIR2 ...] --validate [--out=OUT]
 
 --workdir is a run's directory, or a directory of runs (each forecast in turn; repeat the flag
 for more); a run that is still training can be read while it trains. The trend is fitted to the telemetry after
---since (default: the run's warm-up). --validate scores forecasts made at 10%, 25% and 50% of
+--since (default: the run's warm-up); with --out, the lines are also written to DIR/forecast.csv
+(one row per run and series: headroom now, the trend and its interval, the crossing and its
+interval; inf where never). --validate scores forecasts made at 10%, 25% and 50% of
 every run's planned steps below the directories against what happened (concordance, interval
 coverage, the fail-by-the-end call; both trends) and writes forecast_validation.csv and
 forecasts.csv into --out (default: the first --workdir).
@@ -36,7 +38,8 @@ def define_flags():
   flags.DEFINE_bool("validate", False, "Score forecasts made at 10%, 25% and 50% of each run "
                     "below --workdir against what happened (forecast_validation.csv, "
                     "forecasts.csv).")
-  flags.DEFINE_string("out", None, "With --validate: where the tables go (default --workdir).")
+  flags.DEFINE_string("out", None, "A directory for forecast.csv (with --validate: for its "
+                      "tables; default the first --workdir).")
   flags.mark_flags_as_required(["workdir"])
 
 
@@ -45,8 +48,6 @@ def main(argv):
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.since is not None and FLAGS.since < 0:
     raise errors.UserError(f"--since={FLAGS.since} is not allowed; allowed: a step >= 0")
-  if FLAGS.out is not None and not FLAGS.validate:
-    raise errors.UserError("--out is where --validate writes its tables; add --validate")
   for workdir in FLAGS.workdir:
     if not os.path.isdir(workdir):
       raise errors.UserError(f"--workdir={workdir} is not a directory (a run's, or one "
@@ -67,34 +68,46 @@ def main(argv):
   if FLAGS.validate:
     _validate(loaded)
   else:
-    shown = sum(_forecast(workdir, runs) for workdir, runs in loaded.items())
+    shown, made = 0, []
+    for workdir, runs in loaded.items():
+      count, rows = _forecast(workdir, runs)
+      shown, made = shown + count, made + rows
     if not shown:
       raise errors.UserError(f"--workdir={','.join(FLAGS.workdir)}: no run has telemetry to "
                              "forecast from (train.telemetry_every > 0)")
+    if FLAGS.out is not None:
+      import pandas as pd
+      os.makedirs(FLAGS.out, exist_ok=True)
+      path = os.path.join(FLAGS.out, "forecast.csv")
+      pd.DataFrame(made).to_csv(path, index=False)
+      print(f"forecast: {path}")
 
 
-def _forecast(workdir: str, loaded) -> int:
-  """Prints each run's forecasts; returns how many runs had telemetry."""
+def _forecast(workdir: str, loaded) -> tuple:
+  """Prints each run's forecasts; returns (how many runs had telemetry, the forecasts as rows:
+  run, series and the Forecast's fields)."""
+  import dataclasses
   from normstudy.analysis import headroom_trend as forecast_lib
   from normstudy.analysis import headroom as headroom_lib
-  shown = 0
+  rows, shown = [], 0
   for run, facts in loaded.runs.items():
-    rows = headroom_lib.run_series(loaded, run)
+    series = headroom_lib.run_series(loaded, run)
     name = os.path.normpath(os.path.join(workdir, run))
-    if rows.empty:
+    if series.empty:
       print(f"{name}: no telemetry (train.telemetry_every > 0 records the series)")
       continue
     since = FLAGS.since if FLAGS.since is not None else facts.warmup_steps
-    last = int(rows.step.max())
-    least = rows[(rows.series == headroom_lib.LEAST) & (rows.step == last)].iloc[0]
+    last = int(series.step.max())
+    least = series[(series.series == headroom_lib.LEAST) & (series.step == last)].iloc[0]
     state = (f"failed at step {facts.outcome.failed_at}" if facts.outcome.failed
              else f"{facts.status} at step {last:,}")
     print(f"{name} ({state}; telemetry after step {since:,}, trend in "
           f"{'ln(step)' if FLAGS.trend == 'log_step' else 'step'}): least headroom "
           f"{least.headroom:.1f} bits ({least.layer})")
-    made = forecast_lib.run_forecasts(rows, after=since, trend=FLAGS.trend)
+    made = forecast_lib.run_forecasts(series, after=since, trend=FLAGS.trend)
     for forecast in made:
       print("  " + forecast_lib.describe(forecast))
+      rows.append({"run": name, **dataclasses.asdict(forecast)})
     first = forecast_lib.earliest(made)
     if first is None:
       print(f"  fewer than {forecast_lib.MIN_POINTS} telemetry points after step {since:,}: "
@@ -107,7 +120,7 @@ def _forecast(workdir: str, loaded) -> int:
       print(f"  first to reach 0: {first.series} at step {first.crossing:,.0f}{planned} "
             f"(95% interval {_when(first.early)} to {_when(first.late)})")
     shown += 1
-  return shown
+  return shown, rows
 
 
 def _when(step: float) -> str:

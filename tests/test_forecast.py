@@ -121,22 +121,29 @@ def test_the_command_prints_each_series_and_the_first_crossing(tmp_path):
   run = str(tmp_path / "run")
   crossing, failed = _drifting_run(run, start=2.0, k=1.25, num_steps=2000)
   assert failed is None and 3000 < crossing < 5000  # alive at its end, crossing after it
-  out = cli_runs.run_module("normstudy.forecast", f"--workdir={run}").stdout
+  out = cli_runs.run_module("normstudy.forecast", f"--workdir={run}",
+                            f"--out={tmp_path / 'out'}").stdout
   assert "resid_absmax" in out and "mlp_preact_absmax" in out and "loss_scale" in out
   line = next(l for l in out.splitlines() if "first to reach 0" in l)
   step = float(line.split(" at step ")[1].split()[0].replace(",", ""))
   assert step == pytest.approx(crossing, rel=0.1)
   assert line.split()[4] == "resid_absmax"
+  table = pd.read_csv(tmp_path / "out" / "forecast.csv")  # the same forecasts, read back
+  row = table[table.series == "resid_absmax"].iloc[0]
+  assert row.crossing == pytest.approx(step, abs=1) and row.run == run
+  assert set(table.series) == {"resid_absmax", "mlp_preact_absmax", "attn_logit_max",
+                               "output_logit_max", "loss_scale"}
 
 
 @pytest.mark.parametrize("args, words", [
     (("--workdir={tmp}/missing",), "is not a directory"),
     (("--workdir={tmp}", "--since=-1"), "--since=-1 is not allowed"),
-    (("--workdir={tmp}", "--out={tmp}/o"), "add --validate"),
+    (("--workdir={tmp}", "--out={tmp}/f"), "is a file"),
     (("--workdir={tmp}", "--trend=cubic"), "--trend"),
     (("--workdir={tmp}",), "holds no run"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, words):
+  (tmp_path / "f").write_text("")
   result = cli_runs.run_module("normstudy.forecast", *(a.format(tmp=tmp_path) for a in args),
                                check=False)
   assert result.returncode != 0
