@@ -54,7 +54,7 @@ def _world(rng, floor, seeds=4, end=2000):
       else:
         w = math.log(rng.exponential())  # min-extreme-value: ln of a standard exponential
         t = math.exp(1 - 4 * math.log10(lr - floor) + 0.3 * w)
-      rows.append({"arm": "a", "lr": lr, "time": min(t, end), "failed": t <= end})
+      rows.append({"arm": "a", "lr": lr, "time": min(t, end), "failed": t <= end, "end": end})
   return pd.DataFrame(rows)
 
 

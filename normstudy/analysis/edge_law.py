@@ -15,7 +15,7 @@ Out of sample (`out_of_sample`): every run's time censored at H (a failure after
 alive at H), each form fitted to that, then scored on the runs alive at H by what they did
 next: the log-likelihood of their outcome given survival to H (log f(T) / S(H) for a failure at
 T, log S(end) / S(H) for a run alive at its end), the expected failures after H (the sum of
-1 - S(end) / S(H)) against those observed, and Harrell's concordance between each run's
+1 - S(planned end) / S(H)) against those observed, and Harrell's concordance between each run's
 predicted conditional median and its time. A form is better by 2 or more log-likelihood units
 summed over the scored runs; within 2 units, forms are tied.
 """
@@ -116,7 +116,8 @@ OOS_COLUMNS = ("arm", "fit_horizon", "form", "fitted_runs", "fitted_failures", "
 
 def out_of_sample(runs: pd.DataFrame, horizons) -> pd.DataFrame:
   """The module docstring's table, per arm, fit horizon and form (OOS_COLUMNS). `runs`: one row
-  per run, columns arm, lr, time (failure step, or last step alive), failed."""
+  per run, columns arm, lr, time (failure step, or last step alive), failed, end (the step it
+  was planned to reach: what the expected failures after H count up to)."""
   rows = []
   for arm, mine in runs.groupby("arm", sort=False):
     for horizon in horizons:
@@ -138,7 +139,7 @@ def out_of_sample(runs: pd.DataFrame, horizons) -> pd.DataFrame:
         base = fitted.log_survival(lr, np.full(len(lr), horizon))
         own = np.where(event, fitted.log_density(lr, t), fitted.log_survival(lr, t))
         total = float(np.sum(own - base))
-        end = fitted.log_survival(lr, t)
+        end = fitted.log_survival(lr, later.end.to_numpy(float))
         predicted = [fitted.conditional_median(r, horizon) for r in lr]
         row.update(loglik=total, loglik_per_run=total / len(later),
                    expected_failures_after=float(np.sum(1 - np.exp(end - base))),
@@ -219,11 +220,17 @@ def margin(spreads: pd.DataFrame, best: pd.DataFrame) -> pd.DataFrame:
 
 
 def runs_of(drift_table: pd.DataFrame) -> pd.DataFrame:
-  """drift.csv's rows (one per run) as out_of_sample's: arm, lr, time, failed."""
+  """drift.csv's rows (one per run) as out_of_sample's: arm, lr, time, failed, end. A run's
+  planned end is the last step its sweep's survivors reached (its directory's first part, fit
+  or heldout: each sweep trains every run for the same steps)."""
   failed = drift_table.failure_step.notna()
-  time = np.where(failed, drift_table.failure_step, drift_table.censored_at)
-  return pd.DataFrame({"arm": drift_table.arm, "lr": drift_table.lr, "time": time.astype(float),
-                       "failed": failed.to_numpy()})
+  time = np.where(failed, drift_table.failure_step, drift_table.censored_at).astype(float)
+  sweep = drift_table.run.str.split("/").str[0]
+  ends = pd.Series(time).groupby(sweep.to_numpy()).transform("max")
+  planned = drift_table.censored_at.groupby(sweep).transform("max")
+  end = np.where(planned.notna(), planned, ends)
+  return pd.DataFrame({"arm": drift_table.arm, "lr": drift_table.lr, "time": time,
+                       "failed": failed.to_numpy(), "end": end.astype(float)})
 
 
 FIT_HORIZONS = (240, 480, 960)
