@@ -35,6 +35,10 @@ def define_flags():
                     "lr / sqrt(fan_in) on unit-scale weights).")
   flags.DEFINE_integer("steps", 10, "Train steps after initialisation.")
   flags.DEFINE_integer("head_dim", 16, "Each head's width (heads are added as the model widens).")
+  flags.DEFINE_bool("print_rules", False, "Print each parametrization's per-parameter rules at "
+                    "each width (role, fan-in, initial RMS, forward multiplier, learning-rate "
+                    "and epsilon factors; the attention and activation scales) and train "
+                    "nothing: what to compare with `mup`'s or unit_scaling's own.")
   flags.mark_flags_as_required(["config"])
 
 
@@ -76,6 +80,11 @@ def main(argv):
   for p, lr in zip(FLAGS.parametrizations, lrs):
     for width in widths:
       validation.validate(coordinates.width_config(config, p, width, FLAGS.head_dim, lr))
+  if FLAGS.print_rules:
+    for p, lr in zip(FLAGS.parametrizations, lrs):
+      for width in widths:
+        print(rules_text(coordinates.width_config(config, p, width, FLAGS.head_dim, lr)))
+    return
   from normstudy.records import rundir
   rundir.check_writable(FLAGS.workdir, "--workdir")
   import pandas as pd
@@ -107,6 +116,28 @@ def main(argv):
   figure = os.path.join(FLAGS.workdir, "coordcheck.png")
   save(coordinates_figure.figure(table), figure)
   print(f"coordcheck: {path}\nfigure: {figure}")
+
+
+def rules_text(config) -> str:
+  """The per-parameter rules of one config's model (normstudy.core.model.parameter_rules) as a
+  table, headed by the model's size, base and its whole-model scales."""
+  from normstudy.core import model as model_lib
+  model = config.model
+  cfg = model_lib.ModelConfig.create(model)
+  scale = parametrizations.attention_scale(cfg)
+  head_dim = model.d_model // model.num_heads
+  lines = [f"{model.parametrization} at width {model.d_model} (base_width {model.base_width}, "
+           f"{model.num_layers} layers, base_depth {model.base_depth}, heads {head_dim} wide): "
+           f"attention q.k x {scale if scale is not None else head_dim ** -0.5:.6g}, attention "
+           f"output x {parametrizations.attention_output_multiplier(cfg):.6g}, activation x "
+           f"{parametrizations.activation_multiplier(cfg):.6g}",
+           f"  {'parameter':<44} {'shape':<16} {'role':<9} {'fan_in':>6} {'block':>5} "
+           f"{'init rms':>9} {'forward':>9} {'lr x':>9} {'eps x':>9}"]
+  for r in model_lib.parameter_rules(model):
+    lines.append(f"  {r['path']:<44} {str(r['shape']):<16} {r['role']:<9} {r['fan_in']:>6} "
+                 f"{'yes' if r['in_block'] else 'no':>5} {r['init_rms']:>9.4g} "
+                 f"{r['forward']:>9.4g} {r['lr']:>9.4g} {r['eps']:>9.4g}")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

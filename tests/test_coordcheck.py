@@ -51,3 +51,35 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, flag, message):
   assert result.returncode == 2
   assert result.stderr.strip().splitlines()[-1] == f"error: {message}"
   assert not (tmp_path / "out").exists()
+
+
+def test_print_rules_tables_each_parameters_rules_and_trains_nothing(tmp_path):
+  """Issue 85: --print_rules prints, per parametrization and width, every parameter's role,
+  fan-in, initial RMS and its forward, learning-rate and epsilon factors, checked here against
+  the rules transcribed from the papers' tables (muP, Yang et al. 2022 Table 8: a hidden
+  matrix's rate x base/width and its bert init x (base/width)^1/2; CompleteP, Dey et al. 2025:
+  epsilon x 1/(m_N m_L) on every parameter), and writes nothing."""
+  out = runs.run_module(
+      "normstudy.coordcheck", "--config=configs/ladder.py:pre_norm_clip1", "--widths=64",
+      "--parametrizations=mup,completep", "--print_rules", f"--workdir={tmp_path / 'w'}",
+      "--config.model.base_width=32", "--config.model.base_depth=2").stdout
+  assert not (tmp_path / "w").exists()
+  heads = [l for l in out.splitlines() if " at width 64 " in l]
+  assert [h.split()[0] for h in heads] == ["mup", "completep"]
+  mup, completep = out.split(heads[1])
+  m_n, m_l = 64 / 32, 4 / 2
+
+  def row(block, path):
+    return next(l.split() for l in block.splitlines() if l.split()[:1] == [path])
+
+  fc1 = row(mup, "layer_0/mlp/fc1")  # path, shape, role, fan_in, block, rms, forward, lr, eps
+  assert fc1[-7:-4] == ["hidden", "64", "yes"]
+  assert float(fc1[-3]) == pytest.approx(1.0) and float(fc1[-2]) == pytest.approx(1 / m_n)
+  assert float(fc1[-4]) == pytest.approx(0.02 * m_n ** -0.5, rel=0.05)
+  assert float(fc1[-1]) == pytest.approx(1.0)
+  for line in completep.splitlines()[2:]:
+    if line.strip():
+      assert float(line.split()[-1]) == pytest.approx(1 / (m_n * m_l), rel=1e-3), line
+  embedding = row(mup, "embedding")
+  assert float(embedding[-2]) == pytest.approx(1.0) and float(embedding[-4]) == pytest.approx(
+      0.02, rel=0.05)

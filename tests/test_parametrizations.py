@@ -40,7 +40,7 @@ def _sinusoidal(length, dim):
 
 
 # The tables, transcribed. Width multiplier m = d / base_width, depth multiplier m_L = L / base_L.
-def _table(p, d, heads, L, base_width, base_depth, vocab, length):
+def _table(p, d, heads, L, base_width, base_depth, vocab, length, causal=True):
   """{name: value} of every multiplier the forward pass uses under parametrization p."""
   hd = d // heads
   m, m_l = d / base_width, L / base_depth
@@ -54,7 +54,8 @@ def _table(p, d, heads, L, base_width, base_depth, vocab, length):
   if p == "umup":  # Blake et al. 2024 Table 2 and its unit-scaled operations
     t["attn"] = 1 / hd
     alpha = 1 / (1 + 4 * hd)
-    uniform = math.sqrt(math.log(length) / length)
+    # unit_scaling's scaled_dot_product_attention: ((log S if is_causal else 1) / S) ** 0.5
+    uniform = math.sqrt((math.log(length) if causal else 1) / length)
     t["attn_out"] = 1 / math.exp(alpha * math.log(1.0) + (1 - alpha) * math.log(uniform))
     relu_std = math.sqrt((1 - 1 / math.pi) / 2)  # std of relu(N(0, 1))
     a = 1 / (1 + 0.25)
@@ -119,6 +120,29 @@ def test_the_forward_pass_is_each_papers_table(make_config, parametrization):
   got = np.asarray(model_lib.forward(config.model, params, tokens))
   expected = _numpy_forward(parametrization, jax.tree.map(np.float64, params), tokens, cfg)
   np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_umups_attention_output_rule_follows_the_mask(make_config, causal):
+  """U1 (issue 85): an encoder's attention averages all S positions, so unit_scaling's rule is
+  sqrt(1 / S) at the uniform end, not the causal sqrt(log S / S) (multiplier 7.75 against 3.84
+  at S = 64, d_head = 16: the output sat ~2x below unit scale). Checked against the transcribed
+  rule and measured: random unit-scale q, k, v through softmax attention with u-muP's 1/d_head,
+  times the multiplier, has standard deviation within 25% of 1."""
+  from normstudy.core import parametrizations
+  config = _config(make_config, "umup", d_model=64, num_heads=4, max_len=64, causal=causal)
+  got = parametrizations.attention_output_multiplier(config.model)
+  expected = _table("umup", 64, 4, 3, 16, 2, 64, 64, causal)["attn_out"]
+  assert got == pytest.approx(expected, rel=1e-12)
+  rng = np.random.default_rng(0)
+  q, k, v = (rng.normal(size=(8, 4, 64, 16)) for _ in range(3))
+  s = np.einsum("bhqk,bhsk->bhqs", q, k) / 16
+  if causal:
+    s = np.where(np.tril(np.ones((64, 64), bool)), s, -np.inf)
+  w = np.exp(s - s.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  out = np.einsum("bhqs,bhsk->bhqk", w, v) * got
+  assert np.std(out) == pytest.approx(1.0, rel=0.25)
 
 
 @pytest.mark.parametrize("scan", [True, False])
@@ -243,6 +267,60 @@ def test_completep_scales_epsilon_and_the_decay_keeps_its_own_rate():
     direction = gg / (np.abs(gg) + c * 1e-3)
     expected = -0.1 * (rate * direction + 0.5 * 2.0)
     np.testing.assert_allclose(np.asarray(updates[name]), expected, rtol=1e-5)
+
+
+def test_mups_untied_readout_is_rescaled_as_mureadout(make_config):
+  """M3 (issue 85): microsoft/mup's set_base_shapes calls MuReadout._rescale_parameters, which
+  multiplies the sp-initialised head by width_mult^1/2 (its forward then divides by width_mult).
+  Under init="xavier" (std sqrt(2 / (d + V)), shrinking with width) the head is that times
+  sqrt(d / base_width); under "bert" its normal(0.02) is constant in width and kept."""
+  def head_std(parametrization, d, init):
+    config = _config(make_config, parametrization, d_model=d, d_ff=4 * d, num_heads=4,
+                     init=init, vocab_size=512, num_layers=1, base_width=32,
+                     tie_embeddings=False)
+    return float(np.std(np.asarray(model_lib.init_params(config.model, 0)["head"])))
+  for d in (64, 256):
+    xavier = math.sqrt(2.0 / (d + 512))
+    np.testing.assert_allclose(head_std("sp", d, "xavier"), xavier, rtol=0.05)
+    np.testing.assert_allclose(head_std("mup", d, "xavier"), xavier * math.sqrt(d / 32),
+                               rtol=0.05)
+    np.testing.assert_allclose(head_std("mup", d, "bert"), 0.02, rtol=0.05)
+
+
+def test_mups_base_and_attention_scale_are_said_in_one_line(make_config):
+  """M2 and M4 (issue 85): under muP the run says its width multiplier and where its base comes
+  from (model.base_width, 128 by default where the ladders use 32 and 64), and which attention
+  scale it gets (base_head_dim 0: sp's 1/sqrt(d_head), a deliberate default for heads added with
+  width); nothing under sp."""
+  from normstudy.core import parametrizations
+  from normstudy.experiments import preflight
+  config = _config(make_config, "mup", d_model=64, num_heads=4, base_width=128, d_ff=256)
+  line = preflight.parametrization_note(config)
+  assert "\n" not in line
+  assert "m_N = d_model 64 / model.base_width=128 (the default) = 0.5" in line
+  assert "q.k / sqrt(16) as sp's (model.base_head_dim=0" in line
+  assert parametrizations.attention_scale(config.model) == pytest.approx(1 / 4)
+  config.model.base_head_dim = 4
+  config.model.base_width = 32
+  line = preflight.parametrization_note(config)
+  assert "model.base_width=32 = 2;" in line and "x sqrt(4) / 16 (1/d_head" in line
+  assert parametrizations.attention_scale(config.model) == pytest.approx(2 / 16)
+  assert preflight.parametrization_note(_config(make_config, "sp")) == ""
+
+
+def test_completep_scales_every_parameters_epsilon(make_config):
+  """C1 (issue 85): CompleteP's reference multiplies the optimizer's one epsilon by
+  1 / (m_N m_L^alpha) before its parameter groups, so embeddings, norms, biases and the readout
+  get it as the hidden matrices do (once: the hidden matrices alone)."""
+  config = _config(make_config, "completep", d_model=64, num_heads=4, d_ff=256)
+  m_n, m_l = 64 / config.model.base_width, config.model.num_layers / config.model.base_depth
+  assert (m_n, m_l) == (4.0, 1.5)
+  _, eps = model_lib.optimizer_multipliers(config.model)
+  leaves = jax.tree_util.tree_leaves_with_path(eps)
+  names = {jax.tree_util.keystr(path) for path, _ in leaves}
+  assert any("embedding" in n for n in names) and any("scale" in n for n in names)
+  for path, factor in leaves:
+    assert factor == pytest.approx(1 / (m_n * m_l), rel=1e-12), jax.tree_util.keystr(path)
 
 
 def test_umups_backward_scale_is_undone_before_the_clip(make_config):

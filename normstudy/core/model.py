@@ -289,6 +289,28 @@ def optimizer_multipliers(model_cfg: Any) -> tuple:
   return (jax.tree.map(lambda f: f, lrs), jax.tree.map(lambda f: f, epss))
 
 
+def parameter_rules(model_cfg: Any) -> list:
+  """Every parameter's rules under the model's parametrization, as a `mup` user would compare
+  them (normstudy.coordcheck --print_rules): [{path, shape, role, fan_in, in_block, init_rms
+  (its root mean square as initialised with key 0), forward (its forward multiplier), lr, eps (its
+  learning-rate and epsilon factors)}], in the parameter tree's order."""
+  cfg = ModelConfig.create(model_cfg)
+  boxed = jax.eval_shape(boxed_init(cfg), jax.random.key(0))
+  values = init_params(model_cfg, 0)
+  lrs, epss = _multipliers(cfg)
+  rows = []
+  flat = jax.tree_util.tree_flatten_with_path(boxed, is_leaf=_is_box)[0]
+  for (path, box), value, lr, eps in zip(flat, jax.tree.leaves(values), jax.tree.leaves(lrs),
+                                         jax.tree.leaves(epss)):
+    rows.append({"path": "/".join(str(getattr(k, "key", k)) for k in path),
+                 "shape": tuple(box.value.shape), "role": box.role, "fan_in": box.fan_in,
+                 "in_block": _in_block(path),
+                 "init_rms": float(jnp.sqrt(jnp.mean(jnp.square(value)))),
+                 "forward": parametrizations.forward_multiplier(cfg, box.role, box.fan_in),
+                 "lr": float(lr), "eps": float(eps)})
+  return rows
+
+
 def _in_block(path) -> bool:
   names = [getattr(k, "key", None) for k in path]
   return any(n == "layers" or (isinstance(n, str) and n.startswith("layer_")) for n in names)

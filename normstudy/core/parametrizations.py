@@ -24,8 +24,9 @@ m_N = d_model / base_width, the depth multiplier m_L = num_layers / base_depth.
   completep muP in width plus CompleteP's depth rules at alpha = 1 (Dey et al. 2025, "Don't be
             lazy: CompleteP enables compute-efficient deep transformers", Table 1): each residual
             branch times 1/m_L; the hidden matrices' learning rate m_N^-1 m_L^(alpha-1) = m_N^-1
-            and their Adam epsilon times m_N^-1 m_L^-alpha; initialisation and the vectors' rates
-            as muP's. Pre-LN only (the table is derived for x + F(LN(x))).
+            and Adam's epsilon times m_N^-1 m_L^-alpha for every parameter (the reference
+            scales the optimizer's one epsilon); initialisation and the vectors' rates as
+            muP's. Pre-LN only (the table is derived for x + F(LN(x))).
   umup      u-muP (Blake et al. 2024, "u-muP: The Unit-Scaled Maximal Update Parametrization",
             Table 2 and its residual and operation scales; unit scaling, Blake et al. 2023): every
             matrix initialised N(0, 1); hidden matrices used times fan_in^-1/2 with Adam rate
@@ -77,12 +78,18 @@ def unit_init(cfg, role: str) -> bool:
 
 def init_multiplier(cfg, role: str, fan_scaled: bool = False) -> float:
   """The factor on a parameter's sp initialiser (muP: a hidden matrix's normal(0.02) "bert"
-  init times m_N^-1/2, so its variance goes as 1/fan_in as Xavier's already does). A hidden
+  init times m_N^-1/2, so its variance goes as 1/fan_in as Xavier's already does; an untied
+  readout's Xavier init times m_N^1/2, as `mup`'s MuReadout rescales it). A hidden
   matrix whose own initialiser is scaled by its fans whatever model.init says (`fan_scaled`:
   the convolutional positions' Xavier kernel) keeps it: shrunk again, its variance would fall
   as 1/width^2 (`mup`'s rule is variance proportional to 1/fan_in, once)."""
   if _width_rules(cfg) and role == "hidden" and cfg.init == "bert" and not fan_scaled:
     return width_mult(cfg) ** -0.5
+  if _width_rules(cfg) and role == "readout" and cfg.init == "xavier":
+    # MuReadout's _rescale_parameters: the sp initialiser (scaled by its fan-in) times
+    # m_N^1/2, so the untied head's variance stays the base model's as the width grows; bert's
+    # normal(0.02) is constant in width already and is kept.
+    return width_mult(cfg) ** 0.5
   return 1.0
 
 
@@ -107,9 +114,12 @@ def lr_multiplier(cfg, role: str, fan_in: int, in_block: bool) -> float:
 
 
 def eps_multiplier(cfg, role: str) -> float:
-  """The factor on Adam's epsilon of one parameter: CompleteP's m_N^-1 m_L^-1 on hidden
-  matrices; 1 otherwise."""
-  if cfg.parametrization == "completep" and role == "hidden":
+  """The factor on Adam's epsilon of one parameter: CompleteP's m_N^-1 m_L^-alpha (alpha = 1)
+  on every parameter, as its reference scales the optimizer's one epsilon (Dey et al. 2025's
+  llm-foundry port: eps *= 1 / width_multiplier x depth_multiplier^-alpha, before the parameter
+  groups); 1 otherwise. `role` is every role's the same factor."""
+  del role  # one epsilon for every parameter group in the reference
+  if cfg.parametrization == "completep":
     return 1.0 / (width_mult(cfg) * depth_mult(cfg))
   return 1.0
 
@@ -134,15 +144,17 @@ def _log_interpolation(alpha: float, lower: float, upper: float) -> float:
 
 def attention_output_multiplier(cfg) -> float:
   """u-muP: the attention's output (before its projection) divided by its empirical scale at
-  attention multiplier 1: interpolated between sqrt(log S / S) (uniform attention over S
-  positions) and 1 (one position), with alpha = 1 / (1 + 4 d_head); times sqrt(1 - dropout).
-  1 for the others."""
+  attention multiplier 1: interpolated between its scale under uniform attention, sqrt(log S /
+  S) when causal (a row averages up to S positions) and sqrt(1 / S) when not (every row
+  averages all S), and 1 (one position), with alpha = 1 / (1 + 4 d_head); times
+  sqrt(1 - dropout) (unit_scaling.functional.scaled_dot_product_attention's rule, its is_causal
+  choosing the lower end). 1 for the others."""
   if cfg.parametrization != "umup":
     return 1.0
   head_dim = cfg.d_model // cfg.num_heads
   length = cfg.max_len
-  scale = _log_interpolation(1.0 / (1.0 + 4.0 * head_dim),
-                             math.sqrt(math.log(length) / length), 1.0)
+  uniform = math.sqrt((math.log(length) if cfg.causal else 1.0) / length)
+  scale = _log_interpolation(1.0 / (1.0 + 4.0 * head_dim), uniform, 1.0)
   return math.sqrt(1.0 - cfg.dropout) / scale
 
 

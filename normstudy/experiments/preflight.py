@@ -32,9 +32,13 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
   any config may take it."""
   sizes = sharding.mesh_shape(runs[0].config.mesh, jax.device_count())
   checkpointed = rundir.checkpointed_steps(storage.remote(checkpoint_dir))
-  files_checked = set()
+  files_checked, noted = set(), set()
   for run in runs:
     validation.validate(run.config)
+    note = parametrization_note(run.config)
+    if note and note not in noted:  # once per distinct base, not per run
+      logging.warning("%s", note)
+      noted.add(note)
     platform.check_kernels(run.config, jax.devices())
     sharding.check_divisible(run.config, sizes, num_runs=len(runs))
     check_memory(run.config, sizes, len(runs))
@@ -54,6 +58,29 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
       files_checked.add(corpus)
     if checkpointed and not allow_config_change:
       _check_saved_config(run, checkpointed)
+
+
+def parametrization_note(config) -> str:
+  """One line under muP or CompleteP saying what the run's base is (issue 85, M2 and M4): the
+  width multiplier and where it comes from (model.base_width, its default 128 unless set), and
+  which attention scale the run gets (model.base_head_dim 0: sp's 1/sqrt(d_head), right when
+  heads are added with width; set: Table 3's 1/d_head, equal to sp's at that head width);
+  "" for the other parametrizations."""
+  from normstudy.core import config as config_lib
+  from normstudy.core import parametrizations
+  model = config.model
+  if model.parametrization not in ("mup", "completep"):
+    return ""
+  default = next(f.default for f in config_lib.FIELDS if f.name == "model.base_width")
+  base = (f"model.base_width={model.base_width}"
+          + (" (the default)" if model.base_width == default else ""))
+  head_dim = model.d_model // model.num_heads
+  attention = (f"attention q.k x sqrt({model.base_head_dim}) / {head_dim} (1/d_head, equal to "
+               f"sp's at head width {model.base_head_dim})" if model.base_head_dim else
+               f"attention q.k / sqrt({head_dim}) as sp's (model.base_head_dim=0: heads added "
+               "with width keep their width; set it to the base's head width for 1/d_head)")
+  return (f"{model.parametrization}: m_N = d_model {model.d_model} / {base} = "
+          f"{parametrizations.width_mult(model):g}; {attention}")
 
 
 def _warn_small_synthetic(config) -> None:
