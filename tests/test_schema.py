@@ -11,6 +11,7 @@ what the analysis writes shows here.
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -52,8 +53,29 @@ def test_directories_of_12de52b_analyse_to_the_committed_tables(tmp_path, experi
   # Tables added since: arms.csv, each arm's median and range over its seeds, where the runs
   # differ only in arm and seed (issue 45's seed figure over seeds).
   added = {"arms.csv"} if experiment == "speed" else set()
+  # headroom.csv (issue 84), wherever the runs recorded per-layer telemetry.
+  if _has_telemetry(source):
+    added.add("headroom.csv")
   assert set(written) - set(expected) == added
+  # observations.md's "Float16 headroom" section is added since (issue 84): the rest as it was.
+  # (written with few enough runs to read them one by one, as the per-run prose is).
+  text = written.get("observations.md", b"").decode()
+  section = re.search(r"## Float16 headroom\n.*?(?=\n## |\Z)", text, re.S)
+  if section:
+    assert _has_telemetry(source) and "least headroom" in section.group(0)
+    written["observations.md"] = (text[:section.start()] + text[section.end():].lstrip(
+        "\n")).encode()
   assert {k: v for k, v in written.items() if k not in added} == expected
+
+
+def _has_telemetry(directory) -> bool:
+  """Whether a run below `directory` recorded a per-layer residual maximum."""
+  for root, _, files in os.walk(directory):
+    if "metrics.jsonl" in files:
+      with open(os.path.join(root, "metrics.jsonl"), encoding="utf-8") as f:
+        if "resid_absmax/layer_" in f.read():
+          return True
+  return False
 
 
 def test_every_record_of_12de52b_reads_into_its_type_and_writes_back_the_same():
