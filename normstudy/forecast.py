@@ -5,7 +5,7 @@ the trend reaches 0, with a 95% interval (normstudy.analysis.headroom_trend).
   python -m normstudy.forecast --workdir=DIR [--workdir=DIR2 ...] --validate [--out=OUT]
 
 --workdir is a run's directory, or a directory of runs (each forecast in turn; repeat the flag
-for more); a run that is still training can be read while it trains. The trend is fitted to the telemetry after
+for more), local or gs://; a run that is still training can be read while it trains. The trend is fitted to the telemetry after
 --since (default: the run's warm-up); with --out, the lines are also written to DIR/forecast.csv
 (one row per run and series: headroom now, the trend and its interval, the crossing and its
 interval; inf where never). --validate scores forecasts made at 10%, 25% and 50% of
@@ -48,10 +48,15 @@ def main(argv):
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.since is not None and FLAGS.since < 0:
     raise errors.UserError(f"--since={FLAGS.since} is not allowed; allowed: a step >= 0")
+  from normstudy.records import storage
   for workdir in FLAGS.workdir:
-    if not os.path.isdir(workdir):
+    storage.check_workdir(workdir)  # gs://: the scheme, the bucket, the endpoint, in one line
+    if not storage.is_url(workdir) and not os.path.isdir(workdir):
       raise errors.UserError(f"--workdir={workdir} is not a directory (a run's, or one "
                              "holding runs)")
+  if FLAGS.out is not None and "://" in FLAGS.out:
+    raise errors.UserError(f"--out={FLAGS.out} is not allowed; allowed: a local directory (the "
+                           "tables are small: copy them where you like)")
   if FLAGS.out is not None and os.path.exists(FLAGS.out) and not os.path.isdir(FLAGS.out):
     raise errors.UserError(f"--out={FLAGS.out} is a file; --out is the directory the tables "
                            "go into")
@@ -59,7 +64,8 @@ def main(argv):
   loaded = {}
   for workdir in FLAGS.workdir:
     try:
-      loaded[workdir] = runs_lib.load_runs(workdir)
+      # gs://: the run files (records and configs, no checkpoints) copied to a local directory.
+      loaded[workdir] = runs_lib.load_runs(runs_lib.localize(workdir))
     except runs_lib.NoRunsError as e:
       raise errors.UserError(str(e)) from None
     if not len(loaded[workdir]):
@@ -92,7 +98,7 @@ def _forecast(workdir: str, loaded) -> tuple:
   rows, shown = [], 0
   for run, facts in loaded.runs.items():
     series = headroom_lib.run_series(loaded, run)
-    name = os.path.normpath(os.path.join(workdir, run))
+    name = _run_name(workdir, run)
     if series.empty:
       print(f"{name}: no telemetry (train.telemetry_every > 0 records the series)")
       continue
@@ -121,6 +127,13 @@ def _forecast(workdir: str, loaded) -> tuple:
             f"(95% interval {_when(first.early)} to {_when(first.late)})")
     shown += 1
   return shown, rows
+
+
+def _run_name(workdir: str, run: str) -> str:
+  """A run's path as the user gave its directory (a gs:// URL kept as one)."""
+  if "://" in workdir:
+    return workdir.rstrip("/") if run == "." else f"{workdir.rstrip('/')}/{run}"
+  return os.path.normpath(os.path.join(workdir, run))
 
 
 def _when(step: float) -> str:
@@ -162,7 +175,7 @@ def _outcomes(workdir: str, loaded, forecast_lib, headroom_lib) -> dict:
       continue
     if not facts.outcome.failed and int(loss.index.max()) < facts.num_steps:
       continue  # still training or stopped early: what happens to it is not known yet
-    outcomes[os.path.normpath(os.path.join(workdir, run))] = forecast_lib.Outcome(
+    outcomes[_run_name(workdir, run)] = forecast_lib.Outcome(
         rows=rows, failed_at=facts.outcome.failed_at if facts.outcome.failed else None,
         last_step=int(loss.index.max()), num_steps=int(facts.num_steps),
         warmup=int(facts.warmup_steps))

@@ -139,6 +139,7 @@ def test_the_command_prints_each_series_and_the_first_crossing(tmp_path):
     (("--workdir={tmp}/missing",), "is not a directory"),
     (("--workdir={tmp}", "--since=-1"), "--since=-1 is not allowed"),
     (("--workdir={tmp}", "--out={tmp}/f"), "is a file"),
+    (("--workdir={tmp}", "--out=gs://b/x"), "allowed: a local directory"),
     (("--workdir={tmp}", "--trend=cubic"), "--trend"),
     (("--workdir={tmp}",), "holds no run"),
 ])

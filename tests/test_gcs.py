@@ -112,6 +112,12 @@ def test_a_sweep_and_its_analysis_write_every_file_to_the_bucket(bucket):
   again = runs.run_module("normstudy.analyze", f"--workdir={url}", env=env)
   assert f"observations: {url}/observations.md" in again.stdout
   assert objects(env, url)["summary.csv"] == written["summary.csv"]
+  # The forecast reads the bucket's runs (these recorded no telemetry: each says so, then one
+  # line).
+  told = runs.run_module("normstudy.forecast", f"--workdir={url}", env=env, check=False)
+  assert told.returncode == 2 and f"{url}/lr0.001_seed0: no telemetry" in told.stdout
+  assert told.stderr.strip().splitlines()[-1].endswith("no run has telemetry to forecast from "
+                                                       "(train.telemetry_every > 0)")
 
 
 def test_a_workdir_in_use_and_a_bad_url_are_one_line(bucket):
