@@ -11,6 +11,7 @@ import pytest
 
 from normstudy import forecast as forecast_cli
 from normstudy.analysis import headroom_trend as forecast
+from normstudy.analysis import stats
 from tests import runs as cli_runs
 from tests.test_headroom import HALF_MAX
 from tests.test_headroom import write_run
@@ -90,7 +91,7 @@ def test_the_interval_holds_the_first_passage_of_the_continued_series():
     ([1, 2], [10, 20], [0, 0], math.nan),
 ])
 def test_concordance_by_hand(predicted, time, event, expected):
-  got = forecast.concordance(predicted, time, event)
+  got = stats.concordance(predicted, time, event)
   assert (math.isnan(got) and math.isnan(expected)) or got == expected
 
 

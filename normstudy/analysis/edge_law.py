@@ -22,12 +22,13 @@ summed over the scored runs; within 2 units, forms are tied.
 
 import dataclasses
 import math
+import os
 
 import numpy as np
 import pandas as pd
 
-from normstudy.analysis import headroom_trend
 from normstudy.analysis import law as law_lib
+from normstudy.analysis import stats
 
 FORMS = ("weibull", "lognormal", "floor")
 _FAMILY = {"weibull": "weibull", "lognormal": "lognormal", "floor": "weibull"}
@@ -86,20 +87,24 @@ class Fitted:
 
 
 def fit(data: law_lib.Data, form: str) -> Fitted:
-  """One form fitted to one arm's runs (ValueError: too few failures to place it)."""
-  family = _FAMILY[form]
-  floor = 0.0
-  if form == "floor":
-    floor = law_lib.fit_floor(data, family).floor
+  """One form fitted to one arm's runs (ValueError: too few failures to place it). The two
+  power laws are normstudy.analysis.law's fit; the floor form refits at law.fit_floor's floor."""
+  if form != "floor":
+    return _of(law_lib.fit(data, form))
+  if len(set(data.x[data.event])) < 2:
+    raise ValueError("a law needs failures at 2 or more rates")
+  floor = law_lib.fit_floor(data, _FAMILY[form]).floor
   lr = 10 ** data.x
   above = lr > floor
   design = np.column_stack([np.ones(int(above.sum())), np.log10(lr[above] - floor)])
-  if len(set(data.x[data.event])) < 2:
-    raise ValueError("a law needs failures at 2 or more rates")
-  beta, log_sigmas, loglik = law_lib.fit_design(family, design, np.log(data.t[above]),
+  beta, log_sigmas, loglik = law_lib.fit_design(_FAMILY[form], design, np.log(data.t[above]),
                                                 data.event[above])
   return Fitted(form, float(beta[0]), float(beta[1]), float(math.exp(log_sigmas[0])), floor,
                 loglik)
+
+
+def _of(law: law_lib.Law) -> Fitted:
+  return Fitted(law.law, law.a, law.b, law.sigma, 0.0, law.loglik)
 
 
 def censored_at(runs: pd.DataFrame, horizon: float) -> law_lib.Data:
@@ -143,7 +148,7 @@ def out_of_sample(runs: pd.DataFrame, horizons) -> pd.DataFrame:
         predicted = [fitted.conditional_median(r, horizon) for r in lr]
         row.update(loglik=total, loglik_per_run=total / len(later),
                    expected_failures_after=float(np.sum(1 - np.exp(end - base))),
-                   c_index=headroom_trend.concordance(predicted, t, event))
+                   c_index=stats.concordance(predicted, t, event))
         row["critical_lr_100k"] = fitted.critical_lr(100_000)
         scored.append(row)
       best = max((r["loglik"] for r in scored), default=-math.inf)
@@ -166,11 +171,11 @@ def critical_lr_forms(runs: pd.DataFrame, horizons) -> pd.DataFrame:
   for arm, mine in runs.groupby("arm", sort=False):
     data = law_lib.Data.of(mine.lr, mine.time, mine.failed)
     for form in FORMS:
-      try:
-        fitted = fit(data, form)
+      try:  # the power laws once, for the point and its profile interval
+        profile = law_lib.fit(data, form) if form != "floor" else None
+        fitted = _of(profile) if profile else fit(data, form)
       except ValueError:
         continue
-      profile = law_lib.fit(data, form) if form != "floor" else None
       for horizon in horizons:
         low, high = profile.critical_lr_interval(horizon) if profile else (np.nan, np.nan)
         rows.append({"arm": arm, "horizon": horizon, "form": form,
@@ -245,7 +250,6 @@ def write(workdir: str, best_rates: str | None = None) -> dict:
   (columns forms, spread_low, spread_high: recomputed, never appended twice) and, with
   `best_rates` (a learning-rate sweep's summary.csv: arm, best_lr, lr_range_low/high),
   margin.csv. Returns {name: path}."""
-  import os
   runs = runs_of(pd.read_csv(os.path.join(workdir, DRIFT)))
   critical_path = os.path.join(workdir, CRITICAL)
   critical = pd.read_csv(critical_path)

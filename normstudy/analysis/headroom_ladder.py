@@ -37,6 +37,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from normstudy.analysis import headroom as headroom_lib
+from normstudy.records import rundir
 
 HEADROOM_FILE = "headroom.csv"
 PREDICTION = "headroom_prediction.csv"
@@ -70,7 +71,6 @@ def collect(workdir: str, skip=()) -> pd.DataFrame:
 
 
 def _warmup(run_dir: str) -> int:
-  from normstudy.records import rundir
   return int(rundir.read_config(run_dir).get("optimizer", {}).get("warmup_steps", 0))
 
 

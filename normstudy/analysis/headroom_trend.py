@@ -147,8 +147,8 @@ def _first_passages(beta, covariance, df: int, trend: str, now: float, sigma: fl
                     phi: float, spacing: float, draws: int, seed: int) -> np.ndarray:
   """`draws` simulated first steps after `now` at which the series reaches 0 (inf: not before
   HORIZON_CAP): the line's coefficients drawn from their multivariate t law (`df` degrees of
-  freedom, `covariance`), the points about it AR(1) with the residuals' scatter `sigma` and coefficient `phi`, one point
-  every `spacing` steps. The future is cut into CELLS geometric cells; a cell holding n points
+  freedom, `covariance`), the points about it AR(1) with the residuals' scatter `sigma` and
+  coefficient `phi`, one point every `spacing` steps. The future is cut into CELLS geometric cells; a cell holding n points
   holds about m = n (1 - phi) / (1 + phi) independent ones, and the lowest of m standard
   normals is drawn exactly from its law, P(min > z) = (1 - Phi(z))^m (cells independent)."""
   rng = np.random.default_rng(seed)
@@ -194,26 +194,6 @@ def earliest(forecasts: list) -> Forecast | None:
   if not forecasts:
     return None
   return min(forecasts, key=lambda f: (f.crossing, f.early))
-
-
-def concordance(predicted, time, event) -> float:
-  """Harrell's C: over pairs whose order is known (the shorter time is a failure), the share in
-  which the shorter time has the earlier prediction (ties in the prediction count one half);
-  NaN without such a pair."""
-  predicted, time = np.asarray(predicted, dtype=float), np.asarray(time, dtype=float)
-  event = np.asarray(event, dtype=bool)
-  concordant, comparable = 0.0, 0
-  for i in range(len(time)):
-    if not event[i]:
-      continue
-    for j in range(len(time)):
-      if time[i] < time[j]:
-        comparable += 1
-        if predicted[i] < predicted[j]:
-          concordant += 1.0
-        elif predicted[i] == predicted[j]:
-          concordant += 0.5
-  return concordant / comparable if comparable else math.nan
 
 
 VALIDATION_COLUMNS = ("fraction", "trend", "runs", "failed", "c_index", "in_interval",
@@ -274,7 +254,7 @@ def validate(outcomes: dict, fractions=FRACTIONS, trends=TRENDS) -> tuple:
       finite = failed[np.isfinite(failed.crossing)]
       table.append({
           "fraction": fraction, "trend": trend, "runs": len(made), "failed": len(failed),
-          "c_index": concordance(made.crossing, made.time, made.failed),
+          "c_index": stats.concordance(made.crossing, made.time, made.failed),
           "in_interval": float(made.inside.mean()),
           "failed_in_interval": float(failed.inside.mean()) if len(failed) else math.nan,
           "survivors_consistent": (float(made[~made.failed].inside.mean())

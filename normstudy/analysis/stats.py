@@ -394,3 +394,23 @@ def newey_west(x, y, lags: int | None = None) -> LineFit:
   covariance = bread @ meat @ bread * n / max(n - 2, 1)
   return LineFit(beta=beta, covariance=covariance,
                  residual_variance=float(residual @ residual) / max(n - 2, 1), df=n - 2)
+
+
+def concordance(predicted, time, event) -> float:
+  """Harrell's C: over pairs whose order is known (the shorter time is a failure), the share in
+  which the shorter time has the earlier prediction (ties in the prediction count one half);
+  NaN without such a pair."""
+  predicted, time = np.asarray(predicted, dtype=float), np.asarray(time, dtype=float)
+  event = np.asarray(event, dtype=bool)
+  concordant, comparable = 0.0, 0
+  for i in range(len(time)):
+    if not event[i]:
+      continue
+    for j in range(len(time)):
+      if time[i] < time[j]:
+        comparable += 1
+        if predicted[i] < predicted[j]:
+          concordant += 1.0
+        elif predicted[i] == predicted[j]:
+          concordant += 0.5
+  return concordant / comparable if comparable else math.nan
