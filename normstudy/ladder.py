@@ -80,7 +80,8 @@ def main(argv):
                  d_ff=4 * FLAGS.target_d_model)
     targets = {"num_layers": FLAGS.target_layers, "d_model": FLAGS.target_d_model,
                "params": ladder_runs.parameters(model)}
-    for name, path in analysis.analyze(table, targets, FLAGS.workdir).items():
+    for name, path in analysis.analyze(table, targets, FLAGS.workdir,
+                                       ladder_runs.search_rungs(FLAGS.workdir)).items():
       print(f"{name}: {path}")
     transfer = ladder_runs.recorded_transfer(FLAGS.workdir)
     if transfer is not None:
@@ -90,7 +91,8 @@ def main(argv):
                                f"{transfer['reference']}, which is not a file (run from the "
                                "repository root, or make ladder)")
       import pandas as pd
-      reference = pd.read_csv(transfer["reference"])
+      reference = transfer_analysis.with_own_controls(
+          pd.read_csv(transfer["reference"]), table, set(transfer["arms"].values()))
       for name, path in transfer_analysis.analyze(
           table, reference, transfer["arms"], ladder_runs.arm_parametrizations(FLAGS.workdir),
           targets, FLAGS.workdir).items():

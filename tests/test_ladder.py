@@ -284,3 +284,41 @@ def test_the_held_out_rung_says_what_a_flat_law_would_have_predicted():
   for slope in (-0.3, -1.0, -3.0):
     line = ladder_report.heldout(sizes, 10 ** (-0.5 + slope * np.log10(sizes / 16)))
     assert line["flat_inside"]
+
+
+def test_the_ladder_says_how_often_each_arm_clipped_at_each_rung(tmp_path):
+  """ladder_clip.csv: per rung and arm, the mean of runs.csv's clipped_fraction over every probe
+  and over the probes that did not fail (issue 85: a clip that acts on most of one
+  parametrization's steps and on none of another's is a second difference between them)."""
+  import json
+  import runs
+  from configs import shakespeare
+  model = json.loads(shakespeare.base_config().model.to_json())
+  rng = np.random.default_rng(5)
+  expected = {}
+  for width in (32, 64, 128):
+    directory = tmp_path / "float16" / f"width{width}"
+    _write_rung(directory, dict(model, d_model=width, d_ff=4 * width, dtype="float16"),
+                {"pre_norm_clip1": 0.3})
+    config = json.loads((directory / "pre_norm_clip1" / "lr0.1_seed0" / "config.json").read_text())
+    config["optimizer"] = {"clip_norm": 1.0}
+    (directory / "pre_norm_clip1" / "lr0.1_seed0" / "config.json").write_text(json.dumps(config))
+    (directory / "sweep.json").write_text(json.dumps(
+        {"runs": [{"name": "pre_norm_clip1/lr0.1_seed0", "arm": "pre_norm_clip1"}],
+         "search": {}}))
+    fractions = rng.uniform(0, 1, size=6).round(4)
+    failed = [None, 40, None, None, 7, None]
+    pd.DataFrame({"run": [f"r{i}" for i in range(6)], "arm": "pre_norm_clip1",
+                  "learning_rate": np.geomspace(0.03, 3, 6), "clipped_fraction": fractions,
+                  "failed_at": failed}).to_csv(directory / "runs.csv", index=False)
+    alive = [f for f, at in zip(fractions, failed) if at is None]
+    expected[width] = (sum(fractions) / 6, sum(alive) / len(alive), len(alive))
+  runs.run_inline("normstudy.ladder", f"--workdir={tmp_path}")
+  table = pd.read_csv(tmp_path / "ladder_clip.csv")
+  assert tuple(table.columns) == ladder_report.schema.LADDER_CLIP_COLUMNS
+  assert sorted(table.d_model) == [32, 64, 128]
+  for row in table.itertuples():
+    everyone, survivors, count = expected[row.d_model]
+    assert row.clip_norm == 1.0 and row.runs == 6 and row.alive == count
+    assert row.clipped_fraction == pytest.approx(everyone)
+    assert row.clipped_fraction_alive == pytest.approx(survivors)

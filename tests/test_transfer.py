@@ -61,3 +61,22 @@ def test_a_law_of_the_data_s_own_slope_predicts_an_exact_line_exactly():
   predicted, low, high = transfer.slope_law_prediction(widths[:3], lrs[:3], -0.5, 128.0)
   assert math.isclose(predicted, lrs[3], rel_tol=1e-12)
   assert low <= predicted <= high
+
+
+def test_the_ladders_own_sp_control_replaces_and_extends_the_committed_reference():
+  """sp's rungs for the comparison: the committed reference where the ladder trained no sp
+  control, the ladder's own control where it did (the same sitting), and the rungs only the
+  control has (4 x 256, 4 x 512); other arms of the ladder are not sp's."""
+  reference = pd.DataFrame(_rows("a", "float16", [16, 32, 64, 128], [0.8, 0.6, 0.4, 0.3])
+                           + _rows("b", "float16", [16, 32], [0.9, 0.7]))
+  ladder = pd.DataFrame(_rows("a", "float16", [64, 128, 256, 512], [0.41, 0.29, 0.2, 0.15])
+                        + _rows("a_mup", "float16", [16, 512], [0.5, 0.5]))
+  merged = transfer.with_own_controls(reference, ladder, {"a", "b"})
+  got = {(r.arm, r.d_model): r.critical_lr for r in merged.itertuples()}
+  expected = {("a", 16): 0.8, ("a", 32): 0.6, ("a", 64): 0.41, ("a", 128): 0.29,
+              ("a", 256): 0.2, ("a", 512): 0.15, ("b", 16): 0.9, ("b", 32): 0.7}
+  assert got == expected and len(merged) == len(expected)
+  assert list(merged.columns) == list(reference.columns)
+  # Without a control in the ladder the reference is used as committed.
+  alone = transfer.with_own_controls(reference, ladder[ladder.arm == "a_mup"], {"a", "b"})
+  assert alone.equals(reference)

@@ -258,6 +258,27 @@ def interaction_table(ladder: pd.DataFrame) -> pd.DataFrame:
   return table
 
 
+def clip_table(rungs: list) -> pd.DataFrame:
+  """ladder_clip.csv (schema.LADDER_CLIP_COLUMNS) from ladder_runs.search_rungs' rungs: per
+  rung and arm the mean over its probes of the share of logged steps the gradient clip acted
+  on (grad_norm > clip_norm; runs.csv's clipped_fraction), over every probe and over the probes
+  the failure rule left alive (no failed_at). A clip that acts on most steps of one
+  parametrization and on none of another makes their arms differ in more than the
+  parametrization (issue 85)."""
+  rows = []
+  for size, runs, clip_norms in rungs:
+    for arm, probes in runs.groupby("arm", sort=False):
+      alive = (probes[probes.failed_at.isna()] if "failed_at" in probes
+               else probes.iloc[:0])
+      rows.append({**size, "arm": arm, "clip_norm": clip_norms.get(arm, math.nan),
+                   "runs": len(probes), "clipped_fraction": float(probes.clipped_fraction.mean()),
+                   "alive": len(alive),
+                   "clipped_fraction_alive": (float(alive.clipped_fraction.mean()) if len(alive)
+                                              else math.nan)})
+  table = pd.DataFrame(rows, columns=list(schema.LADDER_CLIP_COLUMNS))
+  return table.sort_values(["dtype", "arm", "num_layers", "d_model"], kind="stable")
+
+
 def with_extrapolation(fits: pd.DataFrame, ladder: pd.DataFrame, targets: dict) -> pd.DataFrame:
   """fits (fit_table's) with each line's prediction at `targets[axis]` (the paper's size):
   `target`, `extrapolated`, `extrapolated_low`, `extrapolated_high` and `extrapolation`
@@ -318,9 +339,10 @@ def figure(ladder: pd.DataFrame, fits: pd.DataFrame):
   return fig
 
 
-def analyze(ladder: pd.DataFrame, targets: dict, workdir: str) -> dict:
-  """Writes ladder.csv, ladder_fit.csv (with the extrapolation to `targets`), ladder_tests.csv
-  and ladder.png (+ .svg) into `workdir`; returns their paths."""
+def analyze(ladder: pd.DataFrame, targets: dict, workdir: str, rungs=()) -> dict:
+  """Writes ladder.csv, ladder_fit.csv (with the extrapolation to `targets`), ladder_tests.csv,
+  ladder.png (+ .svg) and, from `rungs` (ladder_runs.search_rungs'), ladder_clip.csv into
+  `workdir`; returns their paths."""
   import os
   from normstudy.analysis.plots import save
   fits = with_extrapolation(fit_table(ladder), ladder, targets)
@@ -332,4 +354,7 @@ def analyze(ladder: pd.DataFrame, targets: dict, workdir: str) -> dict:
   fits.to_csv(outputs["ladder_fit"], index=False)
   interaction_table(ladder).to_csv(outputs["ladder_tests"], index=False)
   save(figure(ladder, fits), outputs["ladder_figure"])
+  if rungs:
+    outputs["ladder_clip"] = os.path.join(workdir, schema.LADDER_CLIP)
+    clip_table(list(rungs)).to_csv(outputs["ladder_clip"], index=False)
   return outputs

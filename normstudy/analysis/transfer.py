@@ -64,6 +64,20 @@ def _rungs(table: pd.DataFrame, arm: str, dtype: str, axis: str) -> pd.DataFrame
   return dict(ladder_stats._ladders(rows)).get(axis, rows.iloc[0:0])
 
 
+def with_own_controls(reference: pd.DataFrame, ladder: pd.DataFrame, sp_arms) -> pd.DataFrame:
+  """sp's rungs for the comparison: `reference` (the committed sp ladder's ladder.csv rows),
+  with the ladder's own rows of the arms in `sp_arms` (an sp control trained beside the
+  parametrized arms, configs/ladder_sp_control.py) replacing it at the same arm, dtype and size
+  and adding the rungs it lacks (4 x 256, 4 x 512, 32 layers)."""
+  key = ["arm", "dtype", "num_layers", "d_model"]
+  own = ladder[ladder.arm.isin(list(sp_arms))]
+  if own.empty:
+    return reference
+  kept = reference.merge(own[key], on=key, how="left", indicator=True)
+  kept = reference[(kept["_merge"] == "left_only").to_numpy()]
+  return pd.concat([kept, own[reference.columns]], ignore_index=True)
+
+
 def transfer_table(ladder: pd.DataFrame, reference: pd.DataFrame, arms: dict,
                    parametrizations: dict, targets: dict) -> pd.DataFrame:
   """ladder_parametrization.csv (COLUMNS) from the parametrized ladder's ladder.csv rows,

@@ -54,6 +54,26 @@ def ladder_table(workdir: str) -> pd.DataFrame:
   return table.sort_values(["dtype", "arm", "num_layers", "d_model"], kind="stable")
 
 
+def search_rungs(workdir: str) -> list:
+  """[(size, runs, clip_norms)] for every search rung below `workdir` whose analysis wrote
+  runs.csv: size {dtype, num_layers, d_model}, runs its runs.csv (a probe per row), clip_norms
+  {arm: optimizer.clip_norm} from each arm's first run's config.json."""
+  out = []
+  for rung in rung_directories(workdir):
+    path = os.path.join(rung, schema.RUN_TABLE)
+    if not os.path.isfile(path):
+      continue  # analysed before runs.csv was written for a search
+    model = _model_of(rung)
+    clip_norms = {}
+    for run in rundir.read_sweep(rung).runs:
+      if run.arm not in clip_norms:
+        config = rundir.read_config(os.path.join(rung, run.name))
+        clip_norms[run.arm] = float(config.get("optimizer", {}).get("clip_norm", float("nan")))
+    out.append(({"dtype": model["dtype"], "num_layers": model["num_layers"],
+                 "d_model": model["d_model"]}, pd.read_csv(path), clip_norms))
+  return out
+
+
 def sensitivity_directories(workdir: str) -> list:
   """Every directory below `workdir` holding an analysed learning-rate grid that is not a search
   (runs.csv and sweep.json without critical_lr.csv: a rung of a sensitivity ladder), in name

@@ -74,6 +74,12 @@ LADDER_COLUMNS = ("arm", "dtype", "num_layers", "d_model", "params", "critical_l
 # A ladder's learning-rate sensitivity (normstudy.analysis.ladder_sensitivity writes it from
 # each rung's grid): per rung and arm Wortsman et al.'s LR sensitivity, the mean over seeds with
 # its 95% t interval, and the best learning rate and loss of the seeds' mean curve.
+# How often each arm's gradient clip acted at each rung (normstudy.analysis.ladder_report's
+# clip_table): the share of logged steps whose gradient norm exceeded the clip norm, over every
+# probe of the rung's search and over the probes that did not fail.
+LADDER_CLIP = "ladder_clip.csv"
+LADDER_CLIP_COLUMNS = ("arm", "dtype", "num_layers", "d_model", "clip_norm", "runs",
+                       "clipped_fraction", "alive", "clipped_fraction_alive")
 LADDER_SENSITIVITY = "ladder_sensitivity.csv"
 LADDER_SENSITIVITY_COLUMNS = ("arm", "dtype", "num_layers", "d_model", "params", "seeds",
                               "lr_sensitivity", "lr_sensitivity_low", "lr_sensitivity_high",
