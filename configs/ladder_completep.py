@@ -1,10 +1,11 @@
-"""configs/ladder_mup.py's CompleteP part: the ladder's depth rungs (configs/ladder.py: 2 to 16
+"""configs/ladder_mup.py's CompleteP part: the depth rungs (configs/ladder_mup_width.py: 2 to 32
 layers at width 32) for plain Pre-LN under CompleteP, base 4 layers x 32 (at the 4 x 32 rung
 CompleteP is sp's model and rate)."""
 
 import dataclasses
 
 from configs import ladder
+from configs import ladder_mup_width
 # The CPU ladder's dtypes, rung fields and recipe (its axes and settings: EXPERIMENT's); only
 # arms and rungs differ.
 from configs.ladder import LADDER_DTYPES, base_config, rung_overrides  # noqa: F401
@@ -15,9 +16,11 @@ _ARMS = {
         **ladder.EXPERIMENT.arms["pre_norm_clip1"][1], "model.parametrization": "completep",
         "model.base_width": 32, "model.base_depth": 4}),
 }
+_ARMS["pre_norm_noclip_completep"] = ("{auto}", {**_ARMS["pre_norm_clip1_completep"][1],
+                                                "optimizer.clip_norm": 0.0})
 EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS)
 
-LADDER_RUNGS = [rung for rung in ladder.LADDER_RUNGS if rung[1] == 32]  # the depth rungs
+LADDER_RUNGS = ladder_mup_width.DEPTH_RUNGS  # 2..32 x 32
 LADDER_SEARCH = ladder.LADDER_SEARCH
 
 

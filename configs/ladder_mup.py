@@ -2,19 +2,23 @@
 normstudy.ladder --config=configs/ladder_mup.py --workdir=DIR`).
 
 The ladder's instrument (configs/ladder.py: 120-step runs of the survival recipe on Shakespeare,
-2 seeds, a search of 3 rounds and a probe round, float16 and float32) at the ladder's width
-rungs (4 layers x 16..128) under muP and u-muP, and at its depth rungs (2..16 layers x 32) under
-CompleteP. Each part is a ladder file of its own (LADDER_PARTS, trained into DIR/<part>/...):
+2 seeds, a search of 3 rounds and a probe round, float16 and float32) at width rungs 4 layers x
+16..512 under muP and u-muP, and at depth rungs 2..32 layers x 32 under CompleteP; each with a
+no-clip arm (issue 85: whether the transfer is the clip's). Each part is a ladder file of its
+own (LADDER_PARTS, trained into DIR/<part>/...):
   mup        plain Pre-LN and DeepNorm under muP, base width 32 (the ladder's shared rung, where
              muP is sp's model and rate);
   umup       plain Pre-LN under u-muP (untied head), float16 without a loss scaler
              (loss_scale.kind=none) and, beside it, with fairseq's scaler: in float32 the two are
              one model, so their two searches there check the instrument's repeatability;
   completep  plain Pre-LN under CompleteP, base 4 layers x 32 (DeepNorm has its own depth
-             scaling: the combination is refused).
-The standard parametrization's rungs are `make ladder`'s (TRANSFER_REFERENCE: the committed
-docs/ladder/ladder.csv, the same instrument and arms): ladder_parametrization.csv sets each arm's slope beside
-sp's (TRANSFER_ARMS: arm -> its sp arm).
+             scaling: the combination is refused);
+  sp         the standard parametrization's reference arms at every one of those rungs (the
+             committed sp ladder stops at 4 x 128 and 16 layers), and Pre-LN without the clip.
+ladder_parametrization.csv sets each arm's slope beside sp's (TRANSFER_ARMS: arm -> its sp arm):
+the sp part's rungs, and where it has none the committed docs/ladder/ladder.csv
+(TRANSFER_REFERENCE, the same instrument and arms). ladder_clip.csv says how often each arm's
+clip acted at each rung.
 
 Weight decay under every parametrization keeps lr x weight_decay per parameter (independent
 decay, Wang & Aitchison 2025; normstudy.core.parametrizations): at 120 steps and 0.01 it is small.
@@ -24,6 +28,7 @@ LADDER_PARTS = {
     "mup": "configs/ladder_mup_width.py",
     "umup": "configs/ladder_umup.py",
     "completep": "configs/ladder_completep.py",
+    "sp": "configs/ladder_sp_control.py",
 }
 TRANSFER_REFERENCE = "docs/ladder/ladder.csv"
 TRANSFER_ARMS = {
@@ -32,6 +37,9 @@ TRANSFER_ARMS = {
     "pre_norm_clip1_umup": "pre_norm_clip1",
     "pre_norm_clip1_umup_scaler": "pre_norm_clip1",
     "pre_norm_clip1_completep": "pre_norm_clip1",
+    "pre_norm_noclip_mup": "pre_norm_noclip",
+    "pre_norm_noclip_umup": "pre_norm_noclip",
+    "pre_norm_noclip_completep": "pre_norm_noclip",
 }
 
 

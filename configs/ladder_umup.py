@@ -1,5 +1,5 @@
-"""configs/ladder_mup.py's u-muP part: the ladder's width rungs (configs/ladder.py) for plain
-Pre-LN under u-muP (untied head; its rules need no base shape), in float16 without a loss scaler
+"""configs/ladder_mup.py's u-muP part: the width rungs (configs/ladder_mup_width.py, 4 x 16..512)
+for plain Pre-LN under u-muP (untied head; its rules need no base shape), in float16 without a loss scaler
 and with fairseq's (in float32 the two arms are one model).
 
 u-muP's learning rate is the base of per-parameter rates (a hidden matrix's is lr / sqrt(fan_in)
@@ -9,6 +9,7 @@ a half above sp's: the search starts from [0.3, 30] (it widens the bracket where
 import dataclasses
 
 from configs import ladder
+from configs import ladder_mup_width
 # The CPU ladder's dtypes, rung fields and recipe (its axes and settings: EXPERIMENT's); only
 # arms and rungs differ.
 from configs.ladder import LADDER_DTYPES, base_config, rung_overrides  # noqa: F401
@@ -20,10 +21,15 @@ _ARMS = {
         **ladder.EXPERIMENT.arms["pre_norm_clip1"][1], **_UMUP, "optimizer.loss_scale.kind": "none"}),
     "pre_norm_clip1_umup_scaler": ("{auto} | Loss Scaler", {
         **ladder.EXPERIMENT.arms["pre_norm_clip1"][1], **_UMUP}),
+    # The clip off: clip 1 acted on none of u-muP's steps in the coordinate check (true
+    # gradient norms 0.02-0.81), so this arm tests that its clip is idle at every rung.
+    "pre_norm_noclip_umup": ("{auto} | No Loss Scaler", {
+        **ladder.EXPERIMENT.arms["pre_norm_clip1"][1], **_UMUP, "optimizer.loss_scale.kind": "none",
+        "optimizer.clip_norm": 0.0}),
 }
 EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS)
 
-LADDER_RUNGS = [rung for rung in ladder.LADDER_RUNGS if rung[0] == 4]  # the width rungs
+LADDER_RUNGS = ladder_mup_width.WIDTH_RUNGS  # 4 x 16..512
 LADDER_SEARCH = {**ladder.LADDER_SEARCH, "low": 0.3, "high": 30.0}
 
 
