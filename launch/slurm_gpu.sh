@@ -2,15 +2,19 @@
 # Submit a normstudy run to SLURM: one process per node (all its GPUs) or one per GPU. Before it
 # submits, jax[cuda12] is installed into the job's environment if it lacks a CUDA backend
 # (--no-install refuses instead); the job refuses to start when its python finds no GPU; its log
-# goes to logs/normstudy-JOBID.out (sbatch detaches it from this shell).
+# goes to logs/normstudy-JOBID.out (sbatch detaches it from this shell), appended across requeues.
+# Each task takes its GPUs from what SLURM shows it on the node (normstudy.engine.sharding's
+# slurm_device_ids); a run stopped by its time limit or a preemption (it checkpoints on SLURM's
+# TERM) is requeued, up to --max-requeues times, and resumes from its checkpoint.
 usage="usage: launch/slurm_gpu.sh --config FILE[:VARIANT] --workdir DIR [--nodes 2]
-       [--gpus-per-node 8] [--per-gpu] [--partition P] [--time 24:00:00] [--venv .venv]
+       [--gpus-per-node 8] [--per-gpu] [--partition P] [--account A] [--qos Q]
+       [--cpus-per-gpu N] [--mem 64G] [--time 24:00:00] [--max-requeues 3] [--venv .venv]
        [--no-install] [--shared-workdir] [--dry-run] [-- --config.a.b=value ...]"
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
 config="" workdir="" nodes=1 gpus=8 per_gpu=0 partition="" time_limit="24:00:00" venv=".venv"
-install=1 shared=0
+install=1 shared=0 account="" qos="" cpus_per_gpu="" mem="" max_requeues=3
 while [ $# -gt 0 ]; do
   case "$1" in
     --config) need_value "$@"; config="$2"; shift 2 ;;
@@ -19,6 +23,11 @@ while [ $# -gt 0 ]; do
     --gpus-per-node) need_value "$@"; gpus="$2"; shift 2 ;;
     --per-gpu) per_gpu=1; shift ;;
     --partition) need_value "$@"; partition="$2"; shift 2 ;;
+    --account) need_value "$@"; account="$2"; shift 2 ;;
+    --qos) need_value "$@"; qos="$2"; shift 2 ;;
+    --cpus-per-gpu) need_value "$@"; cpus_per_gpu="$2"; shift 2 ;;
+    --mem) need_value "$@"; mem="$2"; shift 2 ;;
+    --max-requeues) need_value "$@"; max_requeues="$2"; shift 2 ;;
     --time) need_value "$@"; time_limit="$2"; shift 2 ;;
     --venv) need_value "$@"; venv="$2"; shift 2 ;;
     --no-install) install=0; shift ;;
@@ -32,6 +41,9 @@ done
 [ -n "$config" ] && [ -n "$workdir" ] || { echo "$usage" >&2; die "--config and --workdir are required"; }
 [[ "$nodes" =~ ^[1-9][0-9]*$ ]] || die "--nodes=$nodes is not a positive integer"
 [[ "$gpus" =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-node=$gpus is not a positive integer"
+[[ "$max_requeues" =~ ^[0-9]+$ ]] || die "--max-requeues=$max_requeues is not an integer >= 0"
+[ -z "$cpus_per_gpu" ] || [[ "$cpus_per_gpu" =~ ^[1-9][0-9]*$ ]] \
+  || die "--cpus-per-gpu=$cpus_per_gpu is not a positive integer"
 [ -f "${config%%:*}" ] || die "config file '${config%%:*}' does not exist"
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -68,49 +80,61 @@ tasks_per_node=1
 # user text sits inside the quoted task script (labels may hold quotes and spaces).
 args=("$venv/bin/python" -m normstudy.main --config="$config" --workdir="$workdir" "$@")
 quoted_args="$(printf '%q ' "${args[@]}")"
-# JAX reads SLURM_* itself (jax.distributed.initialize()), and left alone it gives each process
-# the one device numbered SLURM_LOCALID: GPU 0 of each node with one task per node (jax#16788),
-# an invalid ordinal for every task above 0 once CUDA_VISIBLE_DEVICES shows it one GPU. So each
-# task is told which devices it uses (NORMSTUDY_LOCAL_DEVICE_IDS, passed on as local_device_ids
-# by normstudy.engine.sharding.initialize_distributed): one process per node, every GPU of the
-# node; per GPU, the one it is shown, numbered 0 there.
-all_gpus="$(seq -s, 0 $((gpus - 1)))"
-visible="export NORMSTUDY_LOCAL_DEVICE_IDS=$all_gpus; "
-[ "$per_gpu" = 1 ] && visible='export CUDA_VISIBLE_DEVICES=$SLURM_LOCALID NORMSTUDY_LOCAL_DEVICE_IDS=0; '
+# Which GPUs each task uses is decided on the node, from what SLURM shows the task there
+# (normstudy.engine.sharding.slurm_device_ids): one task per node, every GPU it is shown; one per
+# GPU, the one it is bound to, or its SLURM_LOCALID-th of the node's list. CUDA_VISIBLE_DEVICES is
+# never rewritten: on a node without device cgroups a job given GPUs 4-7 keeps them.
+mode=node
+[ "$per_gpu" = 1 ] && mode=task
 logs="$repo/logs"
 [ "$DRY_RUN" = 1 ] || mkdir -p "$logs"
 # The job's python must find the GPUs before anything trains (a CPU jax trains on the CPU).
 gpu_check="$(printf '%q' "$venv/bin/python") -c 'import jax, sys; sys.exit(jax.default_backend() != \"gpu\")' \
 >/dev/null || { echo \"error: the job's python finds no GPU (jax.default_backend() is not gpu)\" >&2; exit 2; }"
+python_q="$(printf '%q' "$venv/bin/python")"
+workdir_q="$(printf '%q' "$workdir")"
+# After the step: a run that says it was preempted (SLURM's TERM at the time limit or a
+# preemption; it checkpointed) goes back in the queue and resumes; any other end is final.
+requeue="status=\$($python_q -c 'import sys; from normstudy.records import rundir; print(rundir.RunDir(sys.argv[1]).status() or \"\")' $workdir_q 2>/dev/null)
+if [ \"\$status\" = preempted ] && [ \"\${SLURM_RESTART_COUNT:-0}\" -lt $max_requeues ]; then
+  echo \"normstudy: the run was preempted (checkpointed): requeueing job \$SLURM_JOB_ID (restart \$((\${SLURM_RESTART_COUNT:-0} + 1)) of $max_requeues)\"
+  scontrol requeue \"\$SLURM_JOB_ID\"
+elif [ \"\$status\" = preempted ]; then
+  echo \"normstudy: the run was preempted $max_requeues times: not requeued (submit the same command to resume)\" >&2
+fi
+exit \$code"
 script="#!/bin/bash
 #SBATCH --job-name=normstudy
 #SBATCH --output=$logs/normstudy-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
 #SBATCH --nodes=$nodes
 #SBATCH --ntasks-per-node=$tasks_per_node
 #SBATCH --gpus-per-node=$gpus
 #SBATCH --time=$time_limit
 #SBATCH --signal=TERM@120
 ${partition:+#SBATCH --partition=$partition
+}${account:+#SBATCH --account=$account
+}${qos:+#SBATCH --qos=$qos
+}${cpus_per_gpu:+#SBATCH --cpus-per-gpu=$cpus_per_gpu
+}${mem:+#SBATCH --mem=$mem
 }cd $(printf "%q" "$repo")
 $gpu_check
-srun bash -c '${visible}exec \"\$@\"' normstudy $quoted_args
+export NORMSTUDY_SLURM_GPUS=$mode
+srun --kill-on-bad-exit=1 --label $quoted_args
+code=\$?
+$requeue
 "
 if [ "$DRY_RUN" = 1 ]; then
   echo "sbatch <<'SCRIPT'"
   echo "$script"
   echo "SCRIPT"
-  # What each task will see (on stderr: stdout is the script).
-  for ((node = 0; node < nodes; node++)); do
-    for ((local = 0; local < tasks_per_node; local++)); do
-      task=$((node * tasks_per_node + local))
-      if [ "$per_gpu" = 1 ]; then
-        seen="CUDA_VISIBLE_DEVICES=$local (1 GPU, numbered 0 in the task), local_device_ids=0"
-      else
-        seen="every GPU of the node ($gpus), local_device_ids=$all_gpus"
-      fi
-      echo "task $task (node $node, SLURM_LOCALID $local): $seen; process $task of $((nodes * tasks_per_node))" >&2
-    done
-  done
+  # What each task will use, decided on the node (on stderr: stdout is the script).
+  if [ "$per_gpu" = 1 ]; then
+    echo "each task: the one GPU it is shown, or its SLURM_LOCALID-th of the node's list" >&2
+  else
+    echo "each task: every GPU of its node it is shown" >&2
+  fi
   echo "the job's devices: $((nodes * gpus)) GPUs in $((nodes * tasks_per_node)) processes" >&2
 else
   echo "$script" | sed 's/^/#   /'

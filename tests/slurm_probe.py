@@ -16,5 +16,5 @@ print(json.dumps({
     "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "process_index": jax.process_index(), "process_count": jax.process_count(),
     "local_devices": jax.local_device_count(), "devices": jax.device_count(),
-    "mesh": mesh.size}))
+    "mesh": mesh.size, "compile_cache": jax.config.jax_compilation_cache_dir}))
 jax.distributed.shutdown()

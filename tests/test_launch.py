@@ -143,41 +143,134 @@ def test_slurm_dry_run_prints_the_batch_script():
   assert result.returncode == 0, result.stderr
   out = result.stdout[result.stdout.index("sbatch <<'SCRIPT'"):]  # after the jax[cuda12] install
   assert "#SBATCH --nodes=4" in out and "#SBATCH --ntasks-per-node=8" in out
-  assert "CUDA_VISIBLE_DEVICES=$SLURM_LOCALID" in out
+  assert "CUDA_VISIBLE_DEVICES" not in out  # SLURM's, never rewritten (issue 86)
+  assert "export NORMSTUDY_SLURM_GPUS=task" in out
+  for line in ("#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --signal=TERM@120"):
+    assert line in out.splitlines()
+  assert "srun --kill-on-bad-exit=1 --label " in out
   assert "-m normstudy.main --config=configs/lm.py:small --workdir=runs/lm" in out
+  passed = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
+                   "--account", "proj1", "--qos", "high", "--cpus-per-gpu", "12", "--mem",
+                   "200G", "--partition", "gpu", "--dry-run")
+  assert passed.returncode == 0, passed.stderr
+  for line in ("#SBATCH --account=proj1", "#SBATCH --qos=high", "#SBATCH --cpus-per-gpu=12",
+               "#SBATCH --mem=200G", "#SBATCH --partition=gpu"):
+    assert line in passed.stdout.splitlines()
+  bare = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
+                 "--dry-run").stdout
+  assert "--account" not in bare and "--qos" not in bare and "--mem" not in bare
+
+
+@pytest.mark.parametrize("mode, shown, on_node, local, expected", [
+    # One task per node: every GPU it is shown, numbered from 0 as CUDA numbers them.
+    ("node", "0,1,2,3,4,5,6,7", None, 0, list(range(8))),
+    ("node", "0,1,2,3", None, 0, [0, 1, 2, 3]),  # a 4-GPU node, whatever the login node said
+    ("node", "4,5,6,7", None, 0, [0, 1, 2, 3]),  # no cgroups, the job owns GPUs 4-7
+    ("node", None, "4", 0, [0, 1, 2, 3]),  # no CUDA_VISIBLE_DEVICES: SLURM's count
+    # One task per GPU, bound (--gpus-per-task, --gpu-bind, per-task cgroups): the one shown.
+    ("task", "0", None, 3, [0]),
+    ("task", "6", None, 2, [0]),
+    # One task per GPU shown the node's list: its SLURM_LOCALID-th (cgroups or none).
+    ("task", "0,1,2,3", None, 2, [2]),
+    ("task", "4,5,6,7", None, 3, [3]),  # ordinal 3 is GPU 7, the job's own
+])
+def test_a_slurm_task_takes_its_gpus_from_what_slurm_shows_it(mode, shown, on_node, local,
+                                                              expected):
+  """launch/slurm_gpu.sh's rule, evaluated on the node (issue 86): CUDA numbers the devices
+  CUDA_VISIBLE_DEVICES lists 0..n-1, so the ordinal a task uses is a position in SLURM's list."""
+  from normstudy.engine import sharding
+  env = {sharding.SLURM_GPUS_ENV: mode, "SLURM_LOCALID": str(local)}
+  if shown is not None:
+    env["CUDA_VISIBLE_DEVICES"] = shown
+  if on_node is not None:
+    env["SLURM_GPUS_ON_NODE"] = on_node
+  assert sharding.local_device_ids(env) == expected
+  if shown is not None and mode == "task":  # the physical GPU: the job's own, never another's
+    assert shown.split(",")[expected[0]] in shown.split(",")
+    if len(shown.split(",")) > 1:
+      assert shown.split(",")[expected[0]] == shown.split(",")[local]
+  assert sharding.local_device_ids({**env, sharding.LOCAL_DEVICES_ENV: "5"}) == [5]  # outright
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"NORMSTUDY_SLURM_GPUS": "task", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_LOCALID": "2"},
+     "SLURM task 2 of its node is shown 2 GPUs (CUDA_VISIBLE_DEVICES=0,1): one task per GPU "
+     "needs at most as many tasks per node as GPUs"),
+    ({"NORMSTUDY_SLURM_GPUS": "node", "CUDA_VISIBLE_DEVICES": ""},
+     "this SLURM task is shown no GPU (CUDA_VISIBLE_DEVICES and SLURM_GPUS_ON_NODE are unset or "
+     "empty): ask for GPUs (--gpus-per-node)"),
+    ({"NORMSTUDY_SLURM_GPUS": "gpu"}, "NORMSTUDY_SLURM_GPUS='gpu' is not allowed; allowed: node, "
+     "task"),
+])
+def test_a_slurm_task_the_rule_cannot_place_is_refused_in_one_line(env, message):
+  from normstudy.engine import sharding
+  from normstudy.errors import UserError
+  with pytest.raises(UserError) as refused:
+    sharding.local_device_ids(env)
+  assert str(refused.value) == message
+
+
+def test_processes_holding_different_numbers_of_devices_are_refused():
+  """Nodes with 4 GPUs and with 2 in one job: a mesh of 6 no per-process axis splits evenly."""
+  import types
+  from normstudy.engine import sharding
+  from normstudy.errors import UserError
+  devices = [types.SimpleNamespace(process_index=p) for p in [0] * 4 + [1] * 2]
+  with pytest.raises(UserError, match=r"different numbers of devices \(process 0: 4, process "
+                     r"1: 2\)"):
+    sharding.check_even_devices(devices)
+  sharding.check_even_devices([types.SimpleNamespace(process_index=p) for p in [0, 0, 1, 1]])
+
+
+def test_a_multi_task_job_outside_srun_says_so_in_one_line(tmp_path):
+  """`sbatch --ntasks=2` running `python -m normstudy.main` in its script (no srun step): one
+  line, not JAX's ValueError about coordinator_address."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+  env.update(SLURM_JOB_ID="77", SLURM_NTASKS="2", SLURM_PROCID="0", SLURM_LOCALID="0")
+  result = subprocess.run([sys.executable, "-m", "normstudy.main", "--config=configs/lm.py:small",
+                           f"--workdir={tmp_path / 'run'}", "--config.train.num_steps=2"],
+                          cwd=runs.REPO, env=env, capture_output=True, text=True,
+                          timeout=runs.bound(120))
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines() == [
+      "error: this SLURM job has 2 tasks but this process runs outside an srun step "
+      "(SLURM_STEP_NODELIST is unset): start each task with srun (launch/slurm_gpu.sh does), or "
+      "ask for one task"]
+  assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("per_gpu", [False, True])
 def test_each_slurm_task_is_told_its_devices_and_the_mesh_spans_the_job(tmp_path, per_gpu):
-  """The batch script's task line, run as each task of a simulated job (SLURM's variables, local
-  processes on 127.0.0.1, CPU devices standing in for the GPUs a task sees): one task per node
-  uses all 8 devices of its node (16 in the mesh of 2 nodes); per GPU, each task is shown one
-  device, numbered 0 as it is told to use (not its SLURM_LOCALID, an invalid ordinal there)."""
+  """The batch script's srun line, run as each task of a simulated job (SLURM's variables, local
+  processes on 127.0.0.1, CPU devices standing in for the GPUs a task sees; SLURM's
+  CUDA_VISIBLE_DEVICES as a node without cgroups sets it for a job owning GPUs 4-7): one task
+  per node uses every device it is shown; per GPU, its SLURM_LOCALID-th of the list. The
+  variable is left as SLURM set it."""
   import json
   import random
   import re
   layout = (["--nodes", "1", "--gpus-per-node", "2", "--per-gpu"] if per_gpu
-            else ["--nodes", "2", "--gpus-per-node", "8", "--shared-workdir"])
+            else ["--nodes", "2", "--gpus-per-node", "4", "--shared-workdir"])
   result = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "w",
                    "--venv", ".venv", "--dry-run", *layout)
   assert result.returncode == 0, result.stderr
-  wrapper = re.search(r"srun bash -c '(.*)' normstudy ", result.stdout).group(1)
-  tasks, seen = 2, 1 if per_gpu else 8
-  plan = [l for l in result.stderr.splitlines() if l.startswith("task ")]
-  assert len(plan) == tasks
+  mode = re.search(r"export NORMSTUDY_SLURM_GPUS=(\w+)", result.stdout).group(1)
+  tasks = 2
+  shown = "4,5" if per_gpu else "4,5,6,7"
+  seen = len(shown.split(","))
   job = str(random.randrange(4096))  # JAX's coordinator port comes from the job id
   flags = os.environ.get("XLA_FLAGS", "")
   procs = []
   for task in range(tasks):
     env = dict(os.environ, SLURM_JOB_ID=job, SLURM_STEP_NODELIST="localhost",
                SLURM_NTASKS=str(tasks), SLURM_PROCID=str(task),
-               SLURM_LOCALID=str(task if per_gpu else 0),
+               SLURM_LOCALID=str(task if per_gpu else 0), CUDA_VISIBLE_DEVICES=shown,
+               NORMSTUDY_SLURM_GPUS=mode, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "cache"),
                XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={seen}",
-               PYTHONPATH=os.path.join(runs.REPO, "tests"))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+               PYTHONPATH=os.path.join(runs.REPO, "tests"), JAX_PLATFORMS="cpu")
     procs.append(subprocess.Popen(
-        ["bash", "-c", wrapper, "normstudy", os.path.join(runs.REPO, ".venv", "bin", "python"),
+        [os.path.join(runs.REPO, ".venv", "bin", "python"),
          os.path.join(runs.REPO, "tests", "slurm_probe.py")], cwd=runs.REPO, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
   for task, proc in enumerate(procs):
@@ -185,14 +278,47 @@ def test_each_slurm_task_is_told_its_devices_and_the_mesh_spans_the_job(tmp_path
     assert proc.returncode == 0, err[-2000:]
     got = json.loads(out.strip().splitlines()[-1])
     assert got["joined"] and got["process_index"] == task and got["process_count"] == tasks
-    assert got["local_devices"] == seen and got["devices"] == got["mesh"] == tasks * seen
-    if per_gpu:
-      assert got["cuda_visible_devices"] == str(task) and got["local_device_ids"] == [0]
-      assert f"CUDA_VISIBLE_DEVICES={task} (1 GPU, numbered 0 in the task)" in plan[task]
+    assert got["cuda_visible_devices"] == shown  # as SLURM set it
+    assert got["devices"] == got["mesh"] == tasks * got["local_devices"]
+    assert got["local_device_ids"] == ([task] if per_gpu else list(range(4)))
+    # JAX's persistent cache serves process 0 alone: off, so every process starts together.
+    assert got["compile_cache"] is None
+
+
+def test_a_preempted_slurm_run_is_requeued_and_a_finished_one_is_not(tmp_path):
+  """The batch script's end, run here: a fake srun leaves the run's run.json as the run would
+  (preempted by SLURM's TERM at the time limit, or finished); a fake scontrol records the
+  requeue. Preempted: requeued, until SLURM_RESTART_COUNT reaches --max-requeues."""
+  import json
+  fake_bin = tmp_path / "bin"
+  fake_bin.mkdir()
+  workdir = tmp_path / "run"
+  (fake_bin / "srun").write_text(
+      "#!/bin/sh\nmkdir -p \"$RUN\"\nprintf '{\"status\": \"%s\"}' \"$ENDS\" > \"$RUN/run.json\"\n")
+  (fake_bin / "scontrol").write_text("#!/bin/sh\necho \"$@\" >> \"$CALLS\"\n")
+  for tool in ("srun", "scontrol"):
+    (fake_bin / tool).chmod(0o755)
+  result = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", str(workdir),
+                   "--venv", os.path.join(runs.REPO, ".venv"), "--max-requeues", "2", "--dry-run")
+  script = result.stdout[result.stdout.index("sbatch <<'SCRIPT'"):].splitlines()[1:-1]
+  body = "\n".join(l for l in script if "default_backend" not in l)  # no GPU here
+  for ends, restarts, requeued in (("preempted", "0", True), ("preempted", "1", True),
+                                   ("preempted", "2", False), ("finished", "0", False)):
+    calls = tmp_path / f"calls_{ends}_{restarts}"
+    ran = subprocess.run(["bash"], input=body, capture_output=True, text=True,
+                         timeout=runs.bound(60), cwd=runs.REPO,
+                         env=dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}", RUN=str(workdir),
+                                  ENDS=ends, CALLS=str(calls), SLURM_JOB_ID="4242",
+                                  SLURM_RESTART_COUNT=restarts))
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads((workdir / "run.json").read_text())["status"] == ends
+    if requeued:
+      assert calls.read_text().split() == ["requeue", "4242"]
+      assert f"requeueing job 4242 (restart {int(restarts) + 1} of 2)" in ran.stdout
     else:
-      assert got["cuda_visible_devices"] is None
-      assert got["local_device_ids"] == list(range(8))
-      assert "local_device_ids=0,1,2,3,4,5,6,7" in plan[task]
+      assert not calls.exists()
+    limit = "the run was preempted 2 times: not requeued (submit the same command to resume)"
+    assert (limit in ran.stderr) == (ends == "preempted" and not requeued)
 
 
 def test_sweep_starts_one_job_per_variant():
@@ -305,7 +431,8 @@ def test_slurm_batch_script_passes_arguments_with_quotes_and_spaces_intact(tmp_p
   fake_python.chmod(0o755)
   fake_bin = tmp_path / "bin"
   fake_bin.mkdir()
-  (fake_bin / "srun").write_text("#!/bin/sh\nexec \"$@\"\n")  # one task, here
+  # One task, here: srun's own options dropped.
+  (fake_bin / "srun").write_text("#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec \"$@\"\n")
   (fake_bin / "srun").chmod(0o755)
   result = _launch("slurm_gpu.sh", "--config", "configs/lm.py:small", "--workdir", "runs/lm",
                    "--venv", str(venv), "--per-gpu", "--dry-run", "--", label)

@@ -139,28 +139,91 @@ def initialize_distributed(coordinator_address=None, num_processes=None, process
                                **_local_devices())
     return True
   on_slurm = int(os.environ.get("SLURM_NTASKS", "1")) > 1
+  if on_slurm and "SLURM_STEP_NODELIST" not in os.environ:
+    # sbatch --ntasks=N runs its script once; the N tasks exist only inside an srun step.
+    raise UserError(f"this SLURM job has {os.environ['SLURM_NTASKS']} tasks but this process "
+                    "runs outside an srun step (SLURM_STEP_NODELIST is unset): start each task "
+                    "with srun (launch/slurm_gpu.sh does), or ask for one task")
   # GKE sets the worker list; launch/tpu_pod.sh says so on a TPU VM, whose workers JAX reads
   # from the metadata server.
   on_tpu_pod = ("," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
                 or os.environ.get("NORMSTUDY_TPU_POD") == "1")
   if on_slurm or on_tpu_pod or detected_cluster() is not None:
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR_SHARED"):
+      # JAX reads and writes its persistent cache on process 0 alone: a resumed job's process 0
+      # loads its programs at once while the others compile them, past the rendezvous's
+      # deadline. Off, every process compiles and they start together; a user whose cache
+      # directory every process shares says so with JAX_COMPILATION_CACHE_DIR_SHARED=1.
+      jax.config.update("jax_compilation_cache_dir", None)
     jax.distributed.initialize(**_local_devices())
+    check_even_devices(jax.devices())
     return True
   return False
 
 
-# Which of its node's devices a process uses, as launch/slurm_gpu.sh tells each task: "0,...,7"
-# (one process per node: every GPU) or "0" (one per GPU: the one CUDA_VISIBLE_DEVICES shows it).
+def check_even_devices(devices) -> None:
+  """UserError when the job's processes hold different numbers of devices (a SLURM job over
+  nodes with 4 GPUs and with 2): the mesh's axes split every process alike."""
+  per_process = {}
+  for device in devices:
+    per_process[device.process_index] = per_process.get(device.process_index, 0) + 1
+  if len(set(per_process.values())) > 1:
+    counts = ", ".join(f"process {p}: {n}" for p, n in sorted(per_process.items()))
+    raise UserError(f"the job's processes hold different numbers of devices ({counts}): ask "
+                    "for the same number on every node (launch/slurm_gpu.sh --gpus-per-node)")
+
+
+# Which of its node's devices a process uses: named outright ("0,...,7"), or derived on the node
+# from what SLURM shows the task (SLURM_GPUS_ENV, set by launch/slurm_gpu.sh).
 LOCAL_DEVICES_ENV = "NORMSTUDY_LOCAL_DEVICE_IDS"
+# "node": one task per node uses every GPU it is shown; "task": one task per GPU uses its own.
+SLURM_GPUS_ENV = "NORMSTUDY_SLURM_GPUS"
 
 
-def local_device_ids() -> list | None:
-  """The device ids NORMSTUDY_LOCAL_DEVICE_IDS names, or None (unset: JAX's default, which on
-  SLURM is the one device numbered SLURM_LOCALID). UserError for another value."""
-  import os
-  text = os.environ.get(LOCAL_DEVICES_ENV, "").strip()
-  if not text:
+def slurm_device_ids(env) -> list | None:
+  """The device ordinals a SLURM task uses, from what SLURM shows it (`env`: its environment),
+  never rewriting CUDA_VISIBLE_DEVICES (Levanter derives them the same way). CUDA numbers the
+  devices CUDA_VISIBLE_DEVICES lists 0..n-1, so an ordinal is a position in that list:
+    node  every device shown: 0..n-1 (n from CUDA_VISIBLE_DEVICES, else SLURM_GPUS_ON_NODE)
+    task  one device shown (--gpus-per-task, --gpu-bind, per-task cgroups): 0; the node's list
+          shown (no binding, with or without device cgroups, a job owning GPUs 4-7 sees
+          "4,5,6,7"): the SLURM_LOCALID-th
+  None when `env` does not ask (SLURM_GPUS_ENV unset). UserError for a task the rule cannot
+  place (no GPU shown, or more tasks on the node than GPUs)."""
+  mode = env.get(SLURM_GPUS_ENV, "").strip()
+  if not mode:
     return None
+  if mode not in ("node", "task"):
+    raise UserError(f"{SLURM_GPUS_ENV}={mode!r} is not allowed; allowed: node, task")
+  shown = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+  count = len(shown)
+  if not count:
+    on_node = env.get("SLURM_GPUS_ON_NODE", "").strip()
+    count = int(on_node) if on_node.isdigit() else 0
+  if count == 0:
+    raise UserError("this SLURM task is shown no GPU (CUDA_VISIBLE_DEVICES and "
+                    "SLURM_GPUS_ON_NODE are unset or empty): ask for GPUs (--gpus-per-node)")
+  if mode == "node":
+    return list(range(count))
+  if count == 1:
+    return [0]
+  local = int(env.get("SLURM_LOCALID", "0"))
+  if local >= count:
+    raise UserError(f"SLURM task {local} of its node is shown {count} GPUs "
+                    f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '')}): one task "
+                    "per GPU needs at most as many tasks per node as GPUs")
+  return [local]
+
+
+def local_device_ids(env=None) -> list | None:
+  """The device ids NORMSTUDY_LOCAL_DEVICE_IDS names, else those the SLURM rule derives
+  (slurm_device_ids), or None (neither: JAX's default, which on SLURM is the one device
+  numbered SLURM_LOCALID). UserError for another value."""
+  import os
+  env = os.environ if env is None else env
+  text = env.get(LOCAL_DEVICES_ENV, "").strip()
+  if not text:
+    return slurm_device_ids(env)
   try:
     ids = [int(part) for part in text.split(",")]
   except ValueError:
