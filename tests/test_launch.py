@@ -35,8 +35,9 @@ def test_tpu_pod_dry_run_prints_every_step():
   assert lines[0].startswith("gcloud compute tpus tpu-vm create pod1 --zone=us-central2-b "
                              "--accelerator-type=v4-32")
   assert any(l.startswith("git -C ") and "archive" in l for l in lines)
-  install, train, follow = [_words(l) for l in lines if " ssh pod1 " in l]
+  guard, install, train, follow = [_words(l) for l in lines if " ssh pod1 " in l]
   assert "--worker=all" in install and "--worker=all" in train and "--worker=0" in follow
+  assert "--worker=all" in guard and "a run is already going" in guard[-1]
   assert "setsid nohup bash -c" in train[-1] and "> run.log 2>&1 < /dev/null &" in train[-1]
   assert "normstudy.main --config=configs/seed_figure.py:pre_norm_clip1" in train[-1].replace(
       "\\", "")
@@ -133,7 +134,7 @@ def test_tpu_pod_waits_for_the_run_only_when_following_it():
                    "gs://b/s", "--delete", "--dry-run")
   assert result.returncode == 2 and result.stdout == ""
   assert result.stderr.strip() == ("error: --collect and --delete wait for the run to end: add "
-                                   "--follow")
+                                   "--follow or --watch")
 
 
 def test_slurm_dry_run_prints_the_batch_script():
@@ -409,6 +410,17 @@ def test_a_search_goes_to_slurm_as_a_job_array_per_round_each_after_the_one_befo
      "--partition needs a value (partition ...); see --help"),
     ("sweep.sh", ("--config",), "--config needs a value (config ...); see --help"),
     ("tpu_pod.sh", ("--name", "p", "--zone"), "--zone needs a value (zone ...); see --help"),
+    ("tpu_pod.sh", ("--status",), "--status needs --name and --zone"),
+    ("tpu_pod.sh", ("--logs", "--worker", "0"), "--logs needs --workdir (the run's gs:// directory)"),
+    ("tpu_pod.sh", ("--name", "p", "--zone", "z", "--status", "--stop"),
+     "--stop and --status: one action at a time"),
+    ("tpu_pod.sh", ("--name", "p", "--zone", "z", "--config", "c", "--workdir", "gs://b/s",
+                    "--spot"), "--spot and --queued say how the slice is created: add --create "
+     "(or --watch)"),
+    ("tpu_pod.sh", ("--name", "p", "--zone", "z", "--config", "c", "--workdir", "gs://b/s",
+                    "--watch", "--poll", "0"), "--poll=0 is not a positive number of seconds"),
+    ("slurm_gpu.sh", ("--config", "c", "--workdir", "w", "--max-requeues", "-1"),
+     "--max-requeues=-1 is not an integer >= 0"),
     ("sweep.sh", ("--config", "configs/survival.py", "--workdir", "w", "--grid"),
      "--grid needs --shares N, a positive integer (got '')"),
     ("sweep.sh", ("--config", "configs/survival.py", "--workdir", "w", "--grid", "--shares", "2",
@@ -506,8 +518,8 @@ def test_tpu_pod_installs_a_python_3_11_venv_with_this_stack_on_the_generations_
   assert result.returncode == 0, result.stderr
   lines = result.stdout.splitlines()
   assert lines[0].endswith(f"--accelerator-type={accelerator} --version={runtime}")
-  install, train = [_words(l)[-1] for l in lines if " ssh pod1 " in l]
-  assert "uv venv -q --python 3.11" in install and "-c ~/normstudy-pod1-constraints.txt" in install
+  _, install, train = [_words(l)[-1] for l in lines if " ssh pod1 " in l]
+  assert "uv venv -q --allow-existing --python 3.11" in install and "-c ~/normstudy-pod1-constraints.txt" in install
   import importlib.metadata
   assert f"'jax[tpu]=={importlib.metadata.version('jax')}'" in install
   assert "NORMSTUDY_TPU_POD=1\\ .venv/bin/python\\ -m\\ normstudy.main" in train
@@ -603,3 +615,147 @@ def test_the_gpu_ladder_plans_one_lease_and_refuses_what_does_not_fit(tmp_path, 
   if shutil.which("nvidia-smi") is None:
     assert no_gpu.returncode == 2
     assert no_gpu.stderr.strip().startswith("error: no nvidia-smi here")
+
+
+FAKE_SLICE_GCLOUD = r'''#!/usr/bin/env python3
+"""Stands in for gcloud, with a slice that lives and dies: its state in FAKE_STATE/state (the
+test writes PREEMPTED there), gs://b/... kept in FAKE_BUCKET/..., every call logged to
+FAKE_STATE/calls. ssh runs the command here as the slice's one worker (the install skipped: the
+worker's environment is the test's); a slice that is not READY does not answer."""
+import os, shutil, subprocess, sys
+args = sys.argv[1:]
+home = os.environ["FAKE_STATE"]
+with open(os.path.join(home, "calls"), "a") as f:
+  f.write(" ".join(args) + "\n")
+state = os.path.join(home, "state")
+local = lambda url: url.replace("gs://b", os.environ["FAKE_BUCKET"], 1)
+if args[:3] == ["compute", "tpus", "tpu-vm"]:
+  verb = args[3]
+  if verb == "create":  # new disks: no run.log, no run.pid
+    for name in ("run.log", "run.pid"):
+      path = os.path.join(os.environ["HOME"], "normstudy", name)
+      os.path.exists(path) and os.remove(path)
+    open(state, "w").write("READY")
+  elif verb == "delete":
+    os.path.exists(state) and os.remove(state)
+  elif verb == "describe":
+    if not os.path.exists(state):
+      sys.exit("ERROR: NOT_FOUND")
+    print(open(state).read())
+  elif verb == "ssh":
+    if not os.path.exists(state) or open(state).read() != "READY":
+      sys.exit(255)
+    command = args[args.index("--command") + 1]
+    if "uv venv" not in command:
+      sys.exit(subprocess.run(["bash", "-c", command]).returncode)
+elif args[:2] == ["storage", "cp"]:
+  source, target = [local(a) for a in args[2:] if not a.startswith("-")]
+  os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+  shutil.copyfile(source, target)
+elif args[:2] == ["storage", "cat"]:
+  if not os.path.exists(local(args[2])):
+    sys.exit(1)
+  sys.stdout.write(open(local(args[2])).read())
+'''
+
+
+@pytest.mark.slow
+def test_a_preempted_spot_slice_is_recreated_and_the_run_resumes_from_its_checkpoint(tmp_path):
+  """launch/tpu_pod.sh --create --spot --watch against a fake gcloud: the run (normstudy.main,
+  real, its gs:// workdir a local directory) starts; after its first checkpoint the slice is
+  preempted (its state PREEMPTED, the run killed with it); the watch deletes the slice, creates
+  it again as Spot, launches the same run, which resumes from the checkpoint and finishes; the
+  log copy in the bucket holds both lives. Then --status, --logs and a second launch's guard."""
+  import json
+  from normstudy.records import rundir
+  bucket, state, home, fake_bin = (tmp_path / n for n in ("bucket", "state", "home", "bin"))
+  for d in (bucket, state, fake_bin):
+    d.mkdir()
+  (fake_bin / "gcloud").write_text(FAKE_SLICE_GCLOUD)
+  (fake_bin / "gcloud").chmod(0o755)
+  worker_python = home / "normstudy" / ".venv" / "bin" / "python"  # gs://b -> the bucket dir
+  worker_python.parent.mkdir(parents=True)
+  worker_python.write_text(
+      '#!/bin/bash\nunset NORMSTUDY_TPU_POD  # one worker: no pod to join here\n'
+      'args=(); for a in "$@"; do args+=("${a/gs:\\/\\/b/$FAKE_BUCKET}"); done\n'
+      f'cd {runs.REPO} && exec {sys.executable} "${{args[@]}}"\n')
+  worker_python.chmod(0o755)
+  env = dict(os.environ, HOME=str(home), PATH=f"{fake_bin}:{os.environ['PATH']}",
+             FAKE_STATE=str(state), FAKE_BUCKET=str(bucket), NORMSTUDY_LOG_COPY_EVERY="1",
+             NORMSTUDY_WORKER_ID="0")
+  common = ["--name", "p", "--zone", "z", "--workdir", "gs://b/run"]
+  launch = subprocess.Popen(
+      ["bash", os.path.join(runs.REPO, "launch", "tpu_pod.sh"), *common, "--config",
+       "configs/seed_figure.py:pre_norm_clip1", "--create", "--spot", "--watch", "--poll", "1",
+       "--", *runs.tiny_args(tmp_path / "tfds", num_steps=6000, every=500)],
+      cwd=runs.REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  try:
+    deadline = time.monotonic() + runs.bound(120)
+    copy = bucket / "run" / "launch_logs" / "worker-0.log"
+    # A checkpoint, and the bucket's copy of the log holding the first life's start.
+    while not (rundir.checkpointed_steps(str(bucket / "run" / "checkpoints")) and copy.exists()
+               and "steps 1..6000" in copy.read_text()):
+      assert time.monotonic() < deadline and launch.poll() is None, launch.stderr.read()
+      time.sleep(0.05)
+    (state / "state").write_text("PREEMPTED")  # the slice goes, and its run with it
+    pid = int((home / "normstudy" / "run.pid").read_text())
+    os.killpg(pid, 9)
+    out, err = launch.communicate(timeout=runs.bound(180))
+  finally:
+    if launch.poll() is None:
+      os.killpg(launch.pid, 9)
+  assert launch.returncode == 0, err[-3000:]
+  calls = (state / "calls").read_text().splitlines()
+  creates = [c for c in calls if c.startswith("compute tpus tpu-vm create p ")]
+  assert len(creates) == 2 and all(c.endswith("--spot") for c in creates)
+  order = [c.split()[3] for c in calls if c.startswith("compute tpus tpu-vm ")
+           and c.split()[3] in ("create", "delete")]
+  assert order == ["create", "delete", "create"]
+  assert "slice p is PREEMPTED: recreating it (1 of 10)" in err
+  assert "the run ended: finished" in err
+  record = json.loads((bucket / "run" / "run.json").read_text())
+  assert record["status"] == "finished"
+  log = (home / "normstudy" / "run.log").read_text()  # the second life's, from the bucket's copy on
+  assert "steps 1..6000" in log.split("resumed")[0]  # the first life's lines come first
+  resumed = re.search(r"resumed .* from the checkpoint at step (\d+)", log)
+  assert resumed and int(resumed.group(1)) >= 500
+  steps = [json.loads(l)["step"] for l in (bucket / "run" / "metrics.jsonl").read_text().splitlines()
+           if '"loss"' in l]
+  assert steps == sorted(set(steps)) and steps[-1] == 6000  # no step twice, to the end
+  deadline = time.monotonic() + runs.bound(30)  # the copier's last copy, once the run ended
+  while "finished: step 6000" not in (bucket / "run" / "launch_logs" / "worker-0.log").read_text():
+    assert time.monotonic() < deadline
+    time.sleep(0.2)
+  logs = subprocess.run(["bash", "launch/tpu_pod.sh", "--workdir", "gs://b/run", "--logs"],
+                        cwd=runs.REPO, env=env, capture_output=True, text=True)
+  assert logs.returncode == 0 and "resumed" in logs.stdout and "finished: step 6000" in logs.stdout
+  status = subprocess.run(["bash", "launch/tpu_pod.sh", *common, "--status"], cwd=runs.REPO,
+                          env=env, capture_output=True, text=True)
+  assert status.stdout.splitlines()[0] == "slice p (z): READY"
+  assert ": no run going" in status.stdout and '"finished"' in status.stdout
+  # A second launch while a run is going is refused on the worker, before anything is copied.
+  sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+  (home / "normstudy" / "run.pid").write_text(str(sleeper.pid))
+  try:
+    again = subprocess.run(["bash", "launch/tpu_pod.sh", *common, "--config", "c"],
+                           cwd=runs.REPO, env=env, capture_output=True, text=True)
+  finally:
+    sleeper.kill()
+  assert again.returncode == 2
+  assert [l for l in again.stderr.splitlines() if l.startswith("error:")] == [
+      f"error: a run is already going on {os.uname().nodename} (pid {sleeper.pid}): "
+      "launch/tpu_pod.sh --name p --zone z --stop first"]
+  assert "archive" not in again.stdout
+
+
+def test_tpu_pod_creates_through_a_queued_resource_and_deletes_it_the_same_way():
+  result = _launch("tpu_pod.sh", "--name", "p", "--zone", "z", "--config", "c", "--workdir",
+                   "gs://b/s", "--accelerator", "v5litepod-16", "--create", "--queued", "--spot",
+                   "--follow", "--delete", "--dry-run")
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert lines[0] == ("gcloud compute tpus queued-resources create p --node-id=p --zone=z "
+                      "--accelerator-type=v5litepod-16 --runtime-version=v2-alpha-tpuv5-lite "
+                      "--spot")
+  assert lines[-1] == "gcloud compute tpus queued-resources delete p --zone=z --force --quiet"

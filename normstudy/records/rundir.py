@@ -182,7 +182,7 @@ def directory_kind(path: str):
 # a folder of notes) and is not trained into (issue 78).
 _WRITTEN = frozenset({schema.RUN, schema.CONFIG, schema.METRICS, schema.SWEEP, schema.STUDY,
                       schema.CHECKPOINTS, schema.DAMAGED_CHECKPOINTS, schema.LOCK,
-                      schema.LIBRARY_LOG, schema.DRIFT_PLAN})
+                      schema.LIBRARY_LOG, schema.DRIFT_PLAN, schema.LAUNCH_LOGS})
 _A_RUN = frozenset({schema.RUN, schema.CONFIG, schema.METRICS})
 
 

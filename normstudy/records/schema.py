@@ -65,6 +65,9 @@ STUDY = "study.json"
 SWEEP = "sweep.json"
 LOCK = ".normstudy.lock"
 LIBRARY_LOG = "normstudy.log"
+# launch/tpu_pod.sh's copy of each worker's run.log (worker-N.log), kept in the run's gs://
+# workdir as the run goes so `tpu_pod.sh --logs` reads it from anywhere.
+LAUNCH_LOGS = "launch_logs"
 EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's event files, beside metrics.jsonl
 # A size ladder's rungs (normstudy.experiments.ladder_runs writes it, normstudy.analysis.ladder_report fits
 # it): per rung and arm the model's size and the critical learning rate with its interval.
