@@ -818,3 +818,23 @@ def test_a_directory_normstudy_did_not_write_is_not_trained_into(tmp_path, comma
       f"photos); a {'run' if command == 'normstudy.main' else 'sweep'} goes into a new or "
       "empty directory, or one normstudy wrote: choose another --workdir")
   assert _tree_listing(workdir) == before
+
+
+def test_checkpoint_every_minus_one_keeps_no_state_and_the_run_still_finishes(tmp_path):
+  """train.checkpoint_every=-1 (a lease's sweep whose states nobody reads, benchmarks/
+  gpu_ladder.py): no checkpoint at any step, not even the last, the records whole; -2 is refused
+  naming what is allowed."""
+  workdir = tmp_path / "run"
+  runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={workdir}",
+                  *_args(tmp_path, num_steps=12, every=4),
+                  "--config.train.checkpoint_every=-1")
+  assert rundir.checkpointed_steps(str(workdir / schema.CHECKPOINTS)) == []
+  assert rundir.RunDir(str(workdir)).status() == schema.FINISHED
+  steps = [r["step"] for r in metrics_lib.read_records(str(workdir / schema.METRICS))
+           if "loss" in r]
+  assert steps == list(range(1, 13))
+  config = config_lib.default_config()
+  config.train.checkpoint_every = -2
+  with pytest.raises(errors.ConfigError, match=r"config.train.checkpoint_every=-2 is not allowed; "
+                     r"allowed: -1 \(never\), 0 \(only at the end\) or an integer >= 1"):
+    validation.validate(config)

@@ -207,8 +207,9 @@ _TRAIN = (
     _f("train.eval_seed", 0, "the eval set's masks: validation rows 0 .. eval_steps * "
        "batch_size - 1 masked by this seed, the same for every run; -1: each run's own seed's",
        ("-1 (each run's own train.seed) or an integer >= 0", lambda v: v >= -1), before=-1),
-    _f("train.checkpoint_every", 200, "a checkpoint every this many steps and at the end",
-       ("0 (only at the end) or an integer >= 1", lambda v: v >= 0)),
+    _f("train.checkpoint_every", 200, "a checkpoint every this many steps and at the end (-1: "
+       "none at all, for runs whose states nobody reads: a killed one starts over)",
+       ("-1 (never), 0 (only at the end) or an integer >= 1", lambda v: v >= -1)),
     _f("train.max_to_keep", 2, "checkpoints kept", _INT_1),
     _f("train.tensorboard", True, "TensorBoard event files beside metrics.jsonl (False spares "
        "the import of TensorFlow)", "True or False"),

@@ -173,7 +173,8 @@ def _train_program(runs: list, checkpoint_dir: str, single: bool, tag: str) -> l
           recorder.set_status(schema.PREEMPTED, last_step=step)
       raise Preempted(f"{preempted_by} at step {step}: checkpoint saved in {checkpoint_dir}; "
                       "run the same command to continue")
-    if step > carry.start_step and carry.last_saved != step:
+    keeps_state = setup.config.train.checkpoint_every >= 0  # -1: no state at all
+    if step > carry.start_step and carry.last_saved != step and keeps_state:
       save_checkpoint(setup, recorders, carry, step)
   finally:
     checkpoints.finish(setup.mngr, checkpoints.state_bytes(setup.abstract))
@@ -361,7 +362,10 @@ def _open_each(setup, carry, recorders, pool, is_writer, hparams, num_params, re
 
 
 def due(every: int, step: int, last_steps: frozenset) -> bool:
-  """Every `every`-th step (0: never) and each run's last step."""
+  """Every `every`-th step (0: never) and each run's last step; never for -1 (a checkpoint
+  interval that keeps no state at all)."""
+  if every < 0:
+    return False
   return bool(every and step % every == 0) or step in last_steps
 
 
