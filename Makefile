@@ -45,7 +45,7 @@ LIBTPU = $$($(PY) -c "import importlib.metadata as m; print(next(r.split(';')[0]
 .PHONY: install corpora tpu-aot study study-text sensitivity techniques survival survival-depth survival-grid speed \
 	survival-bf16 survival-fp32 survival-context speed-context attention depth test test-fast \
 	ladder ladder-mup ladder-sensitivity spike-handling spike-failure drift benchmark clean \
-	horizon forecast-validation headroom-ladder
+	horizon forecast-validation headroom-ladder gpu-seed-figure
 
 install: $(STAMP)
 
@@ -177,6 +177,12 @@ test-fast: corpora tpu-aot
 
 benchmark: install
 	$(PY) benchmarks/throughput.py
+
+# The seed figure's four arms at MERT's size (24 x 1024, length 512, float16) on one GPU within one
+# 10-minute lease, as many steps as fit (benchmarks/gpu_seed_figure.py); DRY_RUN=1 prints its
+# steps, memory, time and disk without a GPU.
+gpu-seed-figure: corpora
+	$(PY) benchmarks/gpu_seed_figure.py $(if $(DRY_RUN),--dry-run,)
 
 clean:
 	rm -rf $(VENV) .tpu-aot runs *.egg-info

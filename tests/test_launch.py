@@ -1,5 +1,6 @@
 """Launch scripts: --dry-run prints the exact commands; bad usage is one line and exit 2."""
 
+import json
 import os
 import re
 import sys
@@ -577,10 +578,12 @@ echo "measured by $script"
 
 def test_the_gpu_ladder_plans_one_lease_and_refuses_what_does_not_fit(tmp_path, monkeypatch,
                                                                         capsys):
-  """--dry-run: 8 programs (2 arms x 4 rungs, each rung's rates and seeds in one program), an
-  estimate within 10 minutes and the disk of the largest program's last states (float32
-  parameters and Adam's moments, 12 bytes a parameter a run, +10%); a short disk or budget is
-  one line; without a GPU the real run is refused in one line."""
+  """--dry-run (issue 86): 2 arms x 4 rungs, each rung's rates and seeds in as few programs as
+  keep every memory plan within 0.9 of an 80 GB H100 (the 24 x 1024 rung's 11 runs, 75 GiB
+  together, in two programs of 6); no checkpoint written (train.checkpoint_every=-1) unless
+  --keep-checkpoints, whose disk is the largest sweep's last states (12 bytes a parameter a
+  run, +10%); every compile counted; an estimate within 10 minutes; a short disk or budget, or a
+  GPU too small for one run, is one line; without a GPU the real run is refused in one line."""
   import types
   from configs import ladder
   from normstudy.engine import memory
@@ -588,20 +591,38 @@ def test_the_gpu_ladder_plans_one_lease_and_refuses_what_does_not_fit(tmp_path, 
                           capture_output=True, text=True, timeout=runs.bound(120))
   assert result.returncode == 0, result.stderr
   lines = result.stdout.splitlines()
-  programs = [l for l in lines if "runs in one program" in l]
-  assert len(programs) == 8
+  assert len([l for l in lines if "seeds) in one program" in l]) == 6
+  assert len([l for l in lines if "in 2 programs of 6" in l]) == 2
   total = float(re.search(r"estimated total: ([\d.]+) min", result.stdout).group(1))
   assert 0 < total <= 10
-  top = ladder.get_config("pre_norm_clip1").model
-  top.update(num_layers=24, d_model=1024, d_ff=4096, num_heads=16)
-  want = memory.parameter_count(types.SimpleNamespace(**dict(top))) * 12 * 11 * 1.1 / 2**30
-  assert f"disk needed: {want:.1f} GiB" in result.stdout
+  assert "disk needed: 0.0 GiB (no checkpoints" in result.stdout
+  top = ladder.get_config("pre_norm_clip1")
+  top.model.update(num_layers=24, d_model=1024, d_ff=4096, num_heads=16, dtype="float16")
+  one_gpu = {"runs": 1, "data": 1, "fsdp": 1, "tensor": 1}
+  usable = 81559 / 1024 * 0.9 * 2**30
+  assert memory.plan(top, one_gpu, num_runs=11).total > usable  # why the rung is split
+  assert memory.plan(top, one_gpu, num_runs=6).total <= usable
   assert "24 x 1024 (16 heads, 304.0M parameters): 11 runs" in result.stdout
   sys.path.insert(0, os.path.join(runs.REPO, "benchmarks"))
   import gpu_ladder
+  programs = gpu_ladder.plan()
+  assert sum(p.parts for p in programs) == 10
+  split = [p for p in programs if p.parts > 1][0]
+  assert "--max_runs_per_program=6" in split.argv("w")
+  assert "--config.train.checkpoint_every=-1" in split.argv("w")
+  assert "--config.train.checkpoint_every=0" in split.argv("w", keep=True)
+  # Every compile: the estimate of a program grows by COMPILES_PER_PROGRAM compile times a part.
+  measured = json.load(open(os.path.join(runs.REPO, "docs", "gpu", "results.json")))
+  faster = json.loads(json.dumps(measured))
+  faster["section_seconds"]["paper_size_fp16"] -= 4 * 2.0  # 2 s less compile an arm
+  saved = gpu_ladder.estimate_seconds(split, measured) - gpu_ladder.estimate_seconds(split, faster)
+  assert saved == pytest.approx(split.parts * gpu_ladder.COMPILES_PER_PROGRAM * 2.0)
+  assert gpu_ladder.COMPILES_PER_PROGRAM >= 2
+  want = memory.parameter_count(types.SimpleNamespace(**dict(top.model))) * 12 * 11 * 1.1 / 2**30
   monkeypatch.setattr(gpu_ladder.shutil, "disk_usage", lambda path: types.SimpleNamespace(
       free=10 * 2**30))
-  monkeypatch.setattr(sys, "argv", ["gpu_ladder.py", f"--workdir={tmp_path / 'w'}"])
+  monkeypatch.setattr(sys, "argv", ["gpu_ladder.py", f"--workdir={tmp_path / 'w'}",
+                                    "--keep-checkpoints"])
   assert gpu_ladder.main() == 2
   assert capsys.readouterr().err.strip() == (
       f"error: {tmp_path} has 10.0 GiB free and the ladder needs {want:.1f} GiB")
@@ -609,6 +630,10 @@ def test_the_gpu_ladder_plans_one_lease_and_refuses_what_does_not_fit(tmp_path, 
   monkeypatch.setattr(sys, "argv", ["gpu_ladder.py", "--budget_minutes=1"])
   assert gpu_ladder.main() == 2
   assert capsys.readouterr().err.strip().startswith("error: the estimate, ")
+  monkeypatch.setattr(sys, "argv", ["gpu_ladder.py", "--dry-run", "--gpu_memory_gib=2"])
+  with pytest.raises(SystemExit, match=r"^error: pre_norm_clip1 at 24 x 1024: one run plans .* "
+                     r"more than the 1.8 GiB the GPU gives XLA$"):
+    gpu_ladder.main()
   no_gpu = subprocess.run(["bash", "benchmarks/gpu_ladder.sh"], cwd=runs.REPO,
                           capture_output=True, text=True, timeout=runs.bound(60),
                           env=dict(os.environ, PATH="/usr/bin:/bin"))
@@ -759,3 +784,40 @@ def test_tpu_pod_creates_through_a_queued_resource_and_deletes_it_the_same_way()
                       "--accelerator-type=v5litepod-16 --runtime-version=v2-alpha-tpuv5-lite "
                       "--spot")
   assert lines[-1] == "gcloud compute tpus queued-resources delete p --zone=z --force --quiet"
+
+
+def test_the_seed_figure_lease_plans_steps_memory_time_and_disk(monkeypatch, capsys):
+  """`make gpu-seed-figure DRY_RUN=1` (issue 86): the most steps (a multiple of 10) a 9-minute
+  budget holds after the process, its analysis and every compile (3 programs: the two Pre-Norm
+  clips share one), each arm stepping at its measured time; every program's memory plan within
+  0.9 of an 80 GB H100; records only on disk. A GPU too small, or a budget too short, is one
+  line."""
+  sys.path.insert(0, os.path.join(runs.REPO, "benchmarks"))
+  import gpu_ladder
+  import gpu_seed_figure
+  from normstudy.engine import memory
+  result = subprocess.run(["make", "-s", "gpu-seed-figure", "DRY_RUN=1"], cwd=runs.REPO,
+                          capture_output=True, text=True, timeout=runs.bound(120))
+  assert result.returncode == 0, result.stderr
+  measured = json.load(open(os.path.join(runs.REPO, "docs", "gpu", "results.json")))
+  paper = measured["paper_size_fp16"]
+  step = sum(r["ms_per_step"] for r in paper.values()) / 1e3  # all four arms, one step each
+  compiles = 3 * gpu_ladder.COMPILES_PER_PROGRAM * gpu_ladder.compile_seconds(measured)
+  steps = int((9 * 60 - gpu_ladder.PROCESS_SECONDS - 30 - compiles) / step) // 10 * 10
+  assert f"): {steps} steps an arm, 4 arms in 3 programs" in result.stdout
+  assert "pre_norm_clip10 + pre_norm_clip1: memory plan" in result.stdout
+  assert "no checkpoints" in result.stdout and "of a 9-min budget" in result.stdout
+  config = gpu_seed_figure.arm_config("post_norm_deepnorm_clip1", steps)
+  assert (config.model.num_layers, config.model.d_model, config.model.max_len,
+          config.model.dtype, config.train.checkpoint_every) == (24, 1024, 512, "float16", -1)
+  one = memory.plan(config, {"runs": 1, "data": 1, "fsdp": 1, "tensor": 1}, num_runs=1,
+                    platform="gpu")
+  assert f"post_norm_deepnorm_clip1: memory plan {one.describe()}" in result.stdout
+  for argv, message in (
+      (["--dry-run", "--gpu_memory_gib=40"], r"^error: pre_norm_clip10 and pre_norm_clip1 at "
+       r"MERT's size plans .* more than the 36 GiB the GPU gives XLA$"),
+      (["--dry-run", "--budget_minutes=1"], r"^error: --budget_minutes=1 leaves no time to "
+       r"train after \d+ s of start-up and compiles$")):
+    monkeypatch.setattr(sys, "argv", ["gpu_seed_figure.py", *argv])
+    with pytest.raises(SystemExit, match=message):
+      gpu_seed_figure.main()
