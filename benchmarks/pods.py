@@ -7,7 +7,8 @@ MERT's encoder: 24 layers, d_model 1024, 16 heads, d_ff 4096, 512 tokens a row, 
 float16, batch 64, the parameters and optimizer state sharded over all 16 chips (mesh.fsdp=16).
 Prints a row per (arm, remat) and writes them as CSV (docs/reference.md's pod table quotes it);
 then a 125M causal LM (GPT-2 small's shape) on v5e:4x4 and on a tensor-parallel v4:2x2x4 mesh
-(docs/pods/lm_125m.csv; v4 as megacore: 16 chips, one device each).
+(docs/pods/lm_125m.csv; v4 as megacore: 16 chips, one device each), and a 350M LM on v5e:2x4 at
+batch 64, 128 and 256 (docs/pods/lm_350m_v5e_2x4.csv; `--only=lm_350m` compiles just those).
 Columns: bytes per chip (arguments, temporaries, total) against the HBM the compiler states;
 the memory plan for a TPU and compiled_over_plan (total / plan: tests/test_compile.py holds
 it within 25% at these sizes); tflops_per_step_per_chip, counted from the model (every layer,
@@ -43,6 +44,16 @@ LM_CASES = {
         "train.batch_size": 64, "mesh.fsdp": 4, "mesh.tensor": 4, "mesh.data": 1}),
 }
 
+# A 350M causal LM (24 x 1024, 16 heads, length 1024, GPT-2's vocabulary) in bfloat16 under block
+# remat on v5e:2x4 (8 chips, fsdp 8) at three batch sizes (issue 86: the memory plan against the
+# compiler as the batch grows to the chip's memory): docs/pods/lm_350m_v5e_2x4.csv.
+LM_350M = {**GPT2_SMALL, "model.num_layers": 24, "model.d_model": 1024, "model.num_heads": 16,
+           "model.d_ff": 4096}
+LM_350M_CASES = {
+    f"lm_350m/v5e:2x4/fsdp8/batch{batch}": ("v5e:2x4", {"train.batch_size": batch,
+                                                       "mesh.fsdp": 8, "mesh.data": 1})
+    for batch in (64, 128, 256)}
+
 
 def compile_arm(arm: str, remat: str, topology: str, spec: str = "", overrides=None) -> dict:
   args = [sys.executable, "-m", "normstudy.compile",
@@ -74,7 +85,13 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--topology", default="v5e:4x4")
   parser.add_argument("--out", default=os.path.join(ROOT, "docs", "pods", "paper_v5e_4x4.csv"))
+  parser.add_argument("--only", choices=("lm_350m",), help="only these cases (lm_350m: "
+                      "docs/pods/lm_350m_v5e_2x4.csv, three compiles)")
   args = parser.parse_args()
+  if args.only == "lm_350m":
+    _write(_lm_rows(LM_350M_CASES, LM_350M),
+           os.path.join(os.path.dirname(args.out), "lm_350m_v5e_2x4.csv"))
+    return
   rows = []
   for arm in ARMS:
     for remat in ("none", "dots", "block"):
@@ -86,15 +103,23 @@ def main():
             f"{row['compiler_tflops_per_chip']:.3g}); per step {row['collectives_per_step']}",
             flush=True)
   _write(rows, args.out)
-  lm_rows = []
-  for name, (topology, overrides) in LM_CASES.items():
-    row = compile_arm(name, "block", topology, "configs/lm.py:base", {**GPT2_SMALL, **overrides})
+  _write(_lm_rows(LM_CASES, GPT2_SMALL), os.path.join(os.path.dirname(args.out), "lm_125m.csv"))
+  _write(_lm_rows(LM_350M_CASES, LM_350M),
+         os.path.join(os.path.dirname(args.out), "lm_350m_v5e_2x4.csv"))
+
+
+def _lm_rows(cases: dict, sizes: dict) -> list:
+  """A row per LM case ({name: (topology, overrides)}), compiled under block remat."""
+  rows = []
+  for name, (topology, overrides) in cases.items():
+    row = compile_arm(name, "block", topology, "configs/lm.py:base", {**sizes, **overrides})
     row["arm"] = name
-    lm_rows.append(row)
+    rows.append(row)
     print(f"{name:<42} fits {str(row['fits']):<5} total {row['total_gib']:6.2f} of "
-          f"{row['hbm_gib']:.2f} GiB; {row['tflops_per_step_per_chip']:.3g} TFLOP/step/chip; "
+          f"{row['hbm_gib']:.2f} GiB (plan {row['plan_gib']:.2f}); "
+          f"{row['tflops_per_step_per_chip']:.3g} TFLOP/step/chip; "
           f"per step {row['collectives_per_step']}", flush=True)
-  _write(lm_rows, os.path.join(os.path.dirname(args.out), "lm_125m.csv"))
+  return rows
 
 
 def _write(rows, path):
