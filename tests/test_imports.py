@@ -148,9 +148,9 @@ def test_no_module_name_repeats_across_the_folders():
 
 
 def _readme_map():
-  """{folder: (words of its entry, the layers its entry says it imports)} from the README's
-  Architecture block."""
-  text = open(os.path.join(runs.REPO, "README.md"), encoding="utf-8").read()
+  """{folder: (words of its entry, the layers its entry says it imports)} from the Architecture
+  block of docs/development.md."""
+  text = open(os.path.join(runs.REPO, "docs", "development.md"), encoding="utf-8").read()
   block = text[text.index("```\nnormstudy/\n"):]
   block = block[:block.index("\n```", 4)]
   entries, current = {}, None
@@ -171,8 +171,8 @@ def _readme_map():
   return found
 
 
-def test_the_readme_layer_map_is_true():
-  """The README's map lists every module of each folder and, exactly, the layers that folder's
+def test_the_layer_map_is_true():
+  """docs/development.md's map lists every module of each folder and, exactly, the layers that folder's
   modules import."""
   graph, stated = _graph(), _readme_map()
   assert set(stated) == set(LAYERS)

@@ -229,7 +229,7 @@ def summary(techniques: pd.DataFrame) -> pd.DataFrame:
   """techniques_summary.csv: one row per technique (`arm`, its label and baseline), and per dtype
   D the columns critical_lr_D, ratio_D, p_D, p_holm_D, margin_D and separated_D, then the cost
   (loss_at_recipe, loss_at_recipe_baseline, step_time_ratio: the recipe ran in one dtype), in
-  the order of the first dtype's ranking. What the README's technique table quotes."""
+  the order of the first dtype's ranking. What docs/results.md's technique table quotes."""
   rows = {}
   for r in techniques.itertuples():
     row = rows.setdefault(r.technique, {"arm": r.technique, "label": r.label,
