@@ -166,13 +166,16 @@ def test_any_cluster_jax_detects_joins_one_distributed_job(monkeypatch, cluster)
 
 
 def test_the_devices_a_slurm_task_is_told_to_use_reach_jax(monkeypatch):
-  """launch/slurm_gpu.sh's NORMSTUDY_LOCAL_DEVICE_IDS becomes jax.distributed.initialize's
-  local_device_ids (unset: JAX's default); a malformed value is one line."""
+  """NORMSTUDY_LOCAL_DEVICE_IDS (devices named outright) becomes jax.distributed.initialize's
+  local_device_ids (unset: SLURM's rule or JAX's default); a malformed value is one line."""
   import jax
   from normstudy.errors import UserError
   calls = []
   monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append(k))
   monkeypatch.setenv("SLURM_NTASKS", "2")
+  monkeypatch.setenv("SLURM_STEP_NODELIST", "localhost")  # inside an srun step
+  # The test process's compile cache stays as it is (a real job turns it off).
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR_SHARED", "1")
   monkeypatch.setenv("NORMSTUDY_LOCAL_DEVICE_IDS", "0,1,2,3")
   assert sharding.initialize_distributed() is True
   assert calls == [{"local_device_ids": [0, 1, 2, 3]}]
