@@ -12,7 +12,7 @@ import pytest
 from normstudy import errors
 from normstudy.core import labels
 from normstudy.engine import execution
-from normstudy.engine import train
+from normstudy.engine import schedule
 from normstudy.experiments import grid
 from normstudy.experiments import planning
 from normstudy.records import names
@@ -206,8 +206,8 @@ def test_a_block_of_steps_ends_where_the_loop_must_act(make_config):
   last_steps = frozenset({24, 30})  # the rule reads only the configs' steps
   dispatches, step = [], 1
   while step <= 30:
-    dispatches.append((step, train.dispatch_end(config.train, last_steps, step),
-                       train.steps_alone(config.train, last_steps, step)))
+    dispatches.append((step, schedule.dispatch_end(config.train, last_steps, step),
+                       schedule.steps_alone(config.train, last_steps, step)))
     step = dispatches[-1][1] + 1
   alone, block = True, False
   assert dispatches == [
@@ -215,8 +215,8 @@ def test_a_block_of_steps_ends_where_the_loop_must_act(make_config):
       (11, 13, block), (14, 14, alone), (15, 15, block), (16, 19, block), (20, 20, block),
       (21, 21, alone), (22, 24, block), (25, 27, block), (28, 28, alone), (29, 30, block)]
   config.train.steps_per_dispatch = 1
-  assert all(train.dispatch_end(config.train, last_steps, s) == s
-             and train.steps_alone(config.train, last_steps, s) for s in range(1, 31))
+  assert all(schedule.dispatch_end(config.train, last_steps, s) == s
+             and schedule.steps_alone(config.train, last_steps, s) for s in range(1, 31))
 
 
 @pytest.mark.slow

@@ -195,7 +195,7 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
     finite = jnp.logical_and(precision.all_finite(grads), jnp.isfinite(loss))
     grad_norm = optax.tree.norm(grads)
     tx = optimizer_lib.make_optimizer(opt_cfg, hp, mask, *multipliers)
-    spikes = {"loss": loss, "grad_norm": grad_norm} if opt_cfg.skip_spikes > 0 else {}
+    spikes = {keys.LOSS: loss, keys.GRAD_NORM: grad_norm} if opt_cfg.skip_spikes > 0 else {}
     updates, new_opt_state = tx.update(grads, state.opt_state, state.params, **spikes)
     new_params = optax.apply_updates(state.params, updates)
     if qk_clip_on:
@@ -216,22 +216,22 @@ def make_train_step(config, telemetry_on: bool = False, fusion_boundaries: bool 
     new_state = _tree_where(active, updated, state)  # a stopped run stays as it stopped
     metrics = {
         **terms,
-        "grad_norm": grad_norm,
+        keys.GRAD_NORM: grad_norm,
         keys.UPDATE_NORM: optax.tree.norm(updates),
-        "clipped": jnp.logical_and(hp["clip_norm"] > 0, grad_norm > hp["clip_norm"]),
-        "lr": optimizer_lib.learning_rate(opt_cfg.schedule, hp, state.opt_step),
-        "loss_scale": state.loss_scale.scale,
-        "skipped": ~finite,
-        "skipped_total": updated.skipped_total,
-        "active": active,
-        "status": updated.status,
+        keys.CLIPPED: jnp.logical_and(hp["clip_norm"] > 0, grad_norm > hp["clip_norm"]),
+        keys.LR: optimizer_lib.learning_rate(opt_cfg.schedule, hp, state.opt_step),
+        keys.LOSS_SCALE: state.loss_scale.scale,
+        keys.SKIPPED: ~finite,
+        keys.SKIPPED_TOTAL: updated.skipped_total,
+        keys.ACTIVE: active,
+        keys.STATUS: updated.status,
     }
     if qk_clip_on:  # heads whose W_q and W_k this step rescaled
       metrics[keys.QK_CLIPPED_HEADS] = jnp.sum(heads > config.model.qk_clip).astype(jnp.int32)
     if spikes:  # updates skipped as spikes so far (the run's, frozen with it)
       metrics[keys.SPIKE_SKIPS] = new_state.opt_state.skips
     if telemetry_on:
-      metrics["telemetry"] = telemetry.collect(cfg, sown, logits, grads, updates, state.params)
+      metrics[keys.TELEMETRY] = telemetry.collect(cfg, sown, logits, grads, updates, state.params)
     return new_state, metrics
 
   return train_step
@@ -347,15 +347,15 @@ def make_train_block(config, fusion_boundaries: bool = False):
     shapes = jax.eval_shape(train_step, state, first)[1]
     site_shapes = jax.eval_shape(locate, state, first)
     buffers = {**jax.tree.map(lambda s: jnp.zeros((length, *s.shape), s.dtype), shapes),
-               "sites": jax.tree.map(lambda s: jnp.zeros((length, *s.shape), s.dtype),
+               keys.SITES: jax.tree.map(lambda s: jnp.zeros((length, *s.shape), s.dtype),
                                      site_shapes)}
 
     def one_step(i, carry):
       state, buffers = carry
       batch = jax.tree.map(lambda x: x[i], batches)
       state, metrics = train_step(state, batch)
-      failed = jnp.logical_and(metrics["skipped"], metrics["active"])
-      metrics["sites"] = jax.lax.cond(
+      failed = jnp.logical_and(metrics[keys.SKIPPED], metrics[keys.ACTIVE])
+      metrics[keys.SITES] = jax.lax.cond(
           failed, lambda: locate(state, batch),
           lambda: jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), site_shapes))
       buffers = jax.tree.map(lambda buf, value: buf.at[i].set(value), buffers, metrics)

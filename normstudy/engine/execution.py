@@ -33,6 +33,7 @@ from normstudy.core import per_run
 from normstudy.core import steps as steps_lib
 from normstudy.engine import platform
 from normstudy.engine import sharding
+from normstudy.records import keys
 
 
 # The compiled steps of the programs this process trained last, by ProgramSteps._key: a search
@@ -107,7 +108,7 @@ def _run_by_run(one_run, batch_sharding, updates_state: bool):
             if k not in skipped}
     if skipped:
       metrics = next(iter(outs.values()))[1]
-      inactive = {**metrics, "active": jnp.zeros_like(metrics["active"])}
+      inactive = {**metrics, keys.ACTIVE: jnp.zeros_like(metrics[keys.ACTIVE])}
       outs.update({k: (firsts[k], inactive) for k in skipped})
     outs = [outs[k] for k in range(len(firsts))]
     return [out[0] for out in outs], join([out[1] for out in outs])

@@ -6,14 +6,24 @@ Process 0 of a multi-process run keeps them; the others keep none.
 """
 
 import collections
+from concurrent import futures
 import dataclasses
+import os
 import time
+from typing import Any
 
 from absl import logging
+import jax
 import numpy as np
 
+from normstudy.core import labels
+from normstudy.core import life
+from normstudy.core import optimizer as optimizer_lib
+from normstudy.core import telemetry
 from normstudy.engine import logs
+from normstudy.engine import schedule
 from normstudy.engine import writers as writers_lib
+from normstudy.records import keys
 from normstudy.records import metrics as metrics_lib
 from normstudy.records import rundir
 from normstudy.records import schema
@@ -133,3 +143,169 @@ class Progress:
       best, worst = min(finite, key=finite.get), max(finite, key=finite.get)
       parts.append(f"loss best {finite[best]:.4f} ({best}), worst {finite[worst]:.4f} ({worst})")
     logging.info("%s", " | ".join(parts))
+
+
+# --- The recording chain: a resolved dispatch's steps into each run's records and life.
+
+
+@dataclasses.dataclass
+class Resolved:
+  """One step's metrics on the host ([K] each), where each run that failed at it first went
+  non-finite ({run index: schema.Site}), and its eval losses and update sizes if it has them."""
+  step: int
+  values: dict
+  sites: dict
+  eval_losses: Any = None
+  update_sizes: Any = None
+
+
+def worth_recording(record: dict, code: int, *, log_due: bool, checkpointed: bool,
+                    has_telemetry: bool) -> bool:
+  """Whether a run's record of a step goes into metrics.jsonl: every log_every-th step and the
+  first; any step with an eval loss, telemetry, an update size, a skipped update or a change of
+  the run's life; and a checkpointed step (so a resume can tell whether records were lost)."""
+  return (checkpointed or log_due or record[keys.STEP] == 1 or keys.EVAL_LOSS in record
+          or keys.UPDATE_SIZE in record or has_telemetry or bool(record[keys.SKIPPED])
+          or code != life.CODE_RUNNING)
+
+
+def open_recorders(setup, carry) -> tuple:
+  """(one Recorder per run, their writer thread pool): run.json with the run's facts,
+  config.json, its records from the restored step on; warns of runs extended past their
+  schedule's horizon."""
+  is_writer = jax.process_index() == 0
+  pool = futures.ThreadPoolExecutor(max_workers=1) if is_writer else None
+  hparams = setup.steps.host_values(carry.state, lambda state: state.hparams)
+  num_params = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(setup.abstract.params))
+  resume_step = carry.start_step if carry.last_saved is not None else None
+  recorders = []
+  try:
+    _open_each(setup, carry, recorders, pool, is_writer, hparams, num_params, resume_step)
+  except BaseException:  # the ones opened are closed, as the loop's end closes them
+    for recorder in recorders:
+      recorder.close()
+    if pool is not None:
+      pool.shutdown()
+    raise
+  return recorders, pool
+
+
+def _open_each(setup, carry, recorders, pool, is_writer, hparams, num_params, resume_step):
+  """Appends each run's Recorder to `recorders` (open_recorders)."""
+  splits, horizons = setup.splits, np.asarray(hparams["schedule_steps"])
+  for k, run in enumerate(setup.runs):
+    label = labels.resolve(run.config)
+    info = schema.RunInfo(
+        label=label, name=run.name, arm=run.arm or run.name,
+        arm_label=run.arm_label or label, point=run.point, overrides=run.overrides,
+        dataset=splits.source, entropy_floor=splits.entropy_floor,
+        unigram_entropy=splits.unigram_entropy, masked_loss_floor=splits.masked_loss_floor,
+        masked_loss_floor_stderr=splits.masked_loss_floor_stderr, num_params=num_params,
+        tokens_per_step=setup.tokens_per_step, schedule_steps=int(horizons[k]),
+        checkpoints=os.path.relpath(setup.checkpoint_dir, run.directory), program_index=k)
+    recorders.append(Recorder(
+        run, resume_step, info, pool, is_writer, stopped=k in carry.stopped))
+    if horizons[k] < run.config.train.num_steps:
+      hp = {name: float(values[k]) for name, values in hparams.items()}
+      final = float(optimizer_lib.learning_rate(run.config.optimizer.schedule, hp, horizons[k]))
+      logging.warning("%s: extended to %d steps; the learning-rate schedule keeps the horizon "
+                      "of %d steps it started with, so the steps after it run at its final "
+                      "rate %g", run.name, run.config.train.num_steps, int(horizons[k]), final)
+
+
+def stopping(resolved) -> frozenset:
+  """The runs that stop (finish or halt) at a step of `resolved` (None: none)."""
+  stopping_ = set()
+  for one in resolved or ():
+    values = one.values
+    ending = values[keys.ACTIVE] & (values[keys.STATUS] != life.CODE_RUNNING)
+    stopping_.update(np.flatnonzero(ending))
+  return frozenset(int(k) for k in stopping_)
+
+
+def record_of(one: Resolved, k, loss_scaled: bool) -> dict:
+  """Run k's record of the resolved step `one`."""
+  values = one.values
+  record = {keys.STEP: one.step, **{key: values[key][k] for key in keys.STEP_KEYS}}
+  record.update({key: values[key][k] for key in values
+                 if key not in keys.STEP_KEYS + keys.CONTROL_KEYS})
+  if one.eval_losses is not None:
+    record[keys.EVAL_LOSS] = one.eval_losses[k]
+  for key, sizes in (one.update_sizes or {}).items():
+    record[key] = float(sizes[k])
+  if values.get(keys.TELEMETRY) is not None:
+    record.update(telemetry.flatten(jax.tree.map(lambda x: x[k], values["telemetry"])))
+    if loss_scaled:
+      record[keys.FP16_OVERFLOWS] = values[keys.SKIPPED_TOTAL][k]
+  if k in one.sites:
+    record[keys.NONFINITE_AT] = one.sites[k].sentence()
+  return record
+
+
+def record(setup, recorders: list, carry, resolved: list,
+           checkpointed: bool = False, progress=None) -> Any:
+  """Writes the resolved steps' records (the pending dispatch's) and advances the lives of
+  the runs that stopped with them; returns the carry with nothing pending. `checkpointed`: the
+  last step is being checkpointed, so it is recorded whatever else."""
+  losses = {}
+  # A block's steps come back together: each is timed as if the block's wall time since the
+  # dispatch before was spread evenly over its steps, so a record's tokens/s is the rate
+  # since that run's previous record, as it is when steps go one at a time.
+  now = time.perf_counter()
+  since, previous = carry.resolved_at
+  for one in resolved:
+    at = previous + (now - previous) * (one.step - since) / max(resolved[-1].step - since, 1)
+    written, carry = record_step(setup, recorders, carry, one,
+                                 checkpointed and one is resolved[-1], at)
+    losses.update(written)
+  carry = carry._replace(resolved_at=(resolved[-1].step, now), pending=None)
+  if progress is not None:
+    progress.report(resolved[-1].step, losses, carry.stopped)
+  return carry
+
+
+def record_step(setup, recorders: list, carry, one: Resolved, checkpointed: bool,
+                at: float) -> tuple:
+  """Writes the records of one resolved step; returns ({run name: loss} of the runs it
+  stepped, the carry with the lives of the runs that stopped at it)."""
+  step, values = one.step, one.values
+  log_due = schedule.due(setup.config.train.log_every, step, setup.last_steps)
+  loss_scaled = setup.abstract.loss_scale.dynamic
+  losses = {}
+  for k, recorder in enumerate(recorders):
+    if not values[keys.ACTIVE][k]:
+      continue
+    code = int(values[keys.STATUS][k])
+    record_ = record_of(one, k, loss_scaled)
+    if worth_recording(record_, code, log_due=log_due, checkpointed=checkpointed,
+                       has_telemetry=values.get(keys.TELEMETRY) is not None):
+      record_[keys.TOKENS_PER_SEC] = recorder.tokens_per_sec(step, setup.tokens_per_step, at)
+      recorder.write(record_)
+    losses[recorder.run.name] = float(record_[keys.LOSS])
+    if code != life.CODE_RUNNING:
+      carry = run_stopped(setup, recorder, carry, k, code, record_,
+                          one.sites.get(k, schema.BACKWARD_ONLY))
+  return losses, carry
+
+
+def run_stopped(setup, recorder, carry, k: int, code: int, record_: dict,
+                site: schema.Site) -> Any:
+  """Run k finished or halted with the step of `record_`: its status into run.json; the
+  carry with it stopped (and, when the single run halts, the line it stops with)."""
+  status = life.status_of(code)
+  carry = carry._replace(stopped={**carry.stopped, k: status})
+  if status == schema.FINISHED:
+    recorder.set_status(status, last_step=record_[keys.STEP],
+                        finished_num_steps=recorder.run.config.train.num_steps)
+    return carry
+  reason, sentence = life.halt_description(recorder.run.config, code, record_)
+  recorder.set_status(status, last_step=record_[keys.STEP], halt_step=record_[keys.STEP],
+                      halt_reason=reason, nonfinite_at=site.sentence(),
+                      nonfinite_site=site.as_json())
+  sentence += f"; first non-finite: {site.sentence()}"
+  logging.warning("%s halted: %s", recorder.run.name, sentence)
+  if not setup.single:
+    return carry
+  good = (f"the newest checkpoint (step {carry.last_saved}) holds the last good state"
+          if carry.last_saved else "no checkpoint was saved yet")
+  return carry._replace(halted_line=f"{sentence}; {good}")

@@ -32,22 +32,15 @@ where the failure started (a block locates its failures itself).
 
 import contextlib
 import dataclasses
-import os
 import signal
 import threading
 import time
-from concurrent import futures
 from typing import Any, NamedTuple
 
 from absl import logging
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from normstudy.core import labels
-from normstudy.core import life
-from normstudy.core import optimizer as optimizer_lib
-from normstudy.core import per_run
 from normstudy.core import steps as steps_lib
 from normstudy.core import telemetry
 from normstudy.data import batches as batches_lib
@@ -56,21 +49,16 @@ from normstudy.engine import checkpoints
 from normstudy.engine import execution
 from normstudy.engine import logs
 from normstudy.engine import recorder as recorder_lib
+from normstudy.engine import resume
+from normstudy.engine import schedule
 from normstudy.engine import sharding
 from normstudy.errors import Preempted
 from normstudy.errors import RunHalted
 from normstudy.errors import UserError
 from normstudy.records import keys
-from normstudy.records import metrics as metrics_lib
-from normstudy.records import rundir
 from normstudy.records import schema
-from normstudy.records import storage
 
-# Step metrics that steer the loop and are not recorded as such.
-CONTROL_KEYS = ("active", "status", "telemetry", "sites")
-
-
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class PendingStep:
   """The newest dispatch, whose metrics are processed after its successor is dispatched: one
   step, or a block of steps `first`..`step` (normstudy.core.steps.make_train_block). Its last
@@ -87,27 +75,6 @@ class PendingStep:
   @property
   def is_block(self) -> bool:
     return self.first is not None
-
-
-@dataclasses.dataclass
-class Resolved:
-  """One step's metrics on the host ([K] each), where each run that failed at it first went
-  non-finite ({run index: schema.Site}), and its eval losses and update sizes if it has them."""
-  step: int
-  values: dict
-  sites: dict
-  eval_losses: Any = None
-  update_sizes: Any = None
-
-
-def worth_recording(record: dict, code: int, *, log_due: bool, checkpointed: bool,
-                    has_telemetry: bool) -> bool:
-  """Whether a run's record of a step goes into metrics.jsonl: every log_every-th step and the
-  first; any step with an eval loss, telemetry, an update size, a skipped update or a change of
-  the run's life; and a checkpointed step (so a resume can tell whether records were lost)."""
-  return (checkpointed or log_due or record[keys.STEP] == 1 or keys.EVAL_LOSS in record
-          or keys.UPDATE_SIZE in record or has_telemetry or bool(record[keys.SKIPPED])
-          or code != life.CODE_RUNNING)
 
 
 def _stack(batches: list) -> dict:
@@ -157,8 +124,8 @@ def _train_program(runs: list, checkpoint_dir: str, single: bool, tag: str) -> l
   setup = set_up(runs, checkpoint_dir, single, tag)
   recorders, pool = [], None
   try:
-    carry = restore(setup, initial_carry(setup))
-    recorders, pool = open_recorders(setup, carry)
+    carry = resume.restore(setup, initial_carry(setup))
+    recorders, pool = recorder_lib.open_recorders(setup, carry)
     logging.info("training %d run(s) in one program: steps %d..%d, %d tokens/step, mesh %s; "
                  "progress every %d steps", len(runs), carry.start_step + 1,
                  setup.num_steps, setup.tokens_per_step, dict(setup.mesh.shape),
@@ -267,143 +234,13 @@ def initial_carry(setup: Setup) -> Carry:
                initial_outputs=initial_outputs)
 
 
-def restore(setup: Setup, carry: Carry) -> Carry:
-  """Restores the newest checkpoint that restores (replaying from an earlier one, or from the
-  start, if records were lost after it) and applies the configs' per-run fields to it; marks
-  the runs stopped before it. Sets the step to continue after (0: from the start)."""
-  try:
-    start_step, restored = checkpoints.restore_latest(setup.mngr, setup.abstract)
-  except checkpoints.CheckpointError:
-    setup.mngr.close()  # orbax's background threads must stop before the process exits
-    raise
-  if restored is not None:
-    replay = _replay_from(setup, restored)
-    if replay is not None:  # records were lost: recompute them from an earlier state
-      checkpoints.discard_after(setup.mngr, replay)
-      start_step = replay
-      restored = checkpoints.restore(setup.mngr, replay, setup.abstract) if replay else None
-  if restored is None:
-    return carry
-  restored = _from_configs(restored, [run.config for run in setup.runs], setup.mesh)
-  logging.info("resumed %s from the checkpoint at step %d",  # the gs:// URL of a staged one
-               storage.remote(setup.checkpoint_dir), start_step)
-  stopped = {k: life.status_of(code)  # stopped before the checkpoint we resumed from
-             for k, code in enumerate(np.asarray(jax.device_get(restored.status)))
-             if code != life.CODE_RUNNING}
-  return carry._replace(state=setup.steps.hold(restored), start_step=start_step,
-                        last_saved=start_step, stopped=stopped)
-
-
-def _replay_from(setup: Setup, restored):
-  """None if every run's records reach the restored state; else the step to replay from: the
-  newest checkpoint before the first lost record, or 0 (the initial state, a pure function
-  of the config). Each run that lost records is reported in one line."""
-  run_steps = np.asarray(jax.device_get(restored.step))
-  lost = {}
-  for k, run in enumerate(setup.runs):
-    first = metrics_lib.first_lost_step(rundir.RunDir(run.directory).metrics_path,
-                                        int(run_steps[k]))
-    if first is not None:
-      lost[run.name] = first
-  if not lost:
-    return None
-  first = min(lost.values())
-  replay = max((s for s in setup.mngr.all_steps() if s < first), default=0)
-  for name, step in lost.items():
-    logging.warning("%s: %s has lost or damaged records from step %d on (the checkpoint is "
-                    "at step %d); replaying from %s to regenerate them", name, schema.METRICS,
-                    step, int(run_steps.max()),
-                    f"the checkpoint of step {replay}" if replay else "the start")
-  return replay
-
-
-def open_recorders(setup: Setup, carry: Carry) -> tuple:
-  """(one Recorder per run, their writer thread pool): run.json with the run's facts,
-  config.json, its records from the restored step on; warns of runs extended past their
-  schedule's horizon."""
-  is_writer = jax.process_index() == 0
-  pool = futures.ThreadPoolExecutor(max_workers=1) if is_writer else None
-  hparams = setup.steps.host_values(carry.state, lambda state: state.hparams)
-  num_params = sum(int(np.prod(x.shape[1:])) for x in jax.tree.leaves(setup.abstract.params))
-  resume_step = carry.start_step if carry.last_saved is not None else None
-  recorders = []
-  try:
-    _open_each(setup, carry, recorders, pool, is_writer, hparams, num_params, resume_step)
-  except BaseException:  # the ones opened are closed, as the loop's end closes them
-    for recorder in recorders:
-      recorder.close()
-    if pool is not None:
-      pool.shutdown()
-    raise
-  return recorders, pool
-
-
-def _open_each(setup, carry, recorders, pool, is_writer, hparams, num_params, resume_step):
-  """Appends each run's Recorder to `recorders` (open_recorders)."""
-  splits, horizons = setup.splits, np.asarray(hparams["schedule_steps"])
-  for k, run in enumerate(setup.runs):
-    label = labels.resolve(run.config)
-    info = schema.RunInfo(
-        label=label, name=run.name, arm=run.arm or run.name,
-        arm_label=run.arm_label or label, point=run.point, overrides=run.overrides,
-        dataset=splits.source, entropy_floor=splits.entropy_floor,
-        unigram_entropy=splits.unigram_entropy, masked_loss_floor=splits.masked_loss_floor,
-        masked_loss_floor_stderr=splits.masked_loss_floor_stderr, num_params=num_params,
-        tokens_per_step=setup.tokens_per_step, schedule_steps=int(horizons[k]),
-        checkpoints=os.path.relpath(setup.checkpoint_dir, run.directory), program_index=k)
-    recorders.append(recorder_lib.Recorder(
-        run, resume_step, info, pool, is_writer, stopped=k in carry.stopped))
-    if horizons[k] < run.config.train.num_steps:
-      hp = {name: float(values[k]) for name, values in hparams.items()}
-      final = float(optimizer_lib.learning_rate(run.config.optimizer.schedule, hp, horizons[k]))
-      logging.warning("%s: extended to %d steps; the learning-rate schedule keeps the horizon "
-                      "of %d steps it started with, so the steps after it run at its final "
-                      "rate %g", run.name, run.config.train.num_steps, int(horizons[k]), final)
-
-
-def due(every: int, step: int, last_steps: frozenset) -> bool:
-  """Every `every`-th step (0: never) and each run's last step; never for -1 (a checkpoint
-  interval that keeps no state at all)."""
-  if every < 0:
-    return False
-  return bool(every and step % every == 0) or step in last_steps
-
-
-def telemetry_due(train_cfg, step: int) -> bool:
-  every = train_cfg.telemetry_every
-  return bool(every) and step % every == 0
-
-
-def steps_alone(train_cfg, last_steps: frozenset, step: int) -> bool:
-  """Whether `step` is dispatched alone through the one-step programs: it takes telemetry,
-  measures an update size, or the config steps one at a time (train.steps_per_dispatch 1).
-  Every other step goes through the block program, a block of one included, so a plain step
-  is always the same compiled computation however the steps are split into blocks."""
-  return (train_cfg.steps_per_dispatch <= 1 or telemetry_due(train_cfg, step)
-          or step <= train_cfg.update_size_steps or step > max(last_steps))
-
-
-def dispatch_end(train_cfg, last_steps: frozenset, step: int) -> int:
-  """The last step of the dispatch that begins at `step`: `step` itself when it goes alone;
-  otherwise the block's: at most steps_per_dispatch steps, ending at the first step that
-  evaluates, checkpoints or ends a run, or before a step that goes alone."""
-  if steps_alone(train_cfg, last_steps, step):
-    return step
-  last = min(step + train_cfg.steps_per_dispatch - 1, max(last_steps))
-  for s in range(step, last):
-    if (due(train_cfg.eval_every, s, last_steps) or due(train_cfg.checkpoint_every, s, last_steps)
-        or steps_alone(train_cfg, last_steps, s + 1)):
-      return s
-  return last
-
-
 def stage(setup: Setup, step: int) -> tuple:
   """(first, last, work) of the dispatch that begins at `step`: the batch of a step alone
   (first is None), or a block's batches staged on the devices (ProgramSteps.block_work)."""
   train_cfg = setup.config.train
-  if steps_alone(train_cfg, setup.last_steps, step):
+  if schedule.steps_alone(train_cfg, setup.last_steps, step):
     return None, step, setup.batch(step)
-  last = dispatch_end(train_cfg, setup.last_steps, step)
+  last = schedule.dispatch_end(train_cfg, setup.last_steps, step)
   batches = [_stack([ds[s - 1] for ds in setup.train_data]) for s in range(step, last + 1)]
   return step, last, setup.steps.block_work(batches, train_cfg.steps_per_dispatch)
 
@@ -427,11 +264,11 @@ def loop(setup: Setup, recorders: list, carry: Carry, stop: dict) -> tuple:
     resolved = None
     if carry.pending is not None:  # the dispatch before: was it finite, did its runs stop?
       resolved = resolve(setup, carry)
-      if len(set(carry.stopped) | stopping(resolved)) == len(runs):  # no run left running
-        carry = record(setup, recorders, carry, resolved, progress=progress)
+      if len(set(carry.stopped) | recorder_lib.stopping(resolved)) == len(runs):  # none left
+        carry = recorder_lib.record(setup, recorders, carry, resolved, progress=progress)
         break
     first, step, batch = work
-    stopped = frozenset(carry.stopped) | stopping(resolved)
+    stopped = frozenset(carry.stopped) | recorder_lib.stopping(resolved)
     with (_compiling(setup, first is not None) if not announced
           else contextlib.nullcontext()):
       announced = True
@@ -439,22 +276,23 @@ def loop(setup: Setup, recorders: list, carry: Carry, stop: dict) -> tuple:
         state, device_metrics = steps.step_block(carry.state, batch, stopped)
       else:
         state, device_metrics = steps.step(carry.state, batch,
-                                           telemetry_due(train_cfg, step), stopped)
+                                           schedule.telemetry_due(train_cfg, step), stopped)
     carry = carry._replace(state=state)
     if resolved is not None:
-      carry = record(setup, recorders, carry, resolved, progress=progress)
-    pending = PendingStep(step, device_metrics, None if first is not None else batch,
-                          first=first)
+      carry = recorder_lib.record(setup, recorders, carry, resolved, progress=progress)
+    update_sizes = None
     if step <= train_cfg.update_size_steps:
-      pending.update_sizes, carry = measure_update(setup, carry, step)
-    carry = carry._replace(pending=pending)
+      update_sizes, carry = measure_update(setup, carry, step)
     work = stage(setup, step + 1)  # prepared while the device runs this dispatch
-    if due(train_cfg.eval_every, step, setup.last_steps):
-      pending.eval_losses = evaluate(setup, carry.state)
+    eval_losses = (evaluate(setup, carry.state)
+                   if schedule.due(train_cfg.eval_every, step, setup.last_steps) else None)
+    carry = carry._replace(pending=PendingStep(
+        step, device_metrics, None if first is not None else batch, eval_losses=eval_losses,
+        update_sizes=update_sizes, first=first))
     preempted_by = stop["signal"] or (
         "preemption notice" if jax.process_count() > 1
         and setup.mngr.reached_preemption(step) else None)
-    if due(train_cfg.checkpoint_every, step, setup.last_steps) or preempted_by:
+    if schedule.due(train_cfg.checkpoint_every, step, setup.last_steps) or preempted_by:
       carry = save_checkpoint(setup, recorders, carry, step, progress)
     if preempted_by and carry.halted_line is None:
       return carry, step, preempted_by
@@ -502,120 +340,24 @@ def resolve(setup: Setup, carry: Carry) -> list:
   pending = carry.pending
   values, update_sizes = jax.device_get((pending.metrics, pending.update_sizes))
   if not pending.is_block:
-    failed = np.asarray(values["skipped"]) & np.asarray(values["active"])
+    failed = np.asarray(values[keys.SKIPPED]) & np.asarray(values[keys.ACTIVE])
     sites = {}
     if failed.any():
       flags = jax.device_get(setup.steps.locate(carry.state, pending.batch))
       for k in np.flatnonzero(failed):
         sites[k] = telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k], flags))
-    return [Resolved(pending.step, values, sites, pending.eval_losses, update_sizes)]
-  flags = values.pop("sites")
+    return [recorder_lib.Resolved(pending.step, values, sites, pending.eval_losses,
+                                  update_sizes)]
+  flags = values.pop(keys.SITES)
   resolved = []
   for j, step in enumerate(range(pending.first, pending.step + 1)):
     at = {key: np.asarray(value)[:, j] for key, value in values.items()}
-    failed = at["skipped"] & at["active"]
+    failed = at[keys.SKIPPED] & at[keys.ACTIVE]
     sites = {k: telemetry.first_nonfinite(jax.tree.map(lambda x, k=k: x[k, j], flags))
              for k in np.flatnonzero(failed)}
-    resolved.append(Resolved(step, at, sites,
-                             pending.eval_losses if step == pending.step else None))
+    resolved.append(recorder_lib.Resolved(step, at, sites,
+                                          pending.eval_losses if step == pending.step else None))
   return resolved
-
-
-def stopping(resolved) -> frozenset:
-  """The runs that stop (finish or halt) at a step of `resolved` (None: none)."""
-  stopping_ = set()
-  for one in resolved or ():
-    values = one.values
-    stopping_.update(np.flatnonzero(values["active"] & (values["status"] != life.CODE_RUNNING)))
-  return frozenset(int(k) for k in stopping_)
-
-
-def record_of(one: Resolved, k, loss_scaled: bool) -> dict:
-  """Run k's record of the resolved step `one`."""
-  values = one.values
-  record = {keys.STEP: one.step, **{key: values[key][k] for key in keys.STEP_KEYS}}
-  record.update({key: values[key][k] for key in values
-                 if key not in keys.STEP_KEYS + CONTROL_KEYS})
-  if one.eval_losses is not None:
-    record[keys.EVAL_LOSS] = one.eval_losses[k]
-  for key, sizes in (one.update_sizes or {}).items():
-    record[key] = float(sizes[k])
-  if values.get("telemetry") is not None:
-    record.update(telemetry.flatten(jax.tree.map(lambda x: x[k], values["telemetry"])))
-    if loss_scaled:
-      record[keys.FP16_OVERFLOWS] = values[keys.SKIPPED_TOTAL][k]
-  if k in one.sites:
-    record[keys.NONFINITE_AT] = one.sites[k].sentence()
-  return record
-
-
-def record(setup: Setup, recorders: list, carry: Carry, resolved: list,
-           checkpointed: bool = False, progress=None) -> Carry:
-  """Writes the resolved steps' records (the pending dispatch's) and advances the lives of
-  the runs that stopped with them; returns the carry with nothing pending. `checkpointed`: the
-  last step is being checkpointed, so it is recorded whatever else."""
-  losses = {}
-  # A block's steps come back together: each is timed as if the block's wall time since the
-  # dispatch before was spread evenly over its steps, so a record's tokens/s is the rate
-  # since that run's previous record, as it is when steps go one at a time.
-  now = time.perf_counter()
-  since, previous = carry.resolved_at
-  for one in resolved:
-    at = previous + (now - previous) * (one.step - since) / max(resolved[-1].step - since, 1)
-    written, carry = record_step(setup, recorders, carry, one,
-                                 checkpointed and one is resolved[-1], at)
-    losses.update(written)
-  carry = carry._replace(resolved_at=(resolved[-1].step, now), pending=None)
-  if progress is not None:
-    progress.report(resolved[-1].step, losses, carry.stopped)
-  return carry
-
-
-def record_step(setup: Setup, recorders: list, carry: Carry, one: Resolved, checkpointed: bool,
-                at: float) -> tuple:
-  """Writes the records of one resolved step; returns ({run name: loss} of the runs it
-  stepped, the carry with the lives of the runs that stopped at it)."""
-  step, values = one.step, one.values
-  log_due = due(setup.config.train.log_every, step, setup.last_steps)
-  loss_scaled = setup.abstract.loss_scale.dynamic
-  losses = {}
-  for k, recorder in enumerate(recorders):
-    if not values["active"][k]:
-      continue
-    code = int(values["status"][k])
-    record_ = record_of(one, k, loss_scaled)
-    if worth_recording(record_, code, log_due=log_due, checkpointed=checkpointed,
-                       has_telemetry=values.get("telemetry") is not None):
-      record_[keys.TOKENS_PER_SEC] = recorder.tokens_per_sec(step, setup.tokens_per_step, at)
-      recorder.write(record_)
-    losses[recorder.run.name] = float(record_[keys.LOSS])
-    if code != life.CODE_RUNNING:
-      carry = run_stopped(setup, recorder, carry, k, code, record_,
-                          one.sites.get(k, schema.BACKWARD_ONLY))
-  return losses, carry
-
-
-def run_stopped(setup: Setup, recorder, carry: Carry, k: int, code: int, record_: dict,
-                site: schema.Site) -> Carry:
-  """Run k finished or halted with the step of `record_`: its status into run.json; the
-  carry with it stopped (and, when the single run halts, the line it stops with)."""
-  status = life.status_of(code)
-  carry = carry._replace(stopped={**carry.stopped, k: status})
-  if status == schema.FINISHED:
-    recorder.set_status(status, last_step=record_[keys.STEP],
-                        finished_num_steps=recorder.run.config.train.num_steps)
-    return carry
-  reason, sentence = life.halt_description(recorder.run.config, code, record_)
-  recorder.set_status(status, last_step=record_[keys.STEP], halt_step=record_[keys.STEP],
-                      halt_reason=reason, nonfinite_at=site.sentence(),
-                      nonfinite_site=site.as_json())
-  sentence += f"; first non-finite: {site.sentence()}"
-  logging.warning("%s halted: %s", recorder.run.name, sentence)
-  if not setup.single:
-    return carry
-  good = (f"the newest checkpoint (step {carry.last_saved}) holds the last good state"
-          if carry.last_saved else "no checkpoint was saved yet")
-  return carry._replace(halted_line=f"{sentence}; {good}")
 
 
 def save_checkpoint(setup: Setup, recorders: list, carry: Carry, step: int,
@@ -623,7 +365,7 @@ def save_checkpoint(setup: Setup, recorders: list, carry: Carry, step: int,
   """Records the pending step (always), then checkpoints the stacked state at `step`, unless
   the single run halted: its newest checkpoint stays the last good state."""
   if carry.pending is not None:
-    carry = record(setup, recorders, carry, resolve(setup, carry), checkpointed=True,
+    carry = recorder_lib.record(setup, recorders, carry, resolve(setup, carry), checkpointed=True,
                    progress=progress)
   if carry.halted_line is not None:
     return carry
@@ -631,19 +373,6 @@ def save_checkpoint(setup: Setup, recorders: list, carry: Carry, step: int,
     recorder.flush()
   checkpoints.save(setup.mngr, step, setup.steps.stacked(carry.state))
   return carry._replace(last_saved=step)
-
-
-def _from_configs(state, configs, mesh):
-  """The restored state with the (possibly changed) configs' per-run fields applied
-  (normstudy.core.per_run.apply_to_restored; the schedule keeps its horizon, so the rate never
-  jumps). A run restored as finished whose config now asks for more steps runs again."""
-  horizons = np.asarray(jax.device_get(state.hparams["schedule_steps"]))
-  values = jax.device_put(per_run.stacked_values(configs, horizons),
-                          sharding.runs_sharding(mesh))
-  state = per_run.apply_to_restored(state, values)
-  done = steps_lib.reached_end(state.step, state.opt_step, state.limits)
-  more = jnp.logical_and(state.status == life.CODE_FINISHED, ~done)
-  return state.replace(status=jnp.where(more, life.CODE_RUNNING, state.status))
 
 
 _update_size = jax.jit(steps_lib.update_size)

@@ -20,6 +20,13 @@ SKIPPED = "skipped"  # the update was skipped for a non-finite gradient
 SKIPPED_TOTAL = "skipped_total"
 # The train step's metrics recorded on every logged step, in the order records hold them.
 STEP_KEYS = (LOSS, GRAD_NORM, CLIPPED, LR, LOSS_SCALE, SKIPPED, SKIPPED_TOTAL)
+# The step's metrics that steer the loop and are not recorded as such: whether the run stepped,
+# its life (normstudy.core.life's codes), a telemetry step's tree, and a block's failure sites.
+ACTIVE = "active"
+STATUS = "status"
+TELEMETRY = "telemetry"
+SITES = "sites"
+CONTROL_KEYS = (ACTIVE, STATUS, TELEMETRY, SITES)
 
 # The global L2 norm of the step's update (what the optimizer computed, the learning rate
 # included; applied only when the step is finite): its spikes can come before loss spikes.
