@@ -838,3 +838,45 @@ def test_checkpoint_every_minus_one_keeps_no_state_and_the_run_still_finishes(tm
   with pytest.raises(errors.ConfigError, match=r"config.train.checkpoint_every=-2 is not allowed; "
                      r"allowed: -1 \(never\), 0 \(only at the end\) or an integer >= 1"):
     validation.validate(config)
+
+
+@pytest.mark.slow
+def test_damaged_records_through_main_and_analyze_are_one_line_never_a_traceback(tmp_path):
+  """Issue 88, items 1, 2 and 15: run.json holding null or [1], config.json holding [] (once
+  reported as "no config.json"), a metrics line whose step is the string "60": `main` (the same
+  command again) and `analyze` as subprocesses print one line naming the file, or, for a
+  damaged metrics line, skip it with a warning; never a traceback."""
+  import shutil
+  workdir = tmp_path / "run"
+  args = (f"--config={SEED}", f"--workdir={workdir}", *_args(tmp_path, num_steps=6, every=3))
+  runs.run_module("normstudy.main", *args)
+  clean = tmp_path / "clean"
+  shutil.copytree(workdir, clean)
+  cases = [(schema.RUN, "null", "holds null where a JSON object is expected"),
+           (schema.RUN, "[1]", "holds [1] where a JSON object is expected"),
+           (schema.CONFIG, "[]", f"{schema.CONFIG} is damaged: it holds [] where a JSON object")]
+  for name, text, message in cases:
+    shutil.rmtree(workdir)
+    shutil.copytree(clean, workdir)
+    (workdir / name).write_text(text)
+    for module, argv in (("normstudy.main", args), ("normstudy.analyze", (f"--workdir={workdir}",))):
+      result = runs.run_module(module, *argv, check=False)
+      assert result.returncode == 2, (name, text, module, result.stderr[-1500:])
+      assert "Traceback" not in result.stderr, (name, module, result.stderr[-1500:])
+      errors_ = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+      assert len(errors_) == 1 and message in errors_[0], (name, module, errors_)
+      assert str(workdir / name) in errors_[0]
+  # A record whose step is a string: a damaged line, skipped with a warning naming it.
+  shutil.rmtree(workdir)
+  shutil.copytree(clean, workdir)
+  lines = (workdir / schema.METRICS).read_text().splitlines()
+  record = json.loads(lines[1])
+  record["step"] = str(record["step"])
+  lines[1] = json.dumps(record)
+  (workdir / schema.METRICS).write_text("\n".join(lines) + "\n")
+  analysed = runs.run_module("normstudy.analyze", f"--workdir={workdir}", check=False)
+  assert analysed.returncode == 0 and "Traceback" not in analysed.stderr, analysed.stderr[-1500:]
+  assert "skipping a damaged line" in analysed.stderr
+  again = runs.run_module("normstudy.main", *args, check=False)
+  assert "Traceback" not in again.stderr, again.stderr[-1500:]
+  assert again.returncode == 0, again.stderr[-1500:]

@@ -57,7 +57,8 @@ def read_records(path: str, skip_damaged: bool = False) -> Iterator[dict]:
   for i, line in enumerate(lines):
     try:
       record = decode(line)
-      if not isinstance(record, dict) or "step" not in record:
+      step = record.get("step") if isinstance(record, dict) else None
+      if not isinstance(step, int) or isinstance(step, bool):  # "60", 60.5, true: damaged
         raise ValueError("not a record")
     except ValueError:
       if i == len(lines) - 1:

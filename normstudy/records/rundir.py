@@ -22,14 +22,20 @@ from normstudy.records import schema
 
 
 def read_json(path: str) -> dict:
-  """The object in a JSON file; {} when there is none. A damaged file is a UserError."""
+  """The object in a JSON file; {} when there is none. A damaged file, or one holding something
+  other than an object (null, a list: every file normstudy writes holds an object), is a
+  UserError."""
   if not os.path.exists(path):
     return {}
   try:
     with open(path, encoding="utf-8") as f:
-      return json.load(f)
+      found = json.load(f)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise UserError(f"{path} is damaged ({e.__class__.__name__}: {e}); move it away") from None
+  if not isinstance(found, dict):
+    raise UserError(f"{path} is damaged: it holds {json.dumps(found)[:40]} where a JSON object "
+                    "is expected; move it away")
+  return found
 
 
 def read_sweep(directory: str) -> schema.SweepRecord:
