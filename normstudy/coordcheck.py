@@ -75,6 +75,11 @@ def main(argv):
   for name, value in (("steps", FLAGS.steps), ("head_dim", FLAGS.head_dim)):
     if value < 1:
       raise errors.UserError(f"--{name}={value} is not allowed; allowed: an integer >= 1")
+  uneven = [w for w in widths if w > FLAGS.head_dim and w % FLAGS.head_dim]
+  if uneven:  # heads of width // head_dim would be wider than asked
+    raise errors.UserError(f"--head_dim={FLAGS.head_dim} does not divide --widths "
+                           f"{', '.join(map(str, uneven))}; allowed: a head width that divides "
+                           "every width above it (heads are head_dim wide)")
   from normstudy.experiments import coordinates
   from normstudy.experiments import validation
   for p, lr in zip(FLAGS.parametrizations, lrs):

@@ -44,6 +44,10 @@ def test_under_mup_the_coordinates_stay_flat_in_width_and_under_sp_they_grow(tmp
                                  "comma-separated list of sp, mup, completep, umup"),
     ("--learning_rates=0.1", "--learning_rates gives 1 rates for 3 parametrizations; give one "
                              "each"),
+    # Issue 88, item 11: heads of 7 once became heads of 8 without a word.
+    ("--head_dim=7", "--head_dim=7 does not divide --widths 16, 32, 64, 128, 256; allowed: a "
+                     "head width that "
+                     "divides every width above it (heads are head_dim wide)"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, flag, message):
   result = runs.run_module("normstudy.coordcheck", *SMALL, flag, f"--workdir={tmp_path / 'out'}",

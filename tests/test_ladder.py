@@ -322,3 +322,15 @@ def test_the_ladder_says_how_often_each_arm_clipped_at_each_rung(tmp_path):
     assert row.clip_norm == 1.0 and row.runs == 6 and row.alive == count
     assert row.clipped_fraction == pytest.approx(everyone)
     assert row.clipped_fraction_alive == pytest.approx(survivors)
+
+
+def test_an_analysed_search_without_its_runs_is_refused_in_one_line(tmp_path):
+  """Issue 88, item 3: `normstudy.ladder --workdir=docs/survival` (a search whose tables alone
+  were committed) was a KeyError traceback; it is one line naming the missing config.json."""
+  import runs
+  result = runs.run_module("normstudy.ladder", "--workdir=docs/survival", check=False)
+  assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1500:]
+  assert result.stderr.strip().splitlines() == [
+      "error: docs/survival holds an analysed search but not its runs "
+      "(docs/survival/pre_norm_clip1/lr0.1_seed0/config.json is missing): normstudy.ladder reads "
+      "each rung's model from its runs; give it a ladder's workdir as `make ladder` trains it"]

@@ -29,9 +29,17 @@ def rung_directories(workdir: str) -> list:
 
 
 def _model_of(rung: str) -> dict:
-  """The `model` section of the config of the rung's first run."""
-  first = rundir.read_sweep(rung).runs[0]
-  return rundir.read_config(os.path.join(rung, first.name))["model"]
+  """The `model` section of the config of the rung's first run. UserError when the rung's run
+  directories are not there (an analysed search whose tables alone were kept, as docs/ keeps
+  them): a ladder reads each rung's model from its runs."""
+  runs = rundir.read_sweep(rung).runs
+  config = rundir.read_config(os.path.join(rung, runs[0].name)) if runs else {}
+  if "model" not in config:
+    where = os.path.join(rung, runs[0].name, schema.CONFIG) if runs else rung
+    raise UserError(f"{rung} holds an analysed search but not its runs ({where} is missing): "
+                    "normstudy.ladder reads each rung's model from its runs; give it a ladder's "
+                    "workdir as `make ladder` trains it")
+  return config["model"]
 
 
 def parameters(model: dict) -> int:
