@@ -880,3 +880,29 @@ def test_damaged_records_through_main_and_analyze_are_one_line_never_a_traceback
   again = runs.run_module("normstudy.main", *args, check=False)
   assert "Traceback" not in again.stderr, again.stderr[-1500:]
   assert again.returncode == 0, again.stderr[-1500:]
+
+
+def test_the_stop_signal_handler_only_sets_a_flag():
+  """Issue 88, item 6: Ctrl-C while a progress line was being written printed ~100 lines of
+  "--- Logging error ---" (the handler logged a line itself and re-entered the write it had
+  interrupted). The handler now only records the signal; the loop says what it does."""
+  from absl import logging as absl_logging
+  from normstudy.engine import train
+  seen = []
+
+  class Catch(absl_logging.logging.Handler):
+    def emit(self, record):
+      seen.append(record.getMessage())
+
+  catcher = Catch()
+  absl_logging.get_absl_logger().addHandler(catcher)
+  try:
+    with train.stop_signals() as received:
+      os.kill(os.getpid(), signal.SIGTERM)
+      deadline = time.monotonic() + 5
+      while received["signal"] is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+  finally:
+    absl_logging.get_absl_logger().removeHandler(catcher)
+  assert received["signal"] == "SIGTERM"
+  assert seen == []  # nothing written from inside the handler

@@ -135,7 +135,7 @@ def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(t
   stdout, stderr = proc.communicate(timeout=runs.bound(120))
   assert proc.returncode == 0, stderr[-3000:]
   assert "programs: 2 at a time, each in a worker process" in stdout
-  assert "SIGTERM received: passing it to the workers" in stderr
+  assert "SIGTERM received: passed it to the workers" in stderr
   # A worker parses no flags: absl once began its lines with "WARNING: Logging before flag
   # parsing goes to stderr." (issue 78's own bad inputs).
   assert "Logging before flag parsing" not in stderr

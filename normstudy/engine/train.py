@@ -95,11 +95,11 @@ def stop_signals():
   previous = {}
 
   def handler(signum, frame):
+    # Only a flag: a handler that writes (a log line) can interrupt a write in progress and
+    # re-enter it ("reentrant call inside BufferedWriter"); the loop says what it does.
     del frame
     if received["signal"] is None:
       received["signal"] = signal.Signals(signum).name
-      logging.warning("%s received: finishing the current step, then checkpointing",
-                      received["signal"])
 
   for name in ("SIGINT", "SIGTERM"):
     previous[name] = signal.signal(getattr(signal, name), handler)
@@ -292,6 +292,8 @@ def loop(setup: Setup, recorders: list, carry: Carry, stop: dict) -> tuple:
     preempted_by = stop["signal"] or (
         "preemption notice" if jax.process_count() > 1
         and setup.mngr.reached_preemption(step) else None)
+    if preempted_by:
+      logging.warning("%s received: checkpointing step %d, then stopping", preempted_by, step)
     if schedule.due(train_cfg.checkpoint_every, step, setup.last_steps) or preempted_by:
       carry = save_checkpoint(setup, recorders, carry, step, progress)
     if preempted_by and carry.halted_line is None:

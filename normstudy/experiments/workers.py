@@ -186,6 +186,8 @@ class Pool:
     with _forwarding_signals(self.processes, self._stop, signalled):
       failures = _collect(self.processes, self.readers, self._stop, run_id, calls, describe,
                           on_done, on_start)
+    if signalled:  # said here, not in the handler (a handler that writes can re-enter a write)
+      logging.warning("%s received: passed it to the workers", signal.Signals(signalled[0]).name)
     if signalled and any(isinstance(e, Preempted) for _, e in failures):
       raise _stopped(signal.Signals(signalled[0]).name, failures, calls, describe)
     # The first real failure; a NotStarted only if nothing else failed.
@@ -236,10 +238,10 @@ def _forwarding_signals(processes: list, stop, signalled: list):
   """While a run's calls are collected, SIGINT and SIGTERM are passed to the workers (each
   checkpoints and stops) and appended to `signalled`; the handlers before are put back."""
   def forward(signum, frame):
+    # No logging here: a handler that writes can re-enter a write it interrupted. The workers
+    # each say what they do with the signal.
     del frame
     signalled.append(signum)
-    if len(signalled) == 1:
-      logging.warning("%s received: passing it to the workers", signal.Signals(signum).name)
     stop.set()
     for process in processes:
       if process.is_alive():
