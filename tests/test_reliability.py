@@ -906,3 +906,17 @@ def test_the_stop_signal_handler_only_sets_a_flag():
     absl_logging.get_absl_logger().removeHandler(catcher)
   assert received["signal"] == "SIGTERM"
   assert seen == []  # nothing written from inside the handler
+
+
+def test_rerunning_a_finished_run_says_so_and_trains_nothing(tmp_path):
+  """Issue 88, item 18: the same command again over a finished run printed "steps 61..60" as if
+  it trained; it says the run had finished, trains nothing and leaves the records as they were."""
+  workdir = tmp_path / "run"
+  args = (f"--config={SEED}", f"--workdir={workdir}", *_args(tmp_path, num_steps=6, every=3))
+  runs.run_module("normstudy.main", *args)
+  before = (workdir / schema.METRICS).read_bytes()
+  again = runs.run_module("normstudy.main", *args)
+  assert f"{workdir} finished at step 6 already: nothing to train" in again.stderr
+  assert "steps 7..6" not in again.stderr and "training 1 run(s)" not in again.stderr
+  assert again.stdout.strip().splitlines()[-1].startswith("finished: step 6, loss ")
+  assert (workdir / schema.METRICS).read_bytes() == before
