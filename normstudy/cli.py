@@ -277,6 +277,21 @@ def _none_to_off(arg: str) -> str:
 _NONE_MEANS = {"--config.optimizer.clip_norm": "0"}
 
 
+def _repeated_overrides(argv) -> list:
+  """A line per config field given more than once on the command line (`--config.a.b=1 ...
+  --config.a.b=2`): the last wins, as absl has it, but no longer without a word."""
+  seen, lines = {}, []
+  for arg in argv[1:]:
+    if arg == "--":
+      break
+    if arg.startswith("--config.") and "=" in arg:
+      name, value = arg[2:].split("=", 1)
+      if name in seen and seen[name] != value:
+        lines.append(f"--{name} is given twice ({seen[name]!r}, then {value!r}): the last wins")
+      seen[name] = value
+  return lines
+
+
 def _parse_flags(argv):
   argv = [_none_to_off(arg) for arg in argv]
   asked = [arg for arg in argv[1:] if arg in _HELP]
@@ -286,6 +301,8 @@ def _parse_flags(argv):
   if missing:
     print(f"error: {missing}", file=sys.stderr)
     sys.exit(2)
+  for line in _repeated_overrides(argv):  # scripts append overrides: said, not refused
+    print(f"warning: {line}", file=sys.stderr)
   argv = [_integral_override(arg) for arg in argv]
   # ml_collections' config_flags (1.1) loads --config's file as the module "config_config"
   # (SourceFileLoader.load_module), which re-executes a file into the module already there and

@@ -920,3 +920,15 @@ def test_rerunning_a_finished_run_says_so_and_trains_nothing(tmp_path):
   assert "steps 7..6" not in again.stderr and "training 1 run(s)" not in again.stderr
   assert again.stdout.strip().splitlines()[-1].startswith("finished: step 6, loss ")
   assert (workdir / schema.METRICS).read_bytes() == before
+
+
+def test_a_config_field_given_twice_is_said_and_the_last_wins(tmp_path):
+  """Issue 88, item 14: `--config.a.b=1 ... --config.a.b=2` took the last without a word (a
+  script that appends overrides relies on last-wins, so it is a warning line, not a refusal)."""
+  result = runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={tmp_path / 'x'}",
+                           "--config.optimizer.learning_rate=0.1",
+                           "--config.optimizer.learning_rate=0.2", "--print_config")
+  assert ("warning: --config.optimizer.learning_rate is given twice ('0.1', then '0.2'): the "
+          "last wins") in result.stderr.splitlines()
+  assert json.loads(result.stdout[result.stdout.index("{"):])["optimizer"]["learning_rate"] == 0.2
+  assert not (tmp_path / "x").exists()
