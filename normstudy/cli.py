@@ -98,9 +98,15 @@ def grid_config_changes(runs, varied) -> list[str]:
 
 
 def check_workers(requested: int) -> None:
+  """UserError for a negative --workers; a warning line for more than the cores (the workers
+  are capped at one per core: normstudy.experiments.workers.count)."""
   if requested < 0:
     raise UserError(f"--workers={requested} is not allowed; allowed: 0 (one per core, up to one "
                     "per program) or an integer >= 1")
+  cores = len(os.sched_getaffinity(0))
+  if requested > cores:
+    print(f"warning: --workers={requested} is more than this machine's {cores} cores: at most "
+          f"{cores} workers train, one per core", file=sys.stderr, flush=True)
 
 
 def flag_error_line(error: Exception, argv) -> str:

@@ -932,3 +932,18 @@ def test_a_config_field_given_twice_is_said_and_the_last_wins(tmp_path):
           "last wins") in result.stderr.splitlines()
   assert json.loads(result.stdout[result.stdout.index("{"):])["optimizer"]["learning_rate"] == 0.2
   assert not (tmp_path / "x").exists()
+
+
+def test_more_workers_than_cores_is_said(tmp_path, capsys):
+  """Issue 88, item 12: --workers=64 on 2 cores was taken without a word (capped at one worker a
+  core by normstudy.experiments.workers.count)."""
+  from normstudy import cli
+  cores = len(os.sched_getaffinity(0))
+  cli.check_workers(cores)
+  assert capsys.readouterr().err == ""
+  cli.check_workers(cores + 62)
+  assert capsys.readouterr().err == (
+      f"warning: --workers={cores + 62} is more than this machine's {cores} cores: at most "
+      f"{cores} workers train, one per core\n")
+  with pytest.raises(errors.UserError, match=r"--workers=-1 is not allowed"):
+    cli.check_workers(-1)
