@@ -628,3 +628,18 @@ def test_a_declared_experiment_runs_whole_from_its_file_and_is_recorded(tmp_path
   # The analysis of DIR holds the part's runs (the recipe's rate, which the search never tried).
   assert "0.003" in (workdir / "runs.csv").read_text()
   assert not (workdir / "learning" / "critical_lr.csv").exists()  # a part: by its data
+
+
+def test_a_grid_of_a_seed_figure_arm_is_no_single_run_in_its_labels(tmp_path):
+  """Issue 88, item 19: runs of a user's sweep were labelled "... | Run 2" (MERT's legend for its
+  one Pre-Norm clip 1 run) whatever their seed; a grid's point names the run. A user's own file
+  whose config keeps the seed figure's label, swept over seeds."""
+  from normstudy.experiments import grid
+  own = tmp_path / "mine.py"
+  own.write_text("from configs import seed_figure\n\n\ndef get_config():\n"
+                 "  return seed_figure.get_config('pre_norm_clip1')\n")
+  runs_ = grid.points(str(own), None, {"train.seed": [0, 1]}, {}, sweep=True, workdir="w")
+  assert [r.config.label for r in runs_] == ["{auto} | seed=0", "{auto} | seed=1"]
+  assert all("Run" not in r.arm_label for r in runs_)
+  from configs import seed_figure
+  assert seed_figure.get_config("pre_norm_clip1").label == "{auto} | Run 2"  # the figure's own

@@ -7,12 +7,12 @@ default).
 """
 
 import os
-import re
 
 import numpy as np
 import pandas as pd
 
 from normstudy.analysis import runs as runs_lib
+from normstudy.records import names
 from normstudy.records import schema
 
 # The seed figure's colours, in its legend order; line styles tell overlapping curves apart.
@@ -74,18 +74,13 @@ def _step_formatter():
   return StepFormatter()
 
 
-# MERT's figure tells its two Pre-Norm runs apart as "Run 1" and "Run 2" (configs/seed_figure.py's
-# labels keep that); an arm drawn over seeds is no single run.
-_RUN_NUMBER = re.compile(r"\s*\|\s*Run (\d+)$")
-
-
 def arm_legend_labels(labels: list, seeds: list) -> list:
   """Legend entries of arms drawn over seeds: each label with its seed count, and without a
   trailing "| Run N" (which beside "(3 seeds)" reads as a contradiction) where the labels stay
   distinct without it; where they would not, "Run N" becomes "arm N"."""
-  bare = [_RUN_NUMBER.sub("", label) for label in labels]
+  bare = [names.without_run_number(label) for label in labels]
   if len(set(bare)) < len(bare):
-    bare = [_RUN_NUMBER.sub(r" | arm \1", label) for label in labels]
+    bare = [names.RUN_NUMBER.sub(r" | arm \1", label) for label in labels]
   return [f"{label} ({n} seed{'s' * (n != 1)})" for label, n in zip(bare, seeds)]
 
 

@@ -231,7 +231,8 @@ def points(path: str, variant, axes: dict, overrides: dict, module=None,
     applied = {**settings, **overrides, **values}
     config_lib.apply_overrides(config, applied)
     arm_template = config.label or "{auto}"
-    if values:
+    if values:  # the point names the run: a seed figure's "| Run N" would contradict it
+      arm_template = names.without_run_number(arm_template)
       config.label = f"{arm_template} | {names.point_label(values)}"
       applied["label"] = config.label
     config.lock()
