@@ -65,7 +65,8 @@ def disk_full(exc: BaseException) -> bool:
 
 def environment_problem(exc: BaseException):
   """One line for a failure of the machine rather than of normstudy (a full disk, memory the
-  model does not fit in, a read-only or forbidden path), or None for anything else (a bug, which
+  model does not fit in, a read-only or forbidden path, a JAX_PLATFORMS it has no backend
+  for), or None for anything else (a bug, which
   keeps its traceback). Looks through the exception's chain."""
   import errno
   import re
@@ -81,6 +82,13 @@ def environment_problem(exc: BaseException):
       return f"cannot write {error.filename or 'a file'}: {error.strerror}"
   for error in _chain(exc):
     text = " ".join(str(error).split())
+    if isinstance(error, RuntimeError) and text.startswith("Unable to initialize backend"):
+      import os
+      asked = os.environ.get("JAX_PLATFORMS", "")
+      jax_said = text.split(" (set JAX_PLATFORMS")[0].rstrip(".")
+      return (f"{jax_said}; JAX_PLATFORMS={asked!r} asks for an accelerator this machine's "
+              "jax cannot reach: unset it (jax chooses what there "
+              "is), or install the accelerator's jax (pip install -e '.[gpu]' for CUDA)")
     if any(marker in text for marker in _OUT_OF_MEMORY):
       return (f"out of memory ({text[:160]}); the model, batch or sequence does not fit: reduce "
               "config.train.batch_size, config.model.max_len or the model's size, or use more "

@@ -947,3 +947,18 @@ def test_more_workers_than_cores_is_said(tmp_path, capsys):
       f"{cores} workers train, one per core\n")
   with pytest.raises(errors.UserError, match=r"--workers=-1 is not allowed"):
     cli.check_workers(-1)
+
+
+def test_an_accelerator_jax_cannot_reach_is_one_line(tmp_path):
+  """Issue 88, item 4: JAX_PLATFORMS=gpu on a machine without a GPU was jax's 37-line traceback
+  naming 'rocm'; it is one line saying what to do, and nothing is written."""
+  env = dict(os.environ, JAX_PLATFORMS="gpu")
+  result = runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={tmp_path / 'x'}",
+                           check=False, env=env)
+  assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1500:]
+  line = result.stderr.strip().splitlines()[-1]
+  assert line.startswith("error: Unable to initialize backend ")
+  assert line.endswith("JAX_PLATFORMS='gpu' asks for an accelerator this machine's jax cannot "
+                       "reach: unset it (jax chooses what there is), or install the "
+                       "accelerator's jax (pip install -e '.[gpu]' for CUDA)")
+  assert not (tmp_path / "x").exists()
