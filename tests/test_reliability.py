@@ -962,3 +962,15 @@ def test_an_accelerator_jax_cannot_reach_is_one_line(tmp_path):
                        "reach: unset it (jax chooses what there is), or install the "
                        "accelerator's jax (pip install -e '.[gpu]' for CUDA)")
   assert not (tmp_path / "x").exists()
+
+
+def test_a_wandb_mode_wandb_does_not_know_is_one_line(tmp_path):
+  """Issue 88, item 10: WANDB_MODE=garbage turned W&B off without a word."""
+  env = dict(os.environ, WANDB_MODE="garbage")
+  result = runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={tmp_path / 'x'}",
+                           "--config.train.wandb_project=p", check=False, env=env)
+  assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-1500:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      "error: WANDB_MODE='garbage' is not allowed; allowed: online, offline, disabled, shared, "
+      "dryrun, run (or unset: online with an API key, else offline)")
+  assert not (tmp_path / "x").exists()

@@ -98,9 +98,18 @@ def _warn_small_synthetic(config) -> None:
                       split, held, held // config.model.max_len, config.model.max_len)
 
 
+# The modes wandb.init takes (wandb 0.19-0.31; "dryrun" and "run" are its old names).
+WANDB_MODES = ("online", "offline", "disabled", "shared", "dryrun", "run")
+
+
 def check_tracking(config) -> None:
   """UserError when config.train.wandb_project asks for Weights & Biases and wandb is not
   installed (the `wandb` extra) or cannot be imported."""
+  mode = os.environ.get("WANDB_MODE", "")
+  if config.train.wandb_project and mode and mode not in WANDB_MODES:
+    # wandb itself would turn W&B off without a word (the README promises a line).
+    raise UserError(f"WANDB_MODE={mode!r} is not allowed; allowed: {', '.join(WANDB_MODES)} "
+                    "(or unset: online with an API key, else offline)")
   if config.train.wandb_project and importlib.util.find_spec("wandb") is None:
     raise UserError(f"config.train.wandb_project={config.train.wandb_project!r} needs wandb, "
                     "which is not installed: pip install -e '.[wandb]'")
