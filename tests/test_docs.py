@@ -240,3 +240,19 @@ def test_every_sentence_of_separated_pairs_is_its_csvs():
   sentence = PAIRS.search(figure).group(2)
   assert sentence.count("ends below") == len(separated)
   assert f"the other {len(rows) - len(separated)} pairs not separated" in sentence
+
+
+def test_the_quick_start_says_where_things_go_outside_the_workdir():
+  """Issue 88, item 20: what is written outside the workdir (684 MB of .tpu-aot among it),
+  `make test-fast` and the notebook were not on the first page."""
+  text = open(os.path.join(runs.REPO, "README.md"), encoding="utf-8").read()
+  quick = text[text.index("## Quick start"):text.index("## The seed figure")]
+  for named in ("make test-fast", ".tpu-aot/", "~/tensorflow_datasets", "~/.cache/normstudy/",
+                "notebooks/compare_runs.ipynb"):
+    assert named in quick, named
+  from normstudy import cli
+  cache = cli.COMPILE_CACHE_ENV["JAX_COMPILATION_CACHE_DIR"]
+  if not os.environ.get("XDG_CACHE_HOME"):
+    assert cache.startswith(os.path.expanduser("~/.cache/normstudy/"))
+  makefile = open(os.path.join(runs.REPO, "Makefile"), encoding="utf-8").read()
+  assert "TPU_AOT := .tpu-aot/" in makefile and "test-fast:" in makefile

@@ -280,3 +280,24 @@ def test_a_study_over_seeds_draws_each_arm_as_median_and_range(tmp_path):
     assert refused.stderr.strip().splitlines() == [
         f"error: --seeds={bad} is not allowed; allowed: distinct integers >= 0, e.g. "
         "--seeds=0,1,2"]
+
+
+def test_the_notebooks_default_workdir_is_the_repositorys_from_notebooks_too(tmp_path,
+                                                                             monkeypatch):
+  """Issue 88, item 16: run by jupyter (its kernel in notebooks/), the notebook's default
+  runs/seed_figure was looked up in notebooks/ and reported missing while it existed. Its
+  parameters cell, run from notebooks/ and from the root, finds the repository's."""
+  import json as json_
+  nb = json_.load(open(os.path.join(runs.REPO, "notebooks", "compare_runs.ipynb")))
+  cell = next("".join(c["source"]) for c in nb["cells"]
+              if "".join(c["source"]).startswith("# Parameters"))
+  (tmp_path / "runs" / "seed_figure").mkdir(parents=True)
+  (tmp_path / "notebooks").mkdir()
+  monkeypatch.delenv("NORMSTUDY_WORKDIR", raising=False)
+  for cwd, expected in ((tmp_path / "notebooks", os.path.join("..", "runs/seed_figure")),
+                        (tmp_path, "runs/seed_figure")):
+    monkeypatch.chdir(cwd)
+    namespace = {"os": os}
+    exec(cell, namespace)  # noqa: S102 (the notebook's own cell)
+    assert namespace["WORKDIR"] == expected
+    assert os.path.isdir(namespace["WORKDIR"])
