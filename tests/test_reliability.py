@@ -974,3 +974,14 @@ def test_a_wandb_mode_wandb_does_not_know_is_one_line(tmp_path):
       "error: WANDB_MODE='garbage' is not allowed; allowed: online, offline, disabled, shared, "
       "dryrun, run (or unset: online with an API key, else offline)")
   assert not (tmp_path / "x").exists()
+
+
+def test_a_label_too_long_for_a_legend_is_one_line(tmp_path):
+  """Issue 88, item 13: a 5,000-character label's legend covered the curves."""
+  result = runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={tmp_path / 'x'}",
+                           "--config.label=" + "x" * 5000, check=False)
+  assert result.returncode == 2 and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      "error: config.label is 5000 characters long ('" + "x" * 40 + "'...); allowed: at most "
+      "200 (a legend entry)")
+  assert not (tmp_path / "x").exists()

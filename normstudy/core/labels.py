@@ -42,12 +42,19 @@ def resolve(config, template: str | None = None) -> str:
   return _FIELD.sub(fill, template)
 
 
+MAX_LABEL = 200  # characters of a label template; {auto}'s longest is about 100
+
+
 def check(config) -> None:
   """ConfigError unless every {field[:format]} of `config.label` names a config field and its
   format applies to the field's value (checked with the config, before anything is written)."""
   template = config.label or "{auto}"
   allowed = ("allowed: {auto} or {section.field} / {section.field:format} of the config, e.g. "
              "{optimizer.learning_rate:g}")
+  if len(template) > MAX_LABEL:  # a legend entry that long covers the curves it names
+    raise errors.ConfigError(f"config.label is {len(template)} characters long "
+                             f"({template[:40]!r}...); allowed: at most {MAX_LABEL} (a legend "
+                             "entry)")
   if "\n" in template or "\r" in template:  # a legend entry, a CSV cell: one line each
     raise errors.ConfigError(f"config.label={template!r} holds a line break; allowed: one line")
   if any(ord(c) < 32 or ord(c) == 127 for c in template):  # a tab: a legend's odd gap
