@@ -53,6 +53,10 @@ def _numbers(name, texts, kind, least):
   return values
 
 
+PARTIAL = "coordcheck_partial.csv"  # the rows measured so far
+PARTIAL_COMMAND = "coordcheck_partial.command"  # the command they belong to
+
+
 def main(argv):
   import os
   import time
@@ -95,29 +99,52 @@ def main(argv):
   import pandas as pd
   from normstudy.analysis import coordinates_figure
   from normstudy.analysis.plots import save
-  start, done, total = time.monotonic(), 0, len(widths) * len(lrs)
+  import json
+  import shlex
+  import sys
+  command = " ".join(["python -m normstudy.coordcheck", *map(shlex.quote, sys.argv[1:])])
+  # Each (parametrization, width) is kept as it is measured: an interrupted check resumes
+  # where it stopped (once it kept nothing until the end).
+  partial = os.path.join(FLAGS.workdir, PARTIAL)
+  partial_of = os.path.join(FLAGS.workdir, PARTIAL_COMMAND)
   rows = []
-
-  def progress(p, width):
-    nonlocal done
+  if os.path.exists(partial):
+    with open(partial_of, encoding="utf-8") as f:
+      before = f.read().strip()
+    if before != command:
+      raise errors.UserError(f"--workdir={FLAGS.workdir} holds a partial coordinate check of "
+                             f"another command ({before}); run that one to finish it, or "
+                             "choose another --workdir")
+    rows = pd.read_csv(partial).to_dict("records")
+  measured = {(r["parametrization"], int(r["width"])) for r in rows}
+  todo = [(p, lr, w) for p, lr in zip(FLAGS.parametrizations, lrs) for w in widths
+          if (p, w) not in measured]
+  if measured:
+    print(f"[coordcheck] resuming: {len(measured)} of {len(measured) + len(todo)} "
+          f"(parametrization, width) pairs measured before", flush=True)
+  os.makedirs(FLAGS.workdir, exist_ok=True)
+  with open(partial_of, "w", encoding="utf-8") as f:
+    f.write(command + "\n")
+  start, done, total = time.monotonic(), 0, len(todo)
+  for p, lr, width in todo:
+    rows += coordinates.measure(config, p, [width], FLAGS.steps, lr, FLAGS.head_dim)
+    pd.DataFrame(rows, columns=coordinates.COLUMNS).to_csv(partial + ".tmp", index=False)
+    os.replace(partial + ".tmp", partial)
     done += 1
     spent = time.monotonic() - start
     print(f"[coordcheck] {p} at width {width}: {done}/{total} | {spent:.0f}s | ETA "
           f"{spent / done * (total - done):.0f}s", flush=True)
-
-  for p, lr in zip(FLAGS.parametrizations, lrs):
-    rows += coordinates.measure(config, p, widths, FLAGS.steps, lr, FLAGS.head_dim, progress)
-  os.makedirs(FLAGS.workdir, exist_ok=True)
+  order = {(p, w): i for i, (p, w) in enumerate(
+      (p, w) for p in FLAGS.parametrizations for w in widths)}
+  rows.sort(key=lambda r: order[(r["parametrization"], int(r["width"]))])  # stable: steps stay
   table = pd.DataFrame(rows, columns=coordinates.COLUMNS)
   path = os.path.join(FLAGS.workdir, "coordcheck.csv")
   table.to_csv(path, index=False)
-  import json
-  import shlex
-  import sys
   with open(os.path.join(FLAGS.workdir, "coordcheck.json"), "w", encoding="utf-8") as f:
-    json.dump({"command": " ".join(["python -m normstudy.coordcheck",
-                                    *map(shlex.quote, sys.argv[1:])]),
+    json.dump({"command": command,
                "learning_rates": dict(zip(FLAGS.parametrizations, lrs))}, f, indent=2)
+  os.remove(partial)
+  os.remove(partial_of)
   figure = os.path.join(FLAGS.workdir, "coordcheck.png")
   save(coordinates_figure.figure(table), figure)
   print(f"coordcheck: {path}\nfigure: {figure}")
