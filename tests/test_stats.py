@@ -358,3 +358,36 @@ def test_a_sweep_where_no_run_died_draws_no_deaths_figure(tmp_path):
   outputs = analysis.analyze(str(tmp_path))
   assert "deaths_figure" not in outputs and not os.path.exists(tmp_path / "deaths.png")
   assert os.path.getsize(outputs["deaths"]) > 0  # the table still says none died
+
+
+def test_an_unfinished_study_says_so_and_compares_at_a_common_step(tmp_path):
+  """Issue 88, item 8: a stopped study's Pre-LN (at step 50) against DeepNorm (at 100) was called
+  different by their last eval losses, with no word that the runs were unfinished. The
+  observations now name the unfinished runs, and every arm is compared at step 50, the last
+  evaluation all reached: the paired tests are those of the step-50 losses."""
+  import json
+  import pandas as pd
+  from normstudy import analysis
+  finals = {"a_pre": [3.0, 3.3, 2.9], "b_deep": [2.0, 2.3, 1.9]}
+  _write_speed_runs(tmp_path, finals, train={"eval_seed": 0, "eval_steps": 32,
+                                             "batch_size": 16, "num_steps": 100})
+  at_50 = {"a_pre": [3.9, 3.95, 3.85], "b_deep": [3.91, 3.96, 3.84]}
+  for arm in finals:
+    for seed in range(3):
+      directory = tmp_path / arm / f"seed{seed}"
+      records = [{"step": 50, "loss": at_50[arm][seed], "eval_loss": at_50[arm][seed]}]
+      if arm == "b_deep":  # finished; a_pre stopped (preempted) at step 50
+        records.append({"step": 100, "loss": finals[arm][seed], "eval_loss": finals[arm][seed]})
+      else:
+        info = json.loads((directory / "run.json").read_text())
+        (directory / "run.json").write_text(json.dumps({**info, "status": "preempted"}))
+      (directory / "metrics.jsonl").write_text("\n".join(map(json.dumps, records)) + "\n")
+  outputs = analysis.analyze(str(tmp_path))
+  text = open(outputs["observations"], encoding="utf-8").read()
+  assert "## Unfinished runs" in text
+  assert "3 of 6 runs stopped before their last step: a_pre/seed0 (step 50 of 100)" in text
+  assert "every run is compared at step 50" in text
+  pairs = pd.read_csv(outputs["speed_tests"]).iloc[0]
+  x, y = np.array(at_50["a_pre"]), np.array(at_50["b_deep"])
+  assert pairs.difference == pytest.approx((x - y).mean())
+  assert pairs.p == pytest.approx(scipy_stats.ttest_rel(x, y).pvalue)

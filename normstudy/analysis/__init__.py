@@ -133,6 +133,24 @@ REPORTS = (
 )
 
 
+def unfinished_note(loaded: Runs, summary) -> str:
+  """"" when every run ended; else a paragraph naming the runs that stopped before their last
+  step (running or preempted: killed, or stopped by a signal), each with the step it reached:
+  a study or sweep analysed while unfinished says so before any comparison."""
+  from normstudy.records import schema
+  stopped = summary[summary.status.isin([schema.RUNNING, schema.PREEMPTED])]
+  if stopped.empty:
+    return ""
+  reached = []
+  for row in stopped.itertuples():
+    of = loaded.runs[row.run].num_steps
+    reached.append(f"{row.run} (step {int(row.steps)}" + (f" of {of})" if of else ")"))
+  return (f"{len(stopped)} of {len(summary)} runs stopped before their last step: "
+          f"{'; '.join(reached[:12])}{'; ...' if len(reached) > 12 else ''}. Their curves and "
+          "tables end where they stopped; comparisons of final values are not of the same "
+          "horizon. The same training command continues them.")
+
+
 def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | None = None
             ) -> dict:
   """Writes the analysis of every run below `workdir` into it; returns the paths written.
@@ -154,6 +172,7 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | N
     raise NoRunsError(f"no run with a metrics.jsonl below {workdir!r}")
   summary = summarize(loaded)
   outputs, sections, table = {}, [], summary
+  unfinished = unfinished_note(loaded, summary)
   experiment = loaded.experiment or {}
   declared = "" if experiment.get("part") else experiment.get("report")  # a part: by the data
   if declared:  # the experiment says which report its directory gets
@@ -184,6 +203,8 @@ def analyze(workdir: str, smoothing: float = DEFAULT_SMOOTHING, loaded: Runs | N
                                         smoothing)
     outputs.update(plot_layers(loaded, workdir))
     outputs.update(plot_heads(loaded, workdir))
+  if unfinished:
+    sections = [("Unfinished runs", unfinished), *sections]
   outputs["summary"] = os.path.join(workdir, "summary.csv")
   outputs["observations"] = write_observations(
       loaded, summary, os.path.join(workdir, "observations.md"), sections, per_run=few)

@@ -56,10 +56,13 @@ def run_table(loaded: runs_lib.Runs, summary: pd.DataFrame) -> pd.DataFrame:
   """One row per run: run, arm, arm_label, group (the point's axes other than the seed), seed,
   status, final eval loss, and the run's reference losses."""
   status = dict(zip(summary.run, summary.status))
+  common = common_step(loaded, status)
   rows = []
   for run, facts in loaded.runs.items():
     point = facts.info.point
     eval_loss = loaded.series(run, "eval_loss")
+    if common is not None and status.get(run) not in schema.FAILED:
+      eval_loss = eval_loss.loc[:common]  # unfinished runs: all compared where all have been
     rest = {k: v for k, v in point.items() if k != "train.seed"}
     rows.append({
         "run": run, "arm": facts.info.arm or run, "arm_label": facts.arm_label,
@@ -68,7 +71,25 @@ def run_table(loaded: runs_lib.Runs, summary: pd.DataFrame) -> pd.DataFrame:
         "eval_seed": facts.eval_seed, "eval_rows": facts.eval_rows,
         "final_eval_loss": float(eval_loss.iloc[-1]) if len(eval_loss) else np.nan,
         "unigram_entropy": facts.info.unigram_entropy, "floor": facts.floor})
-  return pd.DataFrame(rows)
+  table_ = pd.DataFrame(rows)
+  table_.attrs["common_step"] = common
+  return table_
+
+
+UNFINISHED = (schema.RUNNING, schema.PREEMPTED)
+
+
+def common_step(loaded: runs_lib.Runs, status: dict):
+  """None when every run ended (finished, halted or diverged); else the last evaluated step
+  every run that has not failed reached: a stopped study's runs stop at different steps, and
+  their final eval losses are no comparison (issue 88: Pre-LN at step 200 against DeepNorm at
+  400 was called different)."""
+  if not any(status.get(run) in UNFINISHED for run in loaded.runs):
+    return None
+  ends = [int(series.index[-1]) for run in loaded.runs
+          if status.get(run) not in schema.FAILED
+          and len(series := loaded.series(run, "eval_loss"))]
+  return min(ends) if ends else None
 
 
 def first_step_below(loaded: runs_lib.Runs, run: str, threshold: float):
@@ -285,6 +306,12 @@ def analyze(loaded: runs_lib.Runs, summary: pd.DataFrame, workdir: str) -> tuple
   outputs["speed_figure"] = save(figure(loaded, runs, speed.threshold.iloc[0]),
                                  os.path.join(workdir, "speed.png"))
   text = observations(speed)
+  if runs.attrs.get("common_step") is not None:
+    stopped = sorted(r.run for r in runs.itertuples() if r.status in UNFINISHED)
+    text = (f"Unfinished: {len(stopped)} of {len(runs)} runs ({', '.join(stopped[:6])}"
+            f"{', ...' if len(stopped) > 6 else ''}) stopped before their last step; every run "
+            f"is compared at step {runs.attrs['common_step']}, the last evaluation all of them "
+            "reached (failed runs at their end).\n\n" + text)
   if len(pairs):
     text += ("\n\nEvery pair of arms (speed_tests.csv; Holm's correction over the pairs):\n\n"
              + pairwise_observations(pairs))
