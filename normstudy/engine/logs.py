@@ -289,13 +289,15 @@ def compile_seconds() -> float:
 class Heartbeat:
   """A line at least every `every` seconds while a program trains: when the terminal has had
   no line for that long (a long compile, slow steps on a loaded machine), one saying what the
-  program is doing and for how long ("[program 2/5] compiling the train step (4 run(s)): 60s
-  so far"). `beat` is called by the heartbeat's thread each second (and by tests, on their
+  program is doing, for how long, and since when the program started ("[program 2/5] compiling
+  the train step (4 run(s)): 60s at this, 75s since the program started": a step's time alone
+  once read as the total). `beat` is called by the heartbeat's thread each second (and by tests, on their
   own clock)."""
 
   def __init__(self, tag: str = "", every: float = 30.0, clock=time.monotonic):
     self.tag, self.every, self.clock = tag, every, clock
     self.what, self.since = "preparing (data, parameters, checkpoints)", clock()
+    self.started = self.since  # the program's start: the line says its total too
 
   def doing(self, what: str) -> None:
     if what != self.what:
@@ -305,7 +307,8 @@ class Heartbeat:
     now = self.clock()
     if now - max(_state.said_at, self.since) < self.every:
       return None
-    line = f"{self.tag + ' ' if self.tag else ''}{self.what}: {now - self.since:.0f}s so far"
+    line = (f"{self.tag + ' ' if self.tag else ''}{self.what}: {now - self.since:.0f}s at "
+            f"this, {now - self.started:.0f}s since the program started")
     logging.info("%s", line)
     _state.said_at = now  # also when the filter is not installed (a notebook, a test)
     return line
