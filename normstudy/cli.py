@@ -419,6 +419,9 @@ def run(main, define_flags):
     try:
       schema.figure_formats()  # checked before anything is written
       main(argv)
+      # The work is done: a Ctrl-C while the interpreter tears down (XLA's gc callback) would
+      # print a stray KeyboardInterrupt and still exit 0 (issue 88); it is ignored from here.
+      signal.signal(signal.SIGINT, signal.SIG_IGN)
     except UserError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)

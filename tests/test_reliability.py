@@ -5,6 +5,7 @@ import errno
 import json
 import os
 import signal
+import sys
 import time
 
 import pandas as pd
@@ -985,3 +986,23 @@ def test_a_label_too_long_for_a_legend_is_one_line(tmp_path):
       "error: config.label is 5000 characters long ('" + "x" * 40 + "'...); allowed: at most "
       "200 (a legend entry)")
   assert not (tmp_path / "x").exists()
+
+
+def test_ctrl_c_after_the_work_is_done_is_ignored(tmp_path):
+  """Issue 88, item 7: Ctrl-C after `main --print_config` had printed (the interpreter tearing
+  down) printed "Exception ignored in _xla_gc_callback ... KeyboardInterrupt" and exited 0. Once
+  a command's work is done, SIGINT is ignored until the process ends: a command (run in its own
+  interpreter) records the handler while it works and at exit."""
+  import subprocess
+  script = tmp_path / "command.py"
+  script.write_text(
+      "import atexit, signal, sys\n"
+      "from normstudy import cli\n"
+      "seen = []\n"
+      "atexit.register(lambda: print(seen, signal.getsignal(signal.SIGINT) is signal.SIG_IGN))\n"
+      "cli.run(lambda argv: seen.append(signal.getsignal(signal.SIGINT) is "
+      "signal.default_int_handler), lambda: None)\n")
+  result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=runs.bound(60), cwd=runs.REPO)
+  assert result.returncode == 0, result.stderr[-1500:]
+  assert result.stdout.strip() == "[True] True"  # Ctrl-C stops the work; once done, ignored
