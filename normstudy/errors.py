@@ -38,7 +38,8 @@ def not_allowed(field: str, value, allowed) -> ConfigError:
   return ConfigError(f"config.{field}={value!r} is not allowed; allowed: {allowed}")
 
 
-_DISK_FULL = ("No space left on device", "os_error_code='28'", "[Errno 28]", "Disk quota exceeded")
+_DISK_FULL = ("No space left on device", "os_error_code='28'", "[Errno 28]", "Disk quota exceeded",
+              "File too large", "os_error_code='27'", "[Errno 27]")
 _OUT_OF_MEMORY = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 
 
@@ -54,7 +55,8 @@ def _is_disk_full(error: BaseException) -> bool:
   """Whether `error` itself says the disk or quota is full (errno, or the words of orbax's and
   tensorstore's messages)."""
   import errno
-  return getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or any(
+  # EFBIG: a file-size limit (ulimit -f) ends a write as a full disk does.
+  return getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or any(
       marker in " ".join(str(error).split()) for marker in _DISK_FULL)
 
 

@@ -1006,3 +1006,30 @@ def test_ctrl_c_after_the_work_is_done_is_ignored(tmp_path):
                           timeout=runs.bound(60), cwd=runs.REPO)
   assert result.returncode == 0, result.stderr[-1500:]
   assert result.stdout.strip() == "[True] True"  # Ctrl-C stops the work; once done, ignored
+
+
+@pytest.mark.slow
+def test_a_file_size_limit_is_a_full_disk_in_one_line(tmp_path):
+  """Issue 88, item 5: under `ulimit -f 20` a run printed 477 lines with 11 tracebacks (Errno 27
+  File too large, from orbax's threads and from writing the libraries' log) and once left
+  run.json saying "finished" with no checkpoint saved. It is one line now, run.json does not say
+  finished, and the same command without the limit trains the run to its end."""
+  import resource
+
+  def limit():
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20 * 1024, 20 * 1024))
+
+  workdir = tmp_path / "run"
+  args = (f"--config={SEED}", f"--workdir={workdir}", *_args(tmp_path, num_steps=12, every=4))
+  # The dataset made first, without the limit: the limit is to hit the run's own files.
+  runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={tmp_path / 'warm'}",
+                  *_args(tmp_path, num_steps=1, every=1))
+  result = runs.run_module("normstudy.main", *args, check=False, preexec_fn=limit)
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors_ = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors_) == 1 and errors_[0].startswith("error: disk full"), errors_
+  assert rundir.RunDir(str(workdir)).status() != schema.FINISHED
+  assert (workdir / schema.METRICS).exists()  # it trained until its first checkpoint failed
+  runs.run_module("normstudy.main", *args)
+  assert rundir.RunDir(str(workdir)).status() == schema.FINISHED

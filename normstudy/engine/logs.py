@@ -104,7 +104,10 @@ def is_library_record(record) -> bool:
 def _keep(line: str) -> None:
   with _state.lock:
     if _state.file is not None:
-      _state.file.write(line + "\n")
+      try:
+        _state.file.write(line + "\n")
+      except OSError:  # a full disk or a file-size limit: the log is not worth a traceback in
+        _state.file = None  # every library's logging call; the run's own error says why
     else:
       _state.early.append(line)
 
