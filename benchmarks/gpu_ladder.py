@@ -112,10 +112,14 @@ class Program:
             *([f"--max_runs_per_program={self.max_runs}"] if self.max_runs else [])]
 
 
+class Refused(Exception):
+  """A lease that does not fit: its line, printed as `error: ...` with exit status 2."""
+
+
 def plan(usable_bytes: float = H100_MEMORY_GIB * MEM_FRACTION * memory.GIB) -> list:
   """The sweeps: per rung and arm its learning-rate grid x seeds, as few compiled programs
   (normstudy.sweep --max_runs_per_program) as keep each one's memory plan within `usable_bytes`.
-  SystemExit naming the rung when even one run does not fit."""
+  Refused naming the rung when even one run does not fit."""
   out = []
   for num_layers, d_model, num_heads, seeds in ladder_gpu.LEASE_RUNGS:
     for arm in ladder_gpu.LEASE_ARMS:
@@ -126,9 +130,9 @@ def plan(usable_bytes: float = H100_MEMORY_GIB * MEM_FRACTION * memory.GIB) -> l
         if program.memory().total <= usable_bytes:
           break
       else:
-        raise SystemExit(f"error: {arm} at {num_layers} x {d_model}: one run plans "
-                         f"{memory.human(program.memory().total)}, more than the "
-                         f"{memory.human(usable_bytes)} the GPU gives XLA")
+        raise Refused(f"{arm} at {num_layers} x {d_model}: one run plans "
+                      f"{memory.human(program.memory().total)}, more than the "
+                      f"{memory.human(usable_bytes)} the GPU gives XLA")
       out.append(program)
   return out
 
@@ -170,14 +174,15 @@ def describe(programs, measured, source, keep: bool = False,
                  + f", about {seconds:.0f} s, memory plan {memory.human(p.memory().total)}"
                  + (f", last states {p.checkpoint_bytes(keep) / 2**30:.1f} GiB" if keep else ""))
   disk = max(p.checkpoint_bytes(keep) for p in programs)
-  lines.insert(0, f"gpu ladder: {sum(p.parts for p in programs)} programs, float16, {ladder_gpu.LEASE_STEPS} steps "
-                  f"a run (times estimated from {source}, measured on a {measured['device']}: "
+  lines.insert(0, f"gpu ladder: {sum(p.parts for p in programs)} programs, float16, "
+                  f"{ladder_gpu.LEASE_STEPS} steps a run (times estimated from {source}, measured on a {measured['device']}: "
                   f"{COMPILES_PER_PROGRAM:.2g} compiles of a train step a program)")
   lines.append(f"estimated total: {total / 60:.1f} min; every program's memory plan within "
                f"{memory.human(usable_bytes)} ({MEM_FRACTION:g} of an 80 GB H100's "
                f"{H100_MEMORY_GIB:.1f} GiB); disk needed: {disk / 2**30:.1f} GiB "
                + ("(the largest program's last states, deleted after its analysis)" if keep
-                  else "(no checkpoints: train.checkpoint_every=-1; --keep-checkpoints keeps them)"))
+                  else "(no checkpoints: train.checkpoint_every=-1; --keep-checkpoints keeps "
+                  "them)"))
   return lines, total, disk
 
 
@@ -215,7 +220,11 @@ def main():
   if measured is None:
     return 2
   usable = args.gpu_memory_gib * MEM_FRACTION * memory.GIB
-  programs = plan(usable)
+  try:
+    programs = plan(usable)
+  except Refused as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   lines, total, disk = describe(programs, measured, os.path.relpath(args.results, ROOT),
                                 args.keep_checkpoints, usable)
   print("\n".join(lines), flush=True)

@@ -69,7 +69,7 @@ def lease_plan(measured: dict, budget_s: float, usable_bytes: float, steps: int 
   """{"steps", "seconds", "compile_s", "memory" [(arms, plan)], "disk", "ms_per_step"}: the
   most steps (a multiple of 10) the budget holds after the process, its analysis and every
   compile, each arm stepping at its measured time; or `steps` when given. SystemExit (one line)
-  when a program's plan exceeds `usable_bytes` or no step fits the budget."""
+  when a program's plan exceeds `usable_bytes` or no step fits the budget (gpu_ladder.Refused)."""
   paper = measured["paper_size_fp16"]
   step_s = sum(paper[arm]["ms_per_step"] for arm in seed_figure.EXPERIMENT.study_arms) / 1e3
   compile_s = len(programs()) * gpu_ladder.COMPILES_PER_PROGRAM * gpu_ladder.compile_seconds(
@@ -77,16 +77,17 @@ def lease_plan(measured: dict, budget_s: float, usable_bytes: float, steps: int 
   if not steps:
     steps = int((budget_s - OVERHEAD_SECONDS - compile_s) / step_s) // 10 * 10
     if steps < 10:
-      raise SystemExit(f"error: --budget_minutes={budget_s / 60:g} leaves no time to train after "
-                       f"{OVERHEAD_SECONDS + compile_s:.0f} s of start-up and compiles")
+      raise gpu_ladder.Refused(f"--budget_minutes={budget_s / 60:g} leaves no time to train "
+                               f"after {OVERHEAD_SECONDS + compile_s:.0f} s of start-up and "
+                               "compiles")
   one_gpu = {"runs": 1, "data": 1, "fsdp": 1, "tensor": 1}
   planned = [(arms, memory.plan(arm_config(arms[0], steps), one_gpu, num_runs=runs,
                                 platform="gpu")) for arms, runs in programs()]
   for arms, needed in planned:
     if needed.total > usable_bytes:
-      raise SystemExit(f"error: {' and '.join(arms)} at MERT's size plans "
-                       f"{memory.human(needed.total)}, more than the {memory.human(usable_bytes)} "
-                       "the GPU gives XLA")
+      raise gpu_ladder.Refused(f"{' and '.join(arms)} at MERT's size plans "
+                               f"{memory.human(needed.total)}, more than the "
+                               f"{memory.human(usable_bytes)} the GPU gives XLA")
   seconds = OVERHEAD_SECONDS + compile_s + steps * step_s
   disk = steps * RECORD_BYTES_PER_STEP * len(seed_figure.EXPERIMENT.study_arms)
   return {"steps": steps, "seconds": seconds, "compile_s": compile_s, "memory": planned,
@@ -127,7 +128,11 @@ def main():
     return 2
   usable = args.gpu_memory_gib * gpu_ladder.MEM_FRACTION * memory.GIB
   budget = args.budget_minutes * 60
-  plan = lease_plan(measured, budget, usable, args.steps)
+  try:
+    plan = lease_plan(measured, budget, usable, args.steps)
+  except gpu_ladder.Refused as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   print("\n".join(describe(plan, measured, usable, budget)), flush=True)
   if plan["seconds"] > budget:
     print(f"error: the estimate, {plan['seconds'] / 60:.1f} min, exceeds --budget_minutes="
