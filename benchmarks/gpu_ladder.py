@@ -175,7 +175,8 @@ def describe(programs, measured, source, keep: bool = False,
                  + (f", last states {p.checkpoint_bytes(keep) / 2**30:.1f} GiB" if keep else ""))
   disk = max(p.checkpoint_bytes(keep) for p in programs)
   lines.insert(0, f"gpu ladder: {sum(p.parts for p in programs)} programs, float16, "
-                  f"{ladder_gpu.LEASE_STEPS} steps a run (times estimated from {source}, measured on a {measured['device']}: "
+                  f"{ladder_gpu.LEASE_STEPS} steps a run (times estimated from {source}, "
+                  f"measured on a {measured['device']}: "
                   f"{COMPILES_PER_PROGRAM:.2g} compiles of a train step a program)")
   lines.append(f"estimated total: {total / 60:.1f} min; every program's memory plan within "
                f"{memory.human(usable_bytes)} ({MEM_FRACTION:g} of an 80 GB H100's "
