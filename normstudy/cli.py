@@ -307,8 +307,6 @@ def _parse_flags(argv):
   if missing:
     print(f"error: {missing}", file=sys.stderr)
     sys.exit(2)
-  for line in _repeated_overrides(argv):  # scripts append overrides: said, not refused
-    print(f"warning: {line}", file=sys.stderr)
   argv = [_integral_override(arg) for arg in argv]
   # ml_collections' config_flags (1.1) loads --config's file as the module "config_config"
   # (SourceFileLoader.load_module), which re-executes a file into the module already there and
@@ -326,6 +324,8 @@ def _parse_flags(argv):
     print(f"error: {flag_error_line(e, argv)}", file=sys.stderr)
     sys.exit(2)
   _check_workdir_flag()
+  for line in _repeated_overrides(argv):  # scripts append overrides: said, not refused
+    print(f"warning: {line}", file=sys.stderr)
   return parsed
 
 

@@ -13,6 +13,9 @@ DIR/coordcheck.png (normstudy.analysis.coordinates_figure) and DIR/coordcheck.js
 and each parametrization's rate).
 """
 
+import os
+import time
+
 from absl import flags
 from ml_collections import config_flags
 
@@ -58,8 +61,6 @@ PARTIAL_COMMAND = "coordcheck_partial.command"  # the command they belong to
 
 
 def main(argv):
-  import os
-  import time
   if len(argv) > 1:
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   widths = _numbers("widths", FLAGS.widths, int, 1)
@@ -103,8 +104,28 @@ def main(argv):
   import shlex
   import sys
   command = " ".join(["python -m normstudy.coordcheck", *map(shlex.quote, sys.argv[1:])])
-  # Each (parametrization, width) is kept as it is measured: an interrupted check resumes
-  # where it stopped (once it kept nothing until the end).
+  rows = _measure_resumably(config, lrs, widths, command, pd, coordinates)
+  order = {(p, w): i for i, (p, w) in enumerate(
+      (p, w) for p in FLAGS.parametrizations for w in widths)}
+  rows.sort(key=lambda r: order[(r["parametrization"], int(r["width"]))])  # stable: steps stay
+  table = pd.DataFrame(rows, columns=coordinates.COLUMNS)
+  path = os.path.join(FLAGS.workdir, "coordcheck.csv")
+  table.to_csv(path, index=False)
+  with open(os.path.join(FLAGS.workdir, "coordcheck.json"), "w", encoding="utf-8") as f:
+    json.dump({"command": command,
+               "learning_rates": dict(zip(FLAGS.parametrizations, lrs))}, f, indent=2)
+  os.remove(os.path.join(FLAGS.workdir, PARTIAL))
+  os.remove(os.path.join(FLAGS.workdir, PARTIAL_COMMAND))
+  figure = os.path.join(FLAGS.workdir, "coordcheck.png")
+  save(coordinates_figure.figure(table), figure)
+  print(f"coordcheck: {path}\nfigure: {figure}")
+
+
+
+def _measure_resumably(config, lrs, widths, command: str, pd, coordinates) -> list:
+  """Every (parametrization, width)'s rows, each kept in --workdir's PARTIAL as it is measured:
+  an interrupted check resumes where it stopped (once it kept nothing until the end). UserError
+  for a partial check of another command."""
   partial = os.path.join(FLAGS.workdir, PARTIAL)
   partial_of = os.path.join(FLAGS.workdir, PARTIAL_COMMAND)
   rows = []
@@ -134,21 +155,7 @@ def main(argv):
     spent = time.monotonic() - start
     print(f"[coordcheck] {p} at width {width}: {done}/{total} | {spent:.0f}s | ETA "
           f"{spent / done * (total - done):.0f}s", flush=True)
-  order = {(p, w): i for i, (p, w) in enumerate(
-      (p, w) for p in FLAGS.parametrizations for w in widths)}
-  rows.sort(key=lambda r: order[(r["parametrization"], int(r["width"]))])  # stable: steps stay
-  table = pd.DataFrame(rows, columns=coordinates.COLUMNS)
-  path = os.path.join(FLAGS.workdir, "coordcheck.csv")
-  table.to_csv(path, index=False)
-  with open(os.path.join(FLAGS.workdir, "coordcheck.json"), "w", encoding="utf-8") as f:
-    json.dump({"command": command,
-               "learning_rates": dict(zip(FLAGS.parametrizations, lrs))}, f, indent=2)
-  os.remove(partial)
-  os.remove(partial_of)
-  figure = os.path.join(FLAGS.workdir, "coordcheck.png")
-  save(coordinates_figure.figure(table), figure)
-  print(f"coordcheck: {path}\nfigure: {figure}")
-
+  return rows
 
 def rules_text(config) -> str:
   """The per-parameter rules of one config's model (normstudy.core.model.parameter_rules) as a

@@ -917,7 +917,7 @@ def test_rerunning_a_finished_run_says_so_and_trains_nothing(tmp_path):
   runs.run_module("normstudy.main", *args)
   before = (workdir / schema.METRICS).read_bytes()
   again = runs.run_module("normstudy.main", *args)
-  assert f"{workdir} finished at step 6 already: nothing to train" in again.stderr
+  assert "finished at step 6 already: nothing to train" in again.stderr
   assert "steps 7..6" not in again.stderr and "training 1 run(s)" not in again.stderr
   assert again.stdout.strip().splitlines()[-1].startswith("finished: step 6, loss ")
   assert (workdir / schema.METRICS).read_bytes() == before

@@ -126,10 +126,15 @@ def _train_program(runs: list, checkpoint_dir: str, single: bool, tag: str) -> l
   try:
     carry = resume.restore(setup, initial_carry(setup))
     recorders, pool = recorder_lib.open_recorders(setup, carry)
-    logging.info("training %d run(s) in one program: steps %d..%d, %d tokens/step, mesh %s; "
-                 "progress every %d steps", len(runs), carry.start_step + 1,
-                 setup.num_steps, setup.tokens_per_step, dict(setup.mesh.shape),
-                 max(1, setup.num_steps // 20))
+    if carry.start_step >= setup.num_steps:  # its checkpoint and records checked: done
+      logging.info("finished at step %d already: nothing to train (more steps: "
+                   "--config.train.num_steps=N with N > %d continues it)", carry.start_step,
+                   setup.num_steps)
+    else:
+      logging.info("training %d run(s) in one program: steps %d..%d, %d tokens/step, mesh %s; "
+                   "progress every %d steps", len(runs), carry.start_step + 1,
+                   setup.num_steps, setup.tokens_per_step, dict(setup.mesh.shape),
+                   max(1, setup.num_steps // 20))
     with stop_signals() as stop:
       carry, step, preempted_by = loop(setup, recorders, carry, stop)
     if carry.halted_line is not None:

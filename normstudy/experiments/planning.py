@@ -37,20 +37,12 @@ def lock(directory: str):
 
 
 def train_and_evaluate(config, workdir: str, allow_config_change: bool = False) -> dict:
-  """Trains one run in `workdir` (resuming if it holds a checkpoint); returns its last record
-  (None when it had finished already: nothing is trained). Raises RunHalted when the run
-  halts."""
+  """Trains one run in `workdir` (resuming if it holds a checkpoint); returns its last record.
+  Raises RunHalted when the run halts."""
   rundir.check_kind(workdir, "run")
   run = grid.Run(os.path.basename(os.path.normpath(workdir)) or workdir, config, workdir)
   checkpoint_dir = rundir.RunDir(workdir).checkpoints
   preflight([run], checkpoint_dir, allow_config_change)
-  info = rundir.RunDir(workdir).info()
-  if info.status == schema.FINISHED and not needs_training(run):
-    # Nothing to train: said so, rather than a loop over "steps 61..60".
-    logging.info("%s finished at step %d already: nothing to train (more steps: "
-                 "--config.train.num_steps=N with N > %d continues it)", workdir,
-                 info.last_step, config.train.num_steps)
-    return None
   with rundir.made_for(workdir), lock(workdir), library_log(workdir):
     recorder, = train.train_program([run], checkpoint_dir, single=True)
   return recorder.last_record
