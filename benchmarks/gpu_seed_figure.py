@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import gpu_ladder  # noqa: E402  (the lease's memory and compile accounting)
 from configs import seed_figure  # noqa: E402
+from normstudy.core import per_run  # noqa: E402
 from normstudy.engine import memory  # noqa: E402
 
 MERT_SIZE = {"model.num_layers": 24, "model.d_model": 1024, "model.num_heads": 16,
@@ -57,12 +58,13 @@ def fields(steps: int) -> dict:
           "train.log_every": 1, "train.telemetry_every": 0, "train.checkpoint_every": -1}
 
 
-def programs() -> list:
-  """[(arms, runs)] as normstudy.study groups them: arms that differ only in per-run fields
-  (the two Pre-Norm clips) share one compiled program."""
-  arms = list(seed_figure.EXPERIMENT.study_arms)
-  return [(("pre_norm_clip10", "pre_norm_clip1"), 2)] + [
-      ((arm,), 1) for arm in arms if arm not in ("pre_norm_clip10", "pre_norm_clip1")]
+def programs(steps: int = 100) -> list:
+  """[(arms, runs)] as normstudy.study groups them: arms whose configs differ only in per-run
+  fields (the two Pre-Norm clips) share one compiled program (normstudy.core.per_run's key)."""
+  groups = {}
+  for arm in seed_figure.EXPERIMENT.study_arms:
+    groups.setdefault(per_run.program_key(arm_config(arm, steps)), []).append(arm)
+  return [(tuple(arms), len(arms)) for arms in groups.values()]
 
 
 def lease_plan(measured: dict, budget_s: float, usable_bytes: float, steps: int = 0) -> dict:
