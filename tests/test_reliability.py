@@ -4,6 +4,7 @@ checkpoints, bad input, workdir safety, torn records. Processes are real subproc
 import errno
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -1033,3 +1034,24 @@ def test_a_file_size_limit_is_a_full_disk_in_one_line(tmp_path):
   assert (workdir / schema.METRICS).exists()  # it trained until its first checkpoint failed
   runs.run_module("normstudy.main", *args)
   assert rundir.RunDir(str(workdir)).status() == schema.FINISHED
+
+
+def test_starting_over_without_a_checkpoint_says_so_and_keeps_the_old_records(tmp_path):
+  """Issue 88, item 9: with its checkpoints deleted, the same command retrained from step 1 and
+  overwrote the recorded steps without a word. It says how many records it sets aside and
+  where, keeps them byte for byte, and the new run retraces the old trajectory (same config,
+  same seed)."""
+  workdir = tmp_path / "run"
+  args = (f"--config={SEED}", f"--workdir={workdir}", *_args(tmp_path, num_steps=6, every=3))
+  runs.run_module("normstudy.main", *args)
+  before = (workdir / schema.METRICS).read_bytes()
+  old = [r for r in metrics_lib.read_records(str(workdir / schema.METRICS))]
+  shutil.rmtree(workdir / schema.CHECKPOINTS)
+  again = runs.run_module("normstudy.main", *args)
+  line = (f"holds {len(old)} records (steps 1-6) but {workdir / schema.CHECKPOINTS} has no "
+          f"checkpoint to continue them from; starting over from step 1, the old records moved "
+          f"to {schema.METRICS_BEFORE_RESTART}")
+  assert any(line in text for text in again.stderr.splitlines()), again.stderr[-3000:]
+  assert (workdir / schema.METRICS_BEFORE_RESTART).read_bytes() == before
+  new = list(metrics_lib.read_records(str(workdir / schema.METRICS)))
+  assert [(r["step"], r.get("loss")) for r in new] == [(r["step"], r.get("loss")) for r in old]

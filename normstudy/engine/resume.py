@@ -36,6 +36,8 @@ def restore(setup, carry) -> Any:
       start_step = replay
       restored = checkpoints.restore(setup.mngr, replay, setup.abstract) if replay else None
   if restored is None:
+    if not setup.mngr.all_steps():
+      _warn_starting_over(setup)
     return carry
   restored = _from_configs(restored, [run.config for run in setup.runs], setup.mesh)
   logging.info("resumed %s from the checkpoint at step %d",  # the gs:// URL of a staged one
@@ -45,6 +47,20 @@ def restore(setup, carry) -> Any:
              if code != life.CODE_RUNNING}
   return carry._replace(state=setup.steps.hold(restored), start_step=start_step,
                         last_saved=start_step, stopped=stopped)
+
+
+def _warn_starting_over(setup) -> None:
+  """One line per run whose directory holds records but no checkpoint to continue them from
+  (checkpoints deleted, or a kill before the first was complete): it starts over, and its
+  records move aside (normstudy.records.metrics.MetricsLog)."""
+  for run in setup.runs:
+    directory = rundir.RunDir(run.directory)
+    count, first, last = metrics_lib.recorded_span(directory.metrics_path)
+    if count:
+      logging.warning("%s: %s holds %d records (steps %d-%d) but %s has no checkpoint to "
+                      "continue them from; starting over from step 1, the old records moved to "
+                      "%s", run.name, schema.METRICS, count, first, last,
+                      storage.remote(setup.checkpoint_dir), schema.METRICS_BEFORE_RESTART)
 
 
 def _replay_from(setup, restored):

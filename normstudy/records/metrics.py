@@ -71,6 +71,14 @@ def read_records(path: str, skip_damaged: bool = False) -> Iterator[dict]:
     yield record
 
 
+def recorded_span(path: str):
+  """(records, first step, last step) of a metrics file, (0, None, None) when it has none."""
+  if not os.path.exists(path):
+    return 0, None, None
+  steps = [r["step"] for r in read_records(path, skip_damaged=True)]
+  return len(steps), min(steps, default=None), max(steps, default=None)
+
+
 def first_lost_step(path: str, run_step: int):
   """The first step whose record a run that reached `run_step` has lost, or None if its records
   are intact: a damaged line (other than a torn last line) loses the steps after the record
@@ -101,7 +109,8 @@ def first_lost_step(path: str, run_step: int):
 
 class MetricsLog:
   """Appends records; on resume, drops every record after the restored step first (and any
-  damaged line, which the resume has already regenerated)."""
+  damaged line, which the resume has already regenerated). Started over (`resume_step` None),
+  it moves the records it had to schema.METRICS_BEFORE_RESTART rather than lose them."""
 
   def __init__(self, workdir: str, resume_step: int | None):
     self.path = os.path.join(workdir, schema.METRICS)
@@ -110,6 +119,8 @@ class MetricsLog:
       if resume_step is not None:
         keep = [r for r in read_records(self.path, skip_damaged=True)
                 if r["step"] <= resume_step]
+      elif os.path.getsize(self.path):
+        os.replace(self.path, os.path.join(workdir, schema.METRICS_BEFORE_RESTART))
       tmp = self.path + ".tmp"
       with open(tmp, "w", encoding="utf-8") as f:
         f.writelines(encode(r) + "\n" for r in keep)

@@ -56,6 +56,9 @@ def figure_formats() -> tuple:
 CONFIG = "config.json"
 RUN = "run.json"
 METRICS = "metrics.jsonl"
+# A run started over with no checkpoint to continue from (its checkpoints deleted, or killed
+# before the first was complete) keeps the records it had here, beside the new ones.
+METRICS_BEFORE_RESTART = "metrics.before_restart.jsonl"
 CHECKPOINTS = "checkpoints"
 # Each checkpoint step's one item, the train state: <checkpoints>/<step>/state
 # (normstudy.engine.checkpoints writes and reads it).
