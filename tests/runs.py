@@ -45,6 +45,16 @@ def bound(seconds: float) -> float:
   return seconds * float(scale)
 
 
+def benchmark(name: str):
+  """A script of benchmarks/ (`name` without .py) imported as a module, for its definitions."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location(
+      f"benchmark_{name}", os.path.join(REPO, "benchmarks", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def run_module(module, *args, check=True, timeout=600, env=None, **kwargs):
   """`python -m module args` in the repo, its output captured; `timeout` is scaled by bound().
 

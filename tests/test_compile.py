@@ -53,29 +53,18 @@ def test_remat_lowers_the_temporaries(compiled):
 
 def test_the_memory_plan_agrees_with_the_compiler(compiled):
   # normstudy.engine.memory's stated shares on a TPU: at 4 x 256 the compiler keeps most of the
-  # step's working set in on-core memory its total does not count (0.27-0.51 of the plan), never
-  # less than the least share the preflight allows for.
+  # step's working set in on-core memory its total does not count (0.27-0.51 of the plan).
   from normstudy.engine import memory
   for name in ("fsdp4", "data4", "fsdp4_block"):
     figures = compiled[name]
     ratio = figures["per_chip_bytes"]["total"] / figures["plan"]["total"]
-    assert memory.LEAST_COMPILED_OVER_PLAN <= ratio <= 0.55, (name, ratio)
+    assert 0.25 <= ratio <= 0.55, (name, ratio)
     assert figures["plan"]["workspace"] == memory.TPU_WORKSPACE
   # Each term scales as the plan says it does: the state by the fsdp shards, the batch's
   # activations not at all (the same rows per chip under data=4 and fsdp=4).
   fsdp, data = compiled["fsdp4"]["plan"], compiled["data4"]["plan"]
   assert data["optimizer"] == 4 * fsdp["optimizer"]
   assert data["activations"] == fsdp["activations"]
-
-
-def _pods():
-  """benchmarks/pods.py: the paper's and the 125M LM's sizes docs/pods/*.csv compiled."""
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(
-      "pods", os.path.join(runs.REPO, "benchmarks", "pods.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 _SEED = ("configs/seed_figure.py:pre_norm_clip1", "v5e:2x2", "")  # its own sizes
@@ -87,15 +76,21 @@ _PLAN_CASES = {
     "mert/block": ("configs/seed_figure.py:pre_norm_clip1", "v5e:4x4", "PAPER",
                    {"model.remat": "block"}),
     "lm_125m": ("configs/lm.py:base", "v5e:4x4", "GPT2_SMALL", {}),
+    # Issue 86: the plan as the batch grows to the chip's memory and past it (batch 256: the
+    # plan's total exceeds the 15.75 GiB, the compiler schedules the step down to its least).
+    **{f"lm_350m/batch{batch}": ("configs/lm.py:base", "v5e:2x4", "LM_350M", {
+        "train.batch_size": batch, "mesh.fsdp": 8, "mesh.data": 1}) for batch in (64, 128, 256)},
 }
 
 
 @pytest.mark.parametrize("case", sorted(_PLAN_CASES))
 def test_the_memory_plan_is_within_a_quarter_of_the_compiled_total(case):
-  """Issue 76: the plan (with platform="tpu") within 25% of the compiler's per-chip arguments +
-  temporaries at the seed figure's config on v5e:2x2, MERT's size under remat none and block,
-  and a 125M LM (the sizes of benchmarks/pods.py)."""
-  pods = _pods()
+  """Issues 76 and 86: the plan (with platform="tpu") within 25% of the compiler's per-chip
+  arguments + temporaries at the seed figure's config on v5e:2x2, MERT's size under remat none
+  and block, a 125M LM, and a 350M LM at batch 64, 128 and 256 (the sizes of
+  benchmarks/pods.py): its total where that fits the chip's HBM, else its least, which no
+  compiled step of a GiB or more goes below."""
+  pods = runs.benchmark("pods")
   spec, topology, sizes, overrides = _PLAN_CASES[case]
   fields = dict(getattr(pods, sizes)) if sizes else {}
   if case == "lm_125m":
@@ -106,8 +101,12 @@ def test_the_memory_plan_is_within_a_quarter_of_the_compiled_total(case):
                            timeout=900)
   figures = json.loads(result.stdout)
   total, plan = figures["per_chip_bytes"]["total"], figures["plan"]["total"]
-  assert abs(plan - total) <= 0.25 * total, (case, total / 2**20, plan / 2**20)
-  assert sum(v for k, v in figures["plan"].items() if k != "total") == plan
+  expected = plan if plan <= figures["hbm_bytes"] else figures["plan"]["least"]
+  assert (plan > figures["hbm_bytes"]) == (case == "lm_350m/batch256")
+  assert abs(expected - total) <= 0.25 * total, (case, total / 2**20, expected / 2**20)
+  if total > 2**30:  # where a device's limit is near: the seed figure's 24 MiB step beats the
+    assert figures["plan"]["least"] <= total  # plan's least with the chip's on-core memory
+  assert sum(v for k, v in figures["plan"].items() if k not in ("total", "least")) == plan
 
 
 def test_the_program_carries_no_xla_cpu_choice(compiled):

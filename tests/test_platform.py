@@ -13,6 +13,7 @@ from normstudy.engine import execution
 from normstudy.engine import platform
 from normstudy.engine import sharding
 import inprocess
+import runs
 
 
 @dataclasses.dataclass
@@ -97,14 +98,7 @@ def test_a_program_steps_its_runs_as_the_platform_or_the_caller_says(make_config
 
 
 def _gpu_benchmark():
-  import importlib.util
-  import os
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                      "benchmarks", "gpu.py")
-  spec = importlib.util.spec_from_file_location("gpu_benchmark", path)
-  gpu = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(gpu)
-  return gpu
+  return runs.benchmark("gpu")
 
 
 def test_the_gpu_benchmark_fills_the_card_and_halves_the_batch_until_it_fits(monkeypatch):

@@ -14,18 +14,29 @@ backward pass needs (under config.model.remat; the norms, residual sums and the 
 in float32 beside the compute-dtype copies the matmuls read; the attention probabilities in
 float32 and in the compute dtype; with model.attention_kernel='cudnn' and no telemetry only a
 float32 log-sum-exp per query, as the fused kernel keeps), over the batch's share of data x fsdp;
-the logits in the compute dtype with their float32 gradient; on a TPU, the compiler's own scratch
-(TPU_WORKSPACE). It ignores XLA's scheduling and fusion: XLA:CPU's compiled step (arguments and
-temporaries) needs 1.0-1.8x the plan (tests/test_memory.py), so on the host a refusal by it is
-never a false alarm. Against a TPU compiler's per-chip total (libtpu 0.0.42.1; tests/test_compile.py
-holds each within 25%): the seed figure's config on v5e:2x2 0.89 (remat none) and 1.11 (block),
-MERT's size on v5e:4x4 1.08 (none), 1.12 (dots) and 1.00 (block), a 125M LM on v5e:4x4 0.98
-(docs/pods/*.csv, column compiled_over_plan). Between those sizes, at the 4 x 256 configs
-tests/test_compile.py compiles (tens of MiB of temporaries), the compiler places most of a step's
-working set in the chip's on-core memory (memory space 1 of its buffer assignment), which its
-total does not count: 0.27-0.51 of the plan there. So on an accelerator the plan is no floor: the
-preflight refuses only what the least share measured (LEAST_COMPILED_OVER_PLAN) cannot fit;
-`python -m normstudy.compile` gives the exact figure for a topology.
+the logits in the compute dtype with their float32 gradient, and for a causal LM the shifted
+copy its loss reads (core/loss.py: logits[:, :-1]); on a TPU, the compiler's own scratch
+(TPU_WORKSPACE). `total` sums them, as a step holds them when its compiler has room to spare.
+
+A compiler short of memory schedules apart what `total` adds up: with remat, the logits and one
+layer's recomputation are never live together, and the shifted copy fuses away. `least` is that
+schedule (the state, the layers' kept inputs, and the larger of the logits with their gradient
+or one layer's recomputation): no compiled step of a GiB or more went below it (the seed
+figure's 24 MiB step on v5e:2x2 does, its chip's on-core memory holding part of it), so an
+accelerator's preflight refuses a run only when `least` exceeds the device (GiBs), and
+`expected(device_bytes)` is `total` where it fits, `least` where it does not. Against a TPU compiler's per-chip total (libtpu
+0.0.42.1; docs/pods/*.csv, tests/test_compile.py holds each within 25% of `expected`): the seed
+figure's config on v5e:2x2 0.89 (remat none) and 1.11 (block), MERT's size on v5e:4x4 1.08
+(none), 1.12 (dots) and 1.00 (block), a 125M LM on v5e:4x4 and v4:2x2x4 0.81 and 0.95, a 350M LM
+on v5e:2x4 at batch 64 and 128 1.02 and 1.10; at batch 256 `total` (20.3 GiB) exceeds the chip's
+15.75 GiB and the compiler fits the step in 13.1 GiB, 1.15 of `least` (its buffer assignment: the
+float32 logits and one compute-dtype copy live at once, where batch 64 keeps four copies).
+XLA:CPU's compiled step (arguments and temporaries) needs 1.0-1.8x `total`
+(tests/test_memory.py), so on the host the preflight refuses by `total`. At the 4 x 256 configs
+tests/test_compile.py compiles (tens of MiB of temporaries) the TPU compiler places most of a
+step's working set in the chip's on-core memory, which its total does not count: 0.27-0.51 of
+`total` there, far from any device's limit. `python -m normstudy.compile` gives the exact
+figure for a topology.
 """
 
 import dataclasses
@@ -33,11 +44,6 @@ import math
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 2**30
-# The least compiled / plan measured on a TPU compiler (the docstring's table: 4 x 256 with
-# block remat, 0.27; tests/test_compile.py checks its configs do not go below it): an
-# accelerator's preflight refuses a run only when this share of its plan exceeds the device's
-# memory.
-LEAST_COMPILED_OVER_PLAN = 0.25
 
 # Values per token a layer keeps for its backward pass, in units of d_model and d_ff, by remat
 # policy (normstudy.core.model.REMAT_POLICIES), each as (float32 values, compute-dtype values):
@@ -68,6 +74,14 @@ class MemoryPlan:
   activations: int
   logits: int
   workspace: int = 0  # the compiler's own scratch (TPU_WORKSPACE on a TPU)
+  least: int = 0  # the step scheduled as tightly as it goes (the module docstring)
+
+  def expected(self, device_bytes: int | None) -> int:
+    """What a compiler allocates on a device of `device_bytes`: `total` where it fits (or the
+    device does not say), else `least` (the compiler schedules the step down to fit)."""
+    if device_bytes is None or self.total <= device_bytes:
+      return self.total
+    return self.least
 
   @property
   def total(self) -> int:
@@ -75,7 +89,7 @@ class MemoryPlan:
             + self.logits + self.workspace)
 
   def describe(self) -> str:
-    """'31.4 GiB (parameters 7.8 GiB, optimizer 15.7 GiB, ...)'."""
+    """'31.4 GiB (parameters 7.8 GiB, optimizer 15.7 GiB, ...)', the terms of `total`."""
     parts = ", ".join(f"{name} {human(getattr(self, name))}" for name in (
         "parameters", "optimizer", "gradients", "activations", "logits")
         + (("workspace",) if self.workspace else ()))
@@ -166,13 +180,19 @@ def plan(config, sizes: dict, num_runs: int = 1, one_at_a_time: bool = False,
   else:
     f32_copies, low_copies = _SCORE_COPIES
     scores = rows * stepping * heads * model.max_len ** 2 * (4 * f32_copies + width * low_copies)
-  kept = model.num_layers * (kept_bytes(model.remat) + (scores if model.remat == "none" else 0))
-  if model.remat != "none":  # the one layer being recomputed holds all of it
-    kept += kept_bytes("none") + scores
+  stack = model.num_layers * (kept_bytes(model.remat) + (scores if model.remat == "none" else 0))
+  # The one layer being recomputed holds all of its working set.
+  recomputed = kept_bytes("none") + scores if model.remat != "none" else 0
   # The logits in the compute dtype and their float32 gradient (the softmax cross-entropy fuses
-  # into it: no float32 copy of the logits outlives it).
-  logits = tokens * model.vocab_size * (width + 4)
+  # into it: no float32 copy of the logits outlives it); a causal LM's loss reads a shifted
+  # copy in the compute dtype beside them (a compiled 350M LM keeps it unless short of memory).
+  per_logit = width + 4
+  logits = tokens * model.vocab_size * (per_logit + (width if model.causal else 0))
   gradients = weights * stepping / runs_here
+  workspace = TPU_WORKSPACE if platform == "tpu" else 0
+  state = int(weights) + int(2 * weights) + int(gradients) + workspace
+  least = state + int(stack) + int(max(tokens * model.vocab_size * per_logit, recomputed))
   return MemoryPlan(parameters=int(weights), optimizer=int(2 * weights),
-                    gradients=int(gradients), activations=int(kept), logits=int(logits),
-                    workspace=TPU_WORKSPACE if platform == "tpu" else 0)
+                    gradients=int(gradients), activations=int(stack + recomputed),
+                    logits=int(logits), workspace=workspace,
+                    least=least)

@@ -135,29 +135,64 @@ def memory_limit() -> tuple[int | None, str]:
 
 
 def check_memory(config, sizes: dict, num_runs: int, limit_and_what=None) -> None:
-  """UserError when one device cannot hold the step: on the CPU when the memory plan
+  """UserError when one device cannot hold the step: on the CPU when the memory plan's total
   (normstudy.engine.memory, a floor there) exceeds its share of the host's memory; on an
-  accelerator, where a compiler may allocate less than the plan, only when the least share of
-  the plan any compiled step was measured to need (memory.LEAST_COMPILED_OVER_PLAN) exceeds the
-  device's memory. `limit_and_what`: memory_limit()'s answer (tests give their own)."""
+  accelerator, whose compiler schedules a step down to fit, when even the plan's `least` does
+  (a warning when only the total does). The refusal names the knob that fits: fewer runs per
+  program, block remat. `limit_and_what`: memory_limit()'s answer (tests give their own)."""
   limit, what = limit_and_what or memory_limit()
-  one_at_a_time = execution.steps_one_at_a_time(jax.devices(), sizes["runs"], num_runs)
-  platform = jax.local_devices()[0].platform
-  needed = memory.plan(config, sizes, num_runs, one_at_a_time, platform=platform)
-  floor = needed.total if platform == "cpu" else int(
-      needed.total * memory.LEAST_COMPILED_OVER_PLAN)
-  if limit is not None and floor > limit:
-    m = config.model
-    at_least = (needed.describe() if floor == needed.total else
-                f"{memory.human(floor)} ({memory.LEAST_COMPILED_OVER_PLAN:g} of the memory plan "
-                f"{needed.describe()}, the least share a compiled step was measured to need)")
-    raise UserError(
-        f"a run of num_layers={m.num_layers}, d_model={m.d_model}, d_ff={m.d_ff}, "
-        f"max_len={m.max_len}, vocab_size={m.vocab_size}, "
-        f"batch_size={config.train.batch_size} needs at least {at_least} per device, "
-        f"more than the {limit / memory.GIB:.3g} GiB of {what}; make the model, "
-        "config.train.batch_size or config.model.max_len smaller, set config.model.remat, or "
-        "use more devices")
+  if limit is None:
+    return
+  device_platform = jax.local_devices()[0].platform
+
+  def needed(cfg, runs: int) -> memory.MemoryPlan:
+    one_at_a_time = execution.steps_one_at_a_time(jax.devices(), sizes["runs"], runs)
+    return memory.plan(cfg, sizes, runs, one_at_a_time, platform=device_platform)
+
+  def floor(p: memory.MemoryPlan) -> int:
+    return p.total if device_platform == "cpu" else p.least
+
+  this = needed(config, num_runs)
+  m = config.model
+  if floor(this) <= limit:
+    if this.total > limit:
+      logging.warning("the memory plan's total %s per device exceeds the %.3g GiB of %s; the "
+                      "compiler must schedule the step down towards its least, %s (slower steps, "
+                      "or out of memory)", this.describe(), limit / memory.GIB, what,
+                      memory.human(this.least))
+    return
+  at_least = (this.describe() if device_platform == "cpu" else
+              f"{memory.human(this.least)} (scheduled as tightly as it goes; the plan's total "
+              f"{this.describe()})")
+  raise UserError(
+      f"a run of num_layers={m.num_layers}, d_model={m.d_model}, d_ff={m.d_ff}, "
+      f"max_len={m.max_len}, vocab_size={m.vocab_size}, "
+      f"batch_size={config.train.batch_size}{f' x {num_runs} runs' if num_runs > 1 else ''} "
+      f"needs at least {at_least} per device, more than the {limit / memory.GIB:.3g} GiB of "
+      f"{what}; {_what_fits(config, num_runs, limit, needed, floor)}")
+
+
+def _what_fits(config, num_runs: int, limit: int, needed, floor) -> str:
+  """The knobs that bring the plan under `limit`, most specific first."""
+  fits = []
+  fewer = [k for k in range(num_runs - 1, 0, -1) if floor(needed(config, k)) <= limit]
+  if fewer:
+    fits.append(f"--max_runs_per_program={fewer[0]} fits "
+                f"({memory.human(floor(needed(config, fewer[0])))} each program)")
+  if config.model.remat != "block":
+    blocked = config.copy_and_resolve_references()
+    with blocked.unlocked():
+      blocked.model.remat = "block"
+    for k in range(num_runs, 0, -1):
+      if floor(needed(blocked, k)) <= limit:
+        runs = "" if k == num_runs else f" with --max_runs_per_program={k}"
+        fits.append(f"config.model.remat=block{runs} fits "
+                    f"({memory.human(floor(needed(blocked, k)))})")
+        break
+  if fits:
+    return "; ".join(fits)
+  return ("neither fewer runs per program nor block remat fits: make the model, "
+          "config.train.batch_size or config.model.max_len smaller, or use more devices")
 
 
 def _check_saved_config(run, checkpointed: list) -> None:
