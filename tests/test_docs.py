@@ -256,3 +256,24 @@ def test_the_quick_start_says_where_things_go_outside_the_workdir():
     assert cache.startswith(os.path.expanduser("~/.cache/normstudy/"))
   makefile = open(os.path.join(runs.REPO, "Makefile"), encoding="utf-8").read()
   assert "TPU_AOT := .tpu-aot/" in makefile and "test-fast:" in makefile
+
+
+def test_the_placement_table_is_the_registry():
+  """Issue 87: docs/reference.md's placement table was written by hand and could drift from
+  the registered placements. It is normstudy.core.placements.markdown_table() below its marker,
+  one row per registered placement (its name, block, final norm and paper)."""
+  from normstudy.core import placements
+  text = open(os.path.join(runs.REPO, "docs", "reference.md"), encoding="utf-8").read()
+  marker = "<!-- generated: normstudy.core.placements.markdown_table() -->\n"
+  assert marker in text
+  table = placements.markdown_table()
+  found = text[text.index(marker) + len(marker):].split("\n\n")[0]
+  assert found == table, ("regenerate: python -c 'from normstudy.core import placements; "
+                          "print(placements.markdown_table())'")
+  rows = [line for line in found.splitlines()[2:]]
+  assert [re.match(r"\| `([a-z_]+)` \|", row).group(1) for row in rows] == [
+      p.name for p in placements.REGISTRY.registered()]
+  assert sorted(p.name for p in placements.REGISTRY.registered()) == list(placements.names())
+  for row, placement in zip(rows, placements.REGISTRY.registered()):
+    assert row.endswith(f" | {'yes' if placement.final_norm else 'no'} | {placement.paper} |")
+    assert placement.paper and placement.description

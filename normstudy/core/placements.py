@@ -75,7 +75,9 @@ class Placement:
   # Queries, keys and values each normalised per head over head_dim by the placement's norm
   # (model.norm) inside attention (HybridNorm's QKV norm), before the scores.
   qkv_norm: bool = False
-  description: str = ""
+  # docs/reference.md's placement table is made of these (markdown_table; tests/test_docs.py).
+  paper: str = ""  # where the block comes from
+  description: str = ""  # the block, in Markdown
 
 
 REGISTRY: Registry[Placement] = Registry("model.placement")
@@ -91,6 +93,14 @@ def names() -> tuple[str, ...]:
 
 def get(name: str) -> Placement:
   return REGISTRY.get(name)
+
+
+def markdown_table() -> str:
+  """docs/reference.md's table of the registered placements, in the order registered."""
+  rows = ["| name | block | final norm | paper |", "| --- | --- | --- | --- |"]
+  rows += [f"| `{p.name}` | {p.description} | {'yes' if p.final_norm else 'no'} | {p.paper} |"
+           for p in REGISTRY.registered()]
+  return "\n".join(rows)
 
 
 def _pre_ln(x, f, norm, ctx):
@@ -207,51 +217,63 @@ def deepnorm_beta(num_layers: int) -> float:
 
 register(Placement(
     name="pre_ln", wrap=_pre_ln, final_norm=True, label="Pre-Norm", depth_parametrizable=True,
-    description="x + F(LN(x)); one final LN before the head (Xiong et al. 2020)."))
+    paper="Xiong et al. 2020",
+    description="`x + F(LN(x))`"))
 register(Placement(
     name="post_ln", wrap=_post_ln, final_norm=False, label="Post-Norm", identity_residual=False,
-    description="LN(x + F(x)), the original Transformer; needs LR warm-up."))
+    paper="Vaswani et al. 2017",
+    description="`LN(x + F(x))`"))
 register(Placement(
     name="deepnorm", wrap=_post_ln, final_norm=False, label="Post-Norm | DeepNorm",
     identity_residual=False,
     residual_alpha=deepnorm_alpha, branch_gain=deepnorm_beta,
-    description="LN(alpha x + F(x)) with beta-scaled branch init (DeepNet, Wang et al. 2022)."))
+    paper="Wang et al. 2022 (DeepNet)",
+    description=("`LN(alpha x + F(x))`, alpha = (2N)^(1/4); value, out, fc1, fc2 initialised with "
+                "gain beta = (8N)^(-1/4)")))
 register(Placement(
     name="sandwich_ln", wrap=_sandwich_ln, final_norm=True, label="Sandwich-LN",
-    description="x + LN_out(F(LN_in(x))) (CogView, Ding et al. 2021)."))
+    paper="Ding et al. 2021 (CogView)",
+    description="`x + LN_out(F(LN_in(x)))`"))
 register(Placement(
     name="sub_ln", wrap=_pre_ln, final_norm=True, label="Sub-LN", inner_norm=True,
     branch_gain=sub_ln_gain,
-    description="Pre-LN plus a LN before attention's output projection and before fc2; value, "
-                "out, fc1, fc2 init gain sqrt(log 2N) (Magneto, Wang et al. 2022)."))
+    paper="Wang et al. 2022 (Magneto)",
+    description=("Pre-LN plus a LN before attention's output projection and before fc2; value, "
+                "out, fc1, fc2 initialised with gain sqrt(log 2N)")))
 register(Placement(
     name="peri_ln", wrap=_sandwich_ln, final_norm=True, label="Peri-LN", embedding_norm=True,
-    description="x + LN_out(F(LN_in(x))), a LN on the embedding output and a final LN "
-                "(Peri-LN, Kim et al. 2025)."))
+    paper="Kim et al. 2025 (Peri-LN)",
+    description=("`x + LN_out(F(LN_in(x)))` and a LN on the embedding output "
+                "(`model.peri_ln_embedding_norm`, default True)")))
 register(Placement(
     name="reordered_ln", wrap=_reordered_ln, final_norm=True, label="Reordered-Norm",
-    description="x + LN(F(x)), the norm on the branch's output; a final LN (OLMo 2, Team OLMo "
-                "2024)."))
+    paper="Team OLMo 2024 (OLMo 2)",
+    description="`x + LN(F(x))`, the norm on the branch's output only (OLMo 2's reordered norm)"))
 register(Placement(
     name="mix_ln", wrap=_mix_ln, final_norm=True, label="Mix-LN", identity_residual=False,
-    description="Post-LN in the first ceil(model.mix_ln_fraction * N) layers, Pre-LN after "
-                "(Mix-LN, Li et al. 2024)."))
+    paper="Li et al. 2024 (Mix-LN)",
+    description="Post-LN in the first ceil(`mix_ln_fraction` N) layers, Pre-LN after"))
 register(Placement(
     name="hybrid_norm", wrap=_hybrid_norm, final_norm=True, label="HybridNorm",
     identity_residual=False, qkv_norm=True,
-    description="x + MHA(x) with q, k, v normalised, then Norm(y) + FFN(Norm(y)) (HybridNorm, "
-                "Zhuo et al. 2025)."))
+    paper="Zhuo et al. 2025 (HybridNorm)",
+    description=("`y = x + MHA(x)` with each head's q, k and v normalised (`model.norm`, gain and "
+                "bias), then `Norm(y) + FFN(Norm(y))` (`model.qk_norm` is refused beside it)")))
 register(Placement(
     name="rezero", wrap=_rezero, final_norm=False, label="ReZero", has_norms=False,
     branch_scale="scalar",
-    description="x + a F(x), a learned scalar per sublayer initialised to 0, no norms "
-                "(ReZero, Bachlechner et al. 2020)."))
+    paper="Bachlechner et al. 2020 (ReZero)",
+    description=("`x + a F(x)`, `a` a learned scalar per layer (shared by its two sublayers, as "
+                "the authors' `rztx.py`) initialised to 0; no norms")))
 register(Placement(
     name="ngpt", wrap=_ngpt, final_norm=False, label="nGPT", identity_residual=False,
     unit_sphere=True, has_norms=False, branch_scale="alpha",
-    description="h <- Norm(h + alpha (Norm(F(h)) - h)) on the unit sphere, matrices "
-                "renormalised after each update, a learned logit scale (nGPT, Loshchilov et "
-                "al. 2024)."))
+    paper="Loshchilov et al. 2024 (nGPT)",
+    description=("`h <- Norm(h + alpha (Norm(F(h)) - h))`, Norm onto the unit sphere (`x / "
+                "||x||`), alpha a learned per-channel vector starting at 0.05; the embedding "
+                "output on the sphere, logits times a learned per-token `s_z` starting at 1, "
+                "every matrix renormalised along d_model at init and after each update; no "
+                "LayerNorm")))
 
 
 def where_layer(condition, a: Array, b: Array) -> Array:

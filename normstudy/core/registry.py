@@ -27,6 +27,10 @@ class Registry(Generic[T]):
   def names(self) -> tuple[str, ...]:
     return tuple(sorted(self._items))
 
+  def registered(self) -> list[T]:
+    """The definitions in the order they were registered."""
+    return list(self._items.values())
+
   def items(self):
     return [(name, self._items[name]) for name in self.names()]
 
