@@ -241,6 +241,34 @@ def test_progress_eta_is_the_steady_state_not_the_compiling_interval(monkeypatch
   assert "10.00 steps/s | ETA 15s" in lines[4]
 
 
+def test_the_first_eta_comes_a_tenth_of_an_interval_after_the_compile(monkeypatch, caplog):
+  """Issue 88, item 17: a 2000-step program's first ETA came at step 200 (lines every 100
+  steps, the first interval holding the compile). Now a line at step 1 (the compile), the
+  first rate and ETA 10 steps later, then every 100 steps as before."""
+  import logging
+  from types import SimpleNamespace
+  from normstudy.engine import recorder
+  at = [0]  # the step being reported: step 1 compiled for 60 s, then 0.1 s a step
+  reported = []
+
+  def perf_counter():
+    return 0.0 if at[0] == 0 else 60.0 + 0.1 * (at[0] - 1)
+
+  monkeypatch.setattr(recorder.time, "perf_counter", perf_counter)
+  progress = recorder.Progress([SimpleNamespace(name="a")], 0, 2000)
+  caplog.set_level(logging.INFO)
+  for step in range(1, 201):
+    at[0] = step
+    before = len(caplog.records)
+    progress.report(step, {"a": 3.0}, {})
+    if len(caplog.records) > before:
+      reported.append(step)
+  lines = [r.getMessage() for r in caplog.records if "step " in r.getMessage()]
+  assert reported == [1, 11, 100, 200]
+  assert "ETA after the first interval" in lines[0]
+  assert "10.00 steps/s | ETA 199s" in lines[1]  # (2000 - 11) steps at 0.1 s
+
+
 def test_a_programs_last_progress_line_says_how_its_runs_ended(caplog):
   """Issue 78, item 15: a finished program's last line said `runs alive 0/2`."""
   import logging

@@ -127,6 +127,9 @@ def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(t
   assert re.search(r"\[program 2/2\] \| step 300/300 \| [\d.]+ steps/s \| ETA 0s", result.stderr)
   assert re.search(r"\[sweep\] programs 1/2 done, runs 1/2 \| \d+s so far \| ETA \d+s",
                    result.stderr)
+  # Issue 88, item 17: the sweep's last lines say its wall and CPU time against the cores.
+  assert re.search(r"took \d+s wall, \d+s CPU on \d+ core\(s\): \d+% of the cores busy",
+                   result.stderr)
   stopped = tmp_path / "stopped"
   proc = runs.start_module("normstudy.sweep", *args, "--workers=2", f"--workdir={stopped}",
                            env=worker_env)
@@ -171,3 +174,40 @@ def test_workers_flag_is_checked_before_anything_is_written(tmp_path):
                                    "up to one per program) or an integer >= 1")
   assert not (tmp_path / "wd").exists()
   assert issubclass(workers.NotStarted, errors.Preempted)
+
+
+def test_a_stop_signal_is_said_at_once_and_the_wait_every_30_seconds(caplog):
+  """Issue 88, item 17: after SIGTERM a study said nothing for minutes while its workers
+  finished. The collecting loop says what happens at its first tick after the signal, then a
+  line every 30 s while programs are still stopping, and nothing before a signal."""
+  import logging
+  from normstudy.experiments import workers
+  now = [0.0]
+  signalled = []
+  announce = workers.StopAnnouncer(signalled, clock=lambda: now[0])
+  caplog.set_level(logging.WARNING)
+  assert announce(2) is None  # no signal yet
+  signalled.append(signal.SIGTERM)
+  now[0] = 5.0
+  first = announce(2)
+  assert first.startswith("SIGTERM received: passed it to the workers; each of the 2 running "
+                          "program(s) stops at its next step and saves a checkpoint")
+  said = []
+  for t in range(6, 70):
+    now[0] = float(t)
+    said.append(announce(1))
+  lines = [line for line in said if line]
+  assert lines == ["waiting for 1 program(s) to stop at a checkpoint: 30s since SIGTERM",
+                   "waiting for 1 program(s) to stop at a checkpoint: 60s since SIGTERM"]
+  assert [r.getMessage() for r in caplog.records] == [first, *lines]
+
+
+def test_the_time_used_counts_the_workers_cpu_against_the_cores(monkeypatch):
+  """Issue 88, item 17: "~8 min on 2 cores" could not tell a busy machine from a fault. The
+  line counts this process's and its joined workers' CPU seconds against wall x cores."""
+  from normstudy.experiments import planning
+  monkeypatch.setattr(planning.workers_lib, "available_cores", lambda: [0, 1])
+  began = os.times_result((1.0, 0.5, 0.0, 0.0, 100.0))
+  ended = os.times_result((11.0, 1.5, 310.5, 8.5, 400.0))  # 300 s wall, 330 s of CPU
+  assert planning.time_used(began, ended) == (
+      "took 300s wall, 330s CPU on 2 core(s): 55% of the cores busy with this")

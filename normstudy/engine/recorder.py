@@ -110,10 +110,16 @@ class Progress:
 
   def report(self, step, losses: dict, stopped: dict):
     """A line when `step` reaches a multiple of `every` not yet reported (a block of steps is
-    reported once, at its last step) or the last step. Between lines the heartbeat
-    (normstudy.engine.logs) knows the step."""
+    reported once, at its last step), the last step, and early (the comment below). Between
+    lines the heartbeat (normstudy.engine.logs) knows the step."""
     logs.doing(f"training after step {step}/{self.num_steps}")
-    if step != self.num_steps and step // self.every == self.last[0] // self.every:
+    # Besides every `every` steps: the first step (its interval is the compilation) and, a tenth
+    # of `every` later, the first steady rate, so the first ETA comes within seconds of the
+    # compile rather than `every` steps on (issue 88: step 100 of 2000).
+    due = step == self.num_steps or step // self.every != self.last[0] // self.every
+    early = step > self.last[0] and (
+        self.reports == 0 or (self.reports == 1 and step - self.last[0] >= self.every // 10))
+    if not (due or early):
       return
     now = time.perf_counter()
     self.reports += 1

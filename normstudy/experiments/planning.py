@@ -289,6 +289,7 @@ def run_grid(plan_: Plan, analyze):
   its training left), then analyses it (`analyze(workdir)` -> {name: path}, the command's: e.g.
   normstudy.analysis.analyze). Returns (statuses by run name, analysis outputs)."""
   spec, workdir = plan_.grid, plan_.workdir
+  began = os.times()
   rundir.ensure_directory(workdir)
   with lock(workdir):
     spec.record(workdir, plan_.runs, {})
@@ -300,7 +301,20 @@ def run_grid(plan_: Plan, analyze):
       outputs["sweep"] = recorded
   for run in plan_.runs:
     logging.info("%s: %s", run.name, statuses.get(run.name) or "missing")
+  logging.info("%s", time_used(began, os.times()))
   return statuses, outputs
+
+
+def time_used(began, ended) -> str:
+  """The wall and CPU time between two os.times() (this process and the workers it has
+  joined), against the cores: a wall time far above CPU / cores means the machine was busy
+  with other work, not that training was slow."""
+  wall = ended.elapsed - began.elapsed
+  cpu = sum(getattr(ended, f) - getattr(began, f)
+            for f in ("user", "system", "children_user", "children_system"))
+  cores = len(workers_lib.available_cores())
+  return (f"took {wall:.0f}s wall, {cpu:.0f}s CPU on {cores} core(s): "
+          f"{100 * cpu / max(wall * cores, 1e-9):.0f}% of the cores busy with this")
 
 
 def recorded_statuses(runs: list) -> dict:

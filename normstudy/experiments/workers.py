@@ -27,6 +27,7 @@ import pickle
 import shlex
 import signal
 import sys
+import time
 import traceback
 
 from absl import flags
@@ -185,9 +186,7 @@ class Pool:
     signalled = []
     with _forwarding_signals(self.processes, self._stop, signalled):
       failures = _collect(self.processes, self.readers, self._stop, run_id, calls, describe,
-                          on_done, on_start)
-    if signalled:  # said here, not in the handler (a handler that writes can re-enter a write)
-      logging.warning("%s received: passed it to the workers", signal.Signals(signalled[0]).name)
+                          on_done, on_start, on_tick=StopAnnouncer(signalled))
     if signalled and any(isinstance(e, Preempted) for _, e in failures):
       raise _stopped(signal.Signals(signalled[0]).name, failures, calls, describe)
     # The first real failure; a NotStarted only if nothing else failed.
@@ -270,15 +269,49 @@ def _stopped(name: str, failures: list, calls: list, describe) -> Preempted:
       f"above), {waiting} not started; run the same command to continue")
 
 
+class StopAnnouncer:
+  """Said from the collecting loop, not from the signal handler (a handler that writes can
+  re-enter a write it interrupted): once a stop signal is in `signalled`, a line at once saying
+  what happens next, then one every `every` seconds until the programs have stopped (issue 88:
+  minutes of silence once followed a SIGTERM while workers finished a compile)."""
+
+  def __init__(self, signalled: list, every: float = 30.0, clock=time.monotonic):
+    self.signalled, self.every, self.clock = signalled, every, clock
+    self.since = self.said_at = None
+
+  def __call__(self, running: int) -> str | None:
+    """`running`: the programs still in a worker. Returns the line said, if any."""
+    if not self.signalled:
+      return None
+    now, name = self.clock(), signal.Signals(self.signalled[0]).name
+    if self.since is None:
+      self.since = self.said_at = now
+      line = (f"{name} received: passed it to the workers; each of the {running} running "
+              "program(s) stops at its next step and saves a checkpoint (one compiling "
+              "finishes its compile first)")
+    elif now - self.said_at >= self.every and running:
+      self.said_at = now
+      line = (f"waiting for {running} program(s) to stop at a checkpoint: "
+              f"{now - self.since:.0f}s since {name}")
+    else:
+      return None
+    logging.warning("%s", line)
+    return line
+
+
 def _collect(processes, readers, stop, run_id, calls, describe, on_done=None,
-             on_start=None) -> list:
+             on_start=None, on_tick=None) -> list:
   """Every call's outcome, until each call of this run has reported done or no worker is left:
   the failures as (call index, error), in the order they came (a worker that exits during a run
-  was killed: a WorkerKilled for the call it was in, if any)."""
+  was killed: a WorkerKilled for the call it was in, if any). `on_tick(programs running)` is
+  called at least once a second."""
   running, failures, done = {}, [], 0
   open_ = {slot: reader for slot, reader in enumerate(readers) if processes[slot].is_alive()}
   while open_ and done < len(calls):
-    for reader in connection.wait(list(open_.values())):
+    ready = connection.wait(list(open_.values()), timeout=1.0)
+    if on_tick is not None:
+      on_tick(len(running))
+    for reader in ready:
       slot = readers.index(reader)
       try:
         kind, from_run, index, *outcome = reader.recv()  # done: (error,) or (None, value)
