@@ -612,9 +612,9 @@ class Block(nn.Module):
       return x if isinstance(skip, float) and skip == 1.0 else x * jnp.asarray(skip).astype(
           x.dtype)
 
-    mlp = Mlp(cfg, gain, placement.inner_norm, self.probe, name="mlp")
+    mlp = Mlp(cfg, gain, "mlp" in placement.inner_norm, self.probe, name="mlp")
     if cfg.attention != "none":
-      attention = Attention(cfg, gain, placement.inner_norm, self.probe,
+      attention = Attention(cfg, gain, "attention" in placement.inner_norm, self.probe,
                             qkv_norm=placement.qkv_norm, name="attention")
       x = wrap(x, attention, "attention", 0)
     telemetry.sow_site(self, self.probe, "resid_attn", x)

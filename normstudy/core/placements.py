@@ -53,7 +53,9 @@ class Placement:
   # Whether the residual stream passes from layer to layer untouched (x + F(...)); False when it
   # goes through a norm (Post-LN family), which decides how the stack compiles best.
   identity_residual: bool = True
-  inner_norm: bool = False  # a norm before attention's output projection and before fc2
+  # The sublayers with a norm inside, before their output projection: "attention" (over the
+  # heads' concatenation, before `out`) and "mlp" (after the activation, before fc2).
+  inner_norm: tuple[str, ...] = ()
   # num_layers -> residual weight alpha; 1 for plain residuals.
   residual_alpha: Callable[[int], float] = lambda num_layers: 1.0
   # num_layers -> init gain of value, out, fc1 and fc2 (query and key keep 1).
@@ -84,6 +86,11 @@ REGISTRY: Registry[Placement] = Registry("model.placement")
 
 
 def register(placement: Placement) -> Placement:
+  unknown = (set(placement.inner_norm) - {"attention", "mlp"}
+             if isinstance(placement.inner_norm, tuple) else {placement.inner_norm})
+  if unknown:
+    raise ValueError(f"placement {placement.name!r}: inner_norm names {sorted(unknown)}; "
+                     "allowed: 'attention', 'mlp'")
   return REGISTRY.register(placement.name, placement)
 
 
@@ -235,7 +242,8 @@ register(Placement(
     paper="Ding et al. 2021 (CogView)",
     description="`x + LN_out(F(LN_in(x)))`"))
 register(Placement(
-    name="sub_ln", wrap=_pre_ln, final_norm=True, label="Sub-LN", inner_norm=True,
+    name="sub_ln", wrap=_pre_ln, final_norm=True, label="Sub-LN",
+    inner_norm=("attention", "mlp"),
     branch_gain=sub_ln_gain,
     paper="Wang et al. 2022 (Magneto)",
     description=("Pre-LN plus a LN before attention's output projection and before fc2; value, "
