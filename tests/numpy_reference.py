@@ -127,6 +127,17 @@ def sub_ln(x, params, n, causal, eps, activation):
   return h + mlp(_norm(params, "mlp_norm", h, eps), params["mlp"], activation, eps)
 
 
+def normformer(x, params, n, causal, eps, activation):
+  """NormFormer (Shleifer et al. 2021, figure 1, HeadScale left out): a LN after attention,
+  before the residual sum, and one after the MLP's activation (params["mlp"]["inner_norm"])."""
+  del n
+  assert "inner_norm" in params["mlp"] and "inner_norm" not in params["attention"]
+  assert "mlp_out_norm" not in params
+  h = x + _norm(params, "attention_out_norm", attention(
+      _norm(params, "attention_norm", x, eps), params["attention"], causal, eps=eps), eps)
+  return h + mlp(_norm(params, "mlp_norm", h, eps), params["mlp"], activation, eps)
+
+
 def hybrid_norm(x, params, n, causal, eps, activation):
   """HybridNorm (Zhuo et al. 2025, eqs. 5-7): Y = X + MHA with Norm(Q), Norm(K), Norm(V);
   X' = FFN(Norm(Y)) + Norm(Y)."""
@@ -185,6 +196,7 @@ BLOCKS = {
     "peri_ln": (sandwich_ln, True),  # Peri-LN's block is Sandwich-LN's; it adds embedding norm
     "mix_ln": (mix_ln, True),
     "reordered_ln": (reordered_ln, True),
+    "normformer": (normformer, True),
     "hybrid_norm": (hybrid_norm, True),
     "rezero": (rezero, False),
     "ngpt": (ngpt, False),

@@ -130,6 +130,14 @@ def _reordered_ln(x, f, norm, ctx):
   return x + norm("in")(f(x))
 
 
+def _normformer(x, f, norm, ctx):
+  """NormFormer (Shleifer et al. 2021, figure 1, without HeadScale): Pre-LN with a LN on the
+  attention's output before the residual sum; the MLP's own LN after its activation is the
+  placement's inner_norm=("mlp",)."""
+  h = f(norm("in")(x))
+  return x + (norm("out")(h) if ctx.sublayer == "attention" else h)
+
+
 def _hybrid_norm(x, f, norm, ctx):
   """HybridNorm (Zhuo et al. 2025, "HybridNorm", eqs. 5-7): attention with its queries, keys and
   values normalised (the placement's qkv_norm) on the stream as it is, Y = X + MHA_QKV(X); the
@@ -261,6 +269,11 @@ register(Placement(
     name="mix_ln", wrap=_mix_ln, final_norm=True, label="Mix-LN", identity_residual=False,
     paper="Li et al. 2024 (Mix-LN)",
     description="Post-LN in the first ceil(`mix_ln_fraction` N) layers, Pre-LN after"))
+register(Placement(
+    name="normformer", wrap=_normformer, final_norm=True, label="NormFormer",
+    inner_norm=("mlp",), paper="Shleifer et al. 2021 (NormFormer)",
+    description=("`x + LN_out(MHA(LN(x)))`, then `x + fc2(LN(act(fc1(LN(x)))))`; without "
+                 "HeadScale")))
 register(Placement(
     name="hybrid_norm", wrap=_hybrid_norm, final_norm=True, label="HybridNorm",
     identity_residual=False, qkv_norm=True,
