@@ -61,6 +61,39 @@ def test_a_non_finite_halt_without_a_loss_scale():
   assert ended.status == schema.HALTED
 
 
+def test_the_halt_kind_is_run_jsons_field_and_the_words_only_for_older_files():
+  """Issue 87: halt kinds lived in three vocabularies (the step's codes, phrases parsed back
+  with startswith/endswith, outcome strings). normstudy.core.life maps each code to one
+  schema.HaltKind, run.json records its value, and the outcome comes from it; the words are
+  read only from a run.json written before halt_kind was."""
+  from normstudy.core import life
+  assert set(life.HALT_KINDS.values()) == set(schema.HaltKind)
+  losses = [5.0] * 60 + [INF] * 30
+  steps, losses, skipped = _run(losses, skipped=set(range(61, 91)))
+  # The field decides, whatever the reason's words say.
+  recorded = _info(status=schema.HALTED, halt_step=90, halt_kind="loss_scale",
+                   halt_reason="anything")
+  ended = outcomes.judge(steps, losses, skipped, {}, recorded, warmup_steps=20)
+  assert ended.kind == outcomes.HALTED_SCALE == schema.HaltKind.LOSS_SCALE.outcome
+  nonfinite = _info(status=schema.HALTED, halt_step=90, halt_kind="nonfinite",
+                    halt_reason="loss scale at its minimum (1)")
+  ended = outcomes.judge(steps, losses, skipped, {}, nonfinite, warmup_steps=20)
+  assert ended.kind == outcomes.HALTED_NONFINITE
+  # What the loop writes for each code round-trips through run.json.
+  class Config:
+    class optimizer:
+      class loss_scale:
+        min_scale = 1e-4
+    class train:
+      max_consecutive_skips = 8
+  for code, kind in life.HALT_KINDS.items():
+    got, reason, _ = life.halt_description(Config, code, {"step": 9, "loss": INF,
+                                                          "grad_norm": INF})
+    info = schema.RunInfo.from_json({"halt_kind": got.value, "halt_reason": reason})
+    older = schema.RunInfo.from_json({"halt_reason": reason})
+    assert got is kind and schema.halt_kind(info) is kind and schema.halt_kind(older) is kind
+
+
 def test_a_slow_divergence_is_a_loss_that_stays_above_its_start():
   # Logged every 5 steps: 5.5 at the start, down to 4.0, then above 5.5 from step 70 to 120.
   losses = [5.5] + [4.0] * 12 + [5.6, 5.9, 6.3, 6.0, 6.8, 7.0, 7.5, 8.0, 8.4, 8.9, 9.0]

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from normstudy import analysis
+from normstudy.records import schema
 import fresh_env
 import runs
 
@@ -84,6 +85,7 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
   halted = runs.read_json(study / "pre_norm_attn_relax_clip1" / "run.json")
   assert halted["status"] == "halted"
   assert halted["halt_reason"] == "loss scale at its minimum (32)"
+  assert halted["halt_kind"] == schema.HaltKind.LOSS_SCALE.value == "loss_scale"
   assert halted["nonfinite_at"]
   recs = runs.records(study / "pre_norm_attn_relax_clip1")
   assert recs[-1]["step"] == halted["halt_step"] < 6

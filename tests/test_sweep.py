@@ -280,6 +280,7 @@ def test_a_run_that_halts_is_frozen_while_the_others_finish(tmp_path):
   recs = runs.records(tmp_path / "lr10000")
   assert recs[-1]["step"] == halted["halt_step"] < 12 and recs[-1]["skipped"]
   assert halted["halt_reason"] == "non-finite gradient" and halted["nonfinite_at"]
+  assert halted["halt_kind"] == "nonfinite"
   site = halted["nonfinite_site"]
   # The site's id (as telemetry sows it); the halt line's words derive from life's one table.
   words = schema.SITE_WORDS[site["site"]]

@@ -10,6 +10,10 @@ from normstudy.records import schema
 
 # The codes of `TrainState.status`: the status the compiled step decides, with the halt's cause.
 CODE_RUNNING, CODE_FINISHED, CODE_HALTED_NONFINITE, CODE_HALTED_SKIPS, CODE_HALTED_SCALE = range(5)
+# Each halting code's kind (normstudy.records.schema.HaltKind: run.json's words and value).
+HALT_KINDS = {CODE_HALTED_NONFINITE: schema.HaltKind.NONFINITE,
+              CODE_HALTED_SKIPS: schema.HaltKind.SKIPS,
+              CODE_HALTED_SCALE: schema.HaltKind.LOSS_SCALE}
 
 
 def status_of(code: int) -> str:
@@ -20,20 +24,21 @@ def status_of(code: int) -> str:
   return schema.FINISHED if code == CODE_FINISHED else schema.HALTED
 
 
-def halt_description(config, code: int, record: dict) -> tuple[str, str]:
-  """(short reason for run.json, the sentence of the halt line) of a run halted with `code`,
-  from its last record (step, loss, grad_norm)."""
+def halt_description(config, code: int, record: dict) -> tuple[schema.HaltKind, str, str]:
+  """(the kind, short reason for run.json, the sentence of the halt line) of a run halted with
+  `code`, from its last record (step, loss, grad_norm)."""
+  kind = HALT_KINDS[int(code)]
   step = record["step"]
   values = f"loss={record['loss']}, grad_norm={record['grad_norm']}"
-  if code == CODE_HALTED_SCALE:
+  if kind is schema.HaltKind.LOSS_SCALE:
     min_scale = config.optimizer.loss_scale.min_scale
-    return (f"{schema.HaltKind.LOSS_SCALE.value} ({min_scale:g})",
+    return (kind, f"{kind.words} ({min_scale:g})",
             f"fp16 gradients overflowed again at step {step} with the loss scale at its minimum "
             f"({min_scale:g}, config.optimizer.loss_scale.min_scale)")
-  if code == CODE_HALTED_SKIPS:
+  if kind is schema.HaltKind.SKIPS:
     limit = config.train.max_consecutive_skips
-    return (f"{limit + 1} {schema.HaltKind.SKIPS.value}",
+    return (kind, f"{limit + 1} {kind.words}",
             f"non-finite gradient at step {step} ({values}): {limit + 1} consecutive skipped "
             f"updates, more than config.train.max_consecutive_skips={limit}")
-  return (schema.HaltKind.NONFINITE.value,
+  return (kind, kind.words,
           f"non-finite gradient at step {step} ({values}); config.train.on_nonfinite=halt")

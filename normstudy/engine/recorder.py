@@ -304,9 +304,9 @@ def run_stopped(setup, recorder, carry, k: int, code: int, record_: dict,
     recorder.set_status(status, last_step=record_[keys.STEP],
                         finished_num_steps=recorder.run.config.train.num_steps)
     return carry
-  reason, sentence = life.halt_description(recorder.run.config, code, record_)
+  kind, reason, sentence = life.halt_description(recorder.run.config, code, record_)
   recorder.set_status(status, last_step=record_[keys.STEP], halt_step=record_[keys.STEP],
-                      halt_reason=reason, nonfinite_at=site.sentence(),
+                      halt_kind=kind.value, halt_reason=reason, nonfinite_at=site.sentence(),
                       nonfinite_site=site.as_json())
   sentence += f"; first non-finite: {site.sentence()}"
   logging.warning("%s halted: %s", recorder.run.name, sentence)

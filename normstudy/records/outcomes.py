@@ -38,8 +38,8 @@ from normstudy.records import schema
 # horizon) to be a divergence rather than a spike the run might still leave.
 PERSIST_STEPS = 10
 
-HALTED_SCALE = "halted: loss scale"
-HALTED_NONFINITE = "halted: non-finite"
+HALTED_SCALE = schema.HaltKind.LOSS_SCALE.outcome
+HALTED_NONFINITE = schema.HaltKind.NONFINITE.outcome
 DIVERGED_NONFINITE = "diverged: non-finite"
 DIVERGED_LOSS_UP = "diverged: loss up"
 IN_TROUBLE = "in trouble"
@@ -118,8 +118,7 @@ def judge(steps, losses, skipped, eval_losses, info: schema.RunInfo, warmup_step
   nonfinite = [not _finite(loss) for loss in losses]
   troubled = [s or n for s, n in zip(skipped, nonfinite)]
   if info.status == schema.HALTED and info.halt_step is not None and info.halt_step <= end:
-    scale = schema.halt_kind(info.halt_reason) is schema.HaltKind.LOSS_SCALE
-    kind = HALTED_SCALE if scale else HALTED_NONFINITE
+    kind = schema.halt_kind(info).outcome
     # It failed where the trouble it halted in began (a float16 run halts after the scale has
     # halved through a whole stretch of overflows).
     first = _final_stretch(steps, troubled) or int(info.halt_step)

@@ -123,19 +123,33 @@ PREEMPTED = "preempted"
 
 
 class HaltKind(enum.Enum):
-  """Why a run halted, as the words run.json's halt_reason starts or ends with (written by
-  normstudy.core.life.halt_description, read by the failure rule: defined here once)."""
-  LOSS_SCALE = "loss scale at its minimum"  # "loss scale at its minimum (0.0001)"
-  SKIPS = "consecutive skipped updates"  # "9 consecutive skipped updates"
-  NONFINITE = "non-finite gradient"
+  """Why a run halted, defined once: its value is run.json's `halt_kind`; `words`, what its
+  halt_reason says (normstudy.core.life writes both, from the train step's code); `outcome`,
+  the failure the analysis counts it as (normstudy.records.outcomes)."""
+  LOSS_SCALE = "loss_scale"
+  SKIPS = "skips"
+  NONFINITE = "nonfinite"
+
+  @property
+  def words(self) -> str:
+    return {"loss_scale": "loss scale at its minimum",  # "loss scale at its minimum (0.0001)"
+            "skips": "consecutive skipped updates",  # "9 consecutive skipped updates"
+            "nonfinite": "non-finite gradient"}[self.value]
+
+  @property
+  def outcome(self) -> str:
+    return "halted: loss scale" if self is HaltKind.LOSS_SCALE else "halted: non-finite"
 
 
-def halt_kind(reason: str | None) -> HaltKind:
-  """The HaltKind of a halt_reason (the words of each kind; every run.json written so far)."""
-  reason = str(reason or "")
-  if reason.startswith(HaltKind.LOSS_SCALE.value):
+def halt_kind(info: "RunInfo") -> HaltKind:
+  """A halted run's HaltKind: run.json's halt_kind, or for a run.json written before it was
+  recorded, the words its halt_reason starts or ends with."""
+  if info.halt_kind:
+    return HaltKind(info.halt_kind)
+  reason = str(info.halt_reason or "")
+  if reason.startswith(HaltKind.LOSS_SCALE.words):
     return HaltKind.LOSS_SCALE
-  if reason.endswith(HaltKind.SKIPS.value):
+  if reason.endswith(HaltKind.SKIPS.words):
     return HaltKind.SKIPS
   return HaltKind.NONFINITE
 
@@ -219,8 +233,9 @@ RUN_PLACE = ("checkpoints", "program_index")
 # status, last_step      RUNNING, FINISHED, HALTED or PREEMPTED; the last step it took
 # finished_num_steps     the train.num_steps a finished run reached, by the step's own rule
 #                        (normstudy.core.steps.reached_end: skipped steps counted or not)
-# halt_step, halt_reason, nonfinite_at, nonfinite_site   a halted run's step and reason, and
-#                        where it first went non-finite (words, and {"layer", "site"}: a Site)
+# halt_step, halt_kind, halt_reason, nonfinite_at, nonfinite_site   a halted run's step, why
+#                        (a HaltKind's value) and in words, and where it first went non-finite
+#                        (words, and {"layer", "site"}: a Site)
 # wandb_run_id           the Weights & Biases run it continues
 # extra                  keys this version does not know, kept as they were
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +263,7 @@ class RunInfo:
   last_step: int | None = None
   finished_num_steps: int | None = None
   halt_step: int | None = None
+  halt_kind: str | None = None
   halt_reason: str | None = None
   nonfinite_at: str | None = None
   nonfinite_site: dict | None = None
