@@ -140,7 +140,7 @@ def flag_error_line(error: Exception, argv) -> str:
   if users is not None:
     return users
   # The last exception line of the file's traceback, its class qualified or not
-  # ("normstudy.errors.ConfigError: unknown config field 'model.x'": once lost).
+  # ("normstudy.errors.ConfigError: unknown config field 'model.x'" is one too).
   raised = [line.strip() for line in text.splitlines() if re.match(r"\s*[\w.]+Error: ", line)]
   if isinstance(error, SyntaxError) or (raised and re.match(r"(SyntaxError|IndentationError|"
                                                             r"TabError): ", raised[-1])):
@@ -251,7 +251,7 @@ def _typed_value_line(text: str, argv):
   if match:
     return f"{match[1]}={match[2]} is not allowed; allowed: true or false"
   match = _NOT_FLOAT.search(text)
-  if match:  # issue 78: once "could not convert string to float: 'None'"
+  if match:  # not Python's "could not convert string to float: 'None'"
     return (f"{match[1]}={match[2]} is not allowed; allowed: a number "
             f"({match[1][2:]} is one)")
   match = _FLAG_NOT_NUMBER.search(text)
@@ -420,7 +420,7 @@ def run(main, define_flags):
       schema.figure_formats()  # checked before anything is written
       main(argv)
       # The work is done: a Ctrl-C while the interpreter tears down (XLA's gc callback) would
-      # print a stray KeyboardInterrupt and still exit 0 (issue 88); it is ignored from here.
+      # print a stray KeyboardInterrupt and still exit 0; it is ignored from here.
       signal.signal(signal.SIGINT, signal.SIG_IGN)
     except UserError as e:
       print(f"error: {e}", file=sys.stderr)
@@ -452,6 +452,6 @@ def run(main, define_flags):
 
 def _interrupted() -> None:
   """Ctrl-C at any point of a command: one line and exit 130 (a shell's 128 + SIGINT), never
-  a traceback (issue 78)."""
+  a traceback."""
   print(normstudy.INTERRUPTED, file=sys.stderr)
   sys.exit(130)

@@ -56,7 +56,7 @@ def main(argv):
     raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
   cli.check_workers(FLAGS.workers)
   declared = getattr(module, "EXPERIMENT", None)
-  if FLAGS["seeds"].present and not FLAGS.seeds:  # `--seeds=`: once trained every variant
+  if FLAGS["seeds"].present and not FLAGS.seeds:  # `--seeds=` is no seed, not every variant
     raise errors.UserError("--seeds= names no seed; allowed: distinct integers >= 0, e.g. "
                            "--seeds=0,1,2 (leave the flag out for the file's own seeds)")
   seeds = _seeds(FLAGS.seeds if FLAGS["seeds"].present or declared is None

@@ -82,8 +82,7 @@ UNFINISHED = (schema.RUNNING, schema.PREEMPTED)
 def common_step(loaded: runs_lib.Runs, status: dict):
   """None when every run ended (finished, halted or diverged); else the last evaluated step
   every run that has not failed reached: a stopped study's runs stop at different steps, and
-  their final eval losses are no comparison (issue 88: Pre-LN at step 200 against DeepNorm at
-  400 was called different)."""
+  their final eval losses are no comparison (Pre-LN at step 200 against DeepNorm at 400)."""
   if not any(status.get(run) in UNFINISHED for run in loaded.runs):
     return None
   ends = [int(series.index[-1]) for run in loaded.runs

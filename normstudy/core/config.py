@@ -242,7 +242,7 @@ SECTIONS = ("model", "loss", "optimizer", "data", "mesh", "train")
 
 def check_is_config(config, source: str) -> None:
   """ConfigError unless `config` (what `source`'s get_config() returned) is a ConfigDict with
-  every section (once an AttributeError traceback, or "error: 'train'")."""
+  every section (rather than an AttributeError, or "error: 'train'", later)."""
   if not isinstance(config, ml_collections.ConfigDict):
     raise errors.ConfigError(
         f"get_config() of {source} returned a {type(config).__name__}; it must return an "
@@ -294,8 +294,8 @@ def override(config, dotted: str, value) -> None:
     raise errors.ConfigError(f"config.{dotted}={value!r}: {e}") from None
 
 
-# A field's type in words, for a value of another type (once "... of original type <class 'str'>
-# and cannot be casted to type <class 'float'>").
+# A field's type in words, for a value of another type (not ml_collections' "... of original
+# type <class 'str'> and cannot be casted to type <class 'float'>").
 _KIND_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -328,8 +328,8 @@ def _float_fields(node, prefix=""):
 
 
 def check_known(config) -> None:
-  """ConfigError for a field no declaration names (a config file's get_config may add one: once
-  accepted, then a 63-line ValueError from inside the model 26 s later)."""
+  """ConfigError for a field no declaration names (a config file's get_config may add one,
+  which the model would otherwise fail on after compiling)."""
   declared = {field.name for field in FIELDS}
 
   def walk(node, prefix):
@@ -353,8 +353,7 @@ def check_ranges(config) -> None:
   for field in FIELDS:
     value = get_field(config, field.name)
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _INT_LIMIT:
-      # A run holds its steps, limits and seeds as 32-bit integers (once an OverflowError
-      # traceback from normstudy.core.per_run).
+      # A run holds its steps, limits and seeds as 32-bit integers (normstudy.core.per_run).
       allowed = field.choices or field.allowed
       raise errors.not_allowed(field.name, value, (
           allowed if "2^31" in allowed else f"{allowed}, below 2^31")

@@ -51,7 +51,7 @@ def check_topology(name: str) -> int:
   """The number of chips of a topology name; UserError for one this does not know."""
   match = _TOPOLOGY.match(name)
   # v5e and v6e slices are 2-D (AxB), v4 and v5p 3-D (AxBxC): a shape of the other rank is
-  # none of them (v5e:4x4x4 was once taken as a 64-chip v5e).
+  # none of them (v5e:4x4x4 is no 64-chip v5e).
   rank = {"v4": 3, "v5p": 3, "v5e": 2, "v6e": 2}
   if not match or len(match.group(2).split("x")) != rank[match.group(1)]:
     raise UserError(f"--topology={name!r} is not a TPU topology this knows; allowed: "

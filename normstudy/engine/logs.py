@@ -294,8 +294,8 @@ class Heartbeat:
   no line for that long (a long compile, slow steps on a loaded machine), one saying what the
   program is doing, for how long, and since when the program started ("[program 2/5] compiling
   the train step (4 run(s)): 60s at this, 75s since the program started": a step's time alone
-  once read as the total). `beat` is called by the heartbeat's thread each second (and by tests, on their
-  own clock)."""
+  would read as the total). `beat` is called by the heartbeat's thread each second (and by
+  tests, on their own clock)."""
 
   def __init__(self, tag: str = "", every: float = 30.0, clock=time.monotonic):
     self.tag, self.every, self.clock = tag, every, clock
@@ -326,7 +326,7 @@ def doing(what: str) -> None:
 @contextlib.contextmanager
 def heartbeat(tag: str = "", every: float = 30.0):
   """While inside, a Heartbeat's thread keeps the terminal from going quiet for `every`
-  seconds (issue 78: `make study` once printed nothing for 10.5 minutes on a loaded machine)."""
+  seconds (a study's compile on a loaded machine can take ten minutes)."""
   beat, stop = Heartbeat(tag, every), threading.Event()
   previous, _state.heartbeat = _state.heartbeat, beat
 

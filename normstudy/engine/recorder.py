@@ -115,7 +115,7 @@ class Progress:
     logs.doing(f"training after step {step}/{self.num_steps}")
     # Besides every `every` steps: the first step (its interval is the compilation) and, a tenth
     # of `every` later, the first steady rate, so the first ETA comes within seconds of the
-    # compile rather than `every` steps on (issue 88: step 100 of 2000).
+    # compile rather than `every` steps on (step 200 of 2000 otherwise).
     due = step == self.num_steps or step // self.every != self.last[0] // self.every
     early = step > self.last[0] and (
         self.reports == 0 or (self.reports == 1 and step - self.last[0] >= self.every // 10))

@@ -125,7 +125,7 @@ def _is_names(value) -> bool:
 def check_tables(module, path: str) -> None:
   """UserError naming the table when a config file's VARIANTS ({name: (label, {field: value})}),
   STUDY_VARIANTS or SWEEP_VARIANTS (names), SWEEP ({field: [values]}) or SWEEP_SETTINGS ({field:
-  value}) has another shape (once an AttributeError traceback, after the plan)."""
+  value}) has another shape, before anything is planned."""
   shapes = {
       "VARIANTS": ("{name: (label, {dotted.field: value})}", lambda v: isinstance(v, dict) and all(
           isinstance(k, str) and isinstance(e, tuple) and len(e) == 2 and isinstance(e[1], dict)

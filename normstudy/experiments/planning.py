@@ -190,9 +190,9 @@ def remaining_seconds(work: list, workers: int, running: dict, finished: dict,
   compiling) over their run-steps; a program adds the mean compile of the finished programs
   that were, like it, first on their worker or not (a worker keeps what it compiled). Each
   running program keeps its worker; the waiting ones go in order to whichever worker frees
-  first, as the pool hands them out; the answer is when the last ends. (The sweep's line once
-  divided the time so far by the runs done, which counted neither the programs under way on
-  the other workers nor the first programs' compile: 5,184 s for 14 minutes.)"""
+  first, as the pool hands them out; the answer is when the last ends. (The time so far over
+  the runs done would count neither the programs under way on the other workers nor the first
+  programs' compile.)"""
   if not finished:
     return None
   done_work = sum(work[i] for i in finished)

@@ -61,7 +61,7 @@ def preflight(runs: list, checkpoint_dir: str, allow_config_change: bool = False
 
 
 def parametrization_note(config) -> str:
-  """One line under muP or CompleteP saying what the run's base is (issue 85, M2 and M4): the
+  """One line under muP or CompleteP saying what the run's base is: the
   width multiplier and where it comes from (model.base_width, its default 128 unless set), and
   which attention scale the run gets (model.base_head_dim 0: sp's 1/sqrt(d_head), right when
   heads are added with width; set: Table 3's 1/d_head, equal to sp's at that head width);

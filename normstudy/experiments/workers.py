@@ -272,8 +272,8 @@ def _stopped(name: str, failures: list, calls: list, describe) -> Preempted:
 class StopAnnouncer:
   """Said from the collecting loop, not from the signal handler (a handler that writes can
   re-enter a write it interrupted): once a stop signal is in `signalled`, a line at once saying
-  what happens next, then one every `every` seconds until the programs have stopped (issue 88:
-  minutes of silence once followed a SIGTERM while workers finished a compile)."""
+  what happens next, then one every `every` seconds until the programs have stopped (a worker
+  finishing a compile can take minutes)."""
 
   def __init__(self, signalled: list, every: float = 30.0, clock=time.monotonic):
     self.signalled, self.every, self.clock = signalled, every, clock

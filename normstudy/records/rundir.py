@@ -185,7 +185,7 @@ def directory_kind(path: str):
 # study's record, its lock and log, stacked checkpoints), and what a run's directory holds, which
 # a sweep's or study's arms put one or two levels down (a cluster share's runs before the
 # sweep's record). A non-empty directory with neither is someone else's (a repository's root,
-# a folder of notes) and is not trained into (issue 78).
+# a folder of notes) and is not trained into.
 _WRITTEN = frozenset({schema.RUN, schema.CONFIG, schema.METRICS, schema.SWEEP, schema.STUDY,
                       schema.CHECKPOINTS, schema.DAMAGED_CHECKPOINTS, schema.LOCK,
                       schema.LIBRARY_LOG, schema.DRIFT_PLAN, schema.LAUNCH_LOGS})
@@ -251,8 +251,8 @@ def ensure_directory(path: str, what: str = "--workdir") -> None:
 def made_for(path: str, what: str = "--workdir"):
   """`ensure_directory(path)` for what runs inside; if that fails while the directory, made by
   this call, holds nothing but its lock, the directory goes too: a run that stopped before it
-  wrote anything leaves no trace (a dataset build that filled the disk once left a workdir
-  holding only its lock; a compile that fails leaves the libraries' log beside it)."""
+  wrote anything leaves no trace (not a workdir holding only its lock after a dataset build
+  that filled the disk; a compile that fails leaves the libraries' log beside it)."""
   existed = os.path.isdir(path)
   ensure_directory(path, what)
   try:

@@ -282,8 +282,8 @@ def _unreachable_line(url: str, why: str) -> str:
 # The probe of the endpoint: after PROBE_SAY_AFTER_S without an answer it says that it is trying;
 # after PROBE_GIVE_UP_S without a connection (a silent host, a name that does not resolve, no
 # route) it answers that the endpoint cannot be reached. gcsfs's own retries would wait out
-# six tries with backoff, about 35 s (gcsfs 2026.10), and a first slow connection more: a user
-# once waited 72 s for a line that blamed the network.
+# six tries with backoff, about 35 s (gcsfs 2026.10), and a first slow connection more (72 s
+# measured) before a line that blamed the network.
 PROBE_SAY_AFTER_S = 5.0
 PROBE_GIVE_UP_S = 25.0
 
