@@ -391,3 +391,19 @@ def test_an_unfinished_study_says_so_and_compares_at_a_common_step(tmp_path):
   x, y = np.array(at_50["a_pre"]), np.array(at_50["b_deep"])
   assert pairs.difference == pytest.approx((x - y).mean())
   assert pairs.p == pytest.approx(scipy_stats.ttest_rel(x, y).pvalue)
+
+
+def test_an_arm_of_one_run_says_it_has_too_few_for_an_interval(tmp_path):
+  """Issue 88, item 8: a half-finished sweep's observations said "95% CI nan to nan" for an arm
+  with one evaluated run. They say the run count is too few for an interval, and keep the
+  interval (the t interval of scipy, checked here) for the arm of three."""
+  from normstudy import analysis
+  finals = {"a_pre": [3.0, 3.3, 2.9], "b_deep": [2.0]}
+  _write_speed_runs(tmp_path, finals, train={"eval_seed": 0, "eval_steps": 32,
+                                             "batch_size": 16, "num_steps": 100})
+  text = open(analysis.analyze(str(tmp_path))["observations"], encoding="utf-8").read()
+  assert "nan" not in text
+  assert "(1 run: too few for an interval)" in text
+  x = np.array(finals["a_pre"])
+  low, high = scipy_stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=scipy_stats.sem(x))
+  assert f"(95% CI {low:.3f} to {high:.3f}, 3 runs)" in text

@@ -242,8 +242,11 @@ def observations(speed: pd.DataFrame) -> str:
            f"the first eval step below {speed.threshold.iloc[0]:.3f} nats (halfway from the "
            "unigram entropy to the loss floor), mean over the seeds that reached it."]
   for row in speed.itertuples():
-    line = (f"{row.label}: {row.final_eval_loss:.3f} nats (95% CI {row.final_eval_loss_low:.3f} "
-            f"to {row.final_eval_loss_high:.3f}, {row.runs} runs); reached the threshold in "
+    interval = (f"95% CI {row.final_eval_loss_low:.3f} to {row.final_eval_loss_high:.3f}, "
+                f"{row.runs} runs" if np.isfinite([row.final_eval_loss_low,
+                                                   row.final_eval_loss_high]).all()
+                else f"{row.runs} run{'s' * (row.runs != 1)}: too few for an interval")
+    line = (f"{row.label}: {row.final_eval_loss:.3f} nats ({interval}); reached the threshold in "
             f"{row.reached} of {row.runs}"
             + (f", at step {row.steps_to_threshold:.0f} on average" if row.reached else ""))
     if row.verdict != "reference":
