@@ -495,6 +495,43 @@ def test_the_sweep_wide_line_counts_the_runs_of_the_programs_that_finished():
   assert "programs 3/3 done, runs 4/4 " in progress.done(1)
 
 
+def test_a_first_estimate_comes_with_the_first_steady_rate_before_any_program_finishes():
+  """Issue 88, item 17: a study gave no ETA for the whole until its first program finished. The
+  first steady rate any program measures gives one estimate of the whole: every program's
+  run-steps at that rate over the programs side by side; once, and never after a program has
+  finished (the sweep-wide ETA takes over) or for a single program."""
+  from normstudy.experiments import planning
+  calls = [(i, 4, _fake_group(3, 1000), "w") for i in range(1, 5)]  # 12,000 run-steps
+  progress = planning._OverallProgress(calls, workers=2)
+  progress.start(0), progress.start(1)
+  line = progress.rate(1, 0.005)  # 5 ms a run-step, 2 at a time: 30 s
+  assert line.startswith("[sweep] first estimate: about 30s to train its 4 programs (12,000 "
+                         "run-steps at program 2's steady 5 ms a run-step, 2 at a time)")
+  assert progress.rate(0, 0.001) is None  # once
+  later = planning._OverallProgress(calls, workers=2)
+  later.start(0), later.done(0)
+  assert later.rate(1, 0.005) is None
+  alone = planning._OverallProgress(calls[:1])
+  assert alone.rate(0, 0.005) is None
+
+
+def test_a_programs_first_steady_rate_is_told_once_per_program(monkeypatch):
+  """The train loop's Progress tells the listener its first steady seconds per run-step (its
+  runs together): 0.1 s a step of 4 runs is 0.025 s a run-step."""
+  from types import SimpleNamespace
+  from normstudy.engine import logs
+  from normstudy.engine import recorder
+  at = [0.0]
+  monkeypatch.setattr(recorder.time, "perf_counter", lambda: at[0])
+  heard = []
+  with logs.rates_to(heard.append):
+    progress = recorder.Progress([SimpleNamespace(name=n) for n in "abcd"], 0, 100)
+    for step, now in ((1, 50.0), (2, 50.1), (5, 50.4), (10, 50.9), (20, 51.9)):
+      at[0] = now
+      progress.report(step, {}, {})
+  assert heard == [pytest.approx(0.025)]
+
+
 @pytest.mark.parametrize("workers, compile_s", [(1, 0.0), (2, 213.0), (2, 20.0), (4, 120.0)])
 def test_the_sweep_eta_is_within_30_percent_once_a_tenth_is_done(monkeypatch, workers,
                                                                   compile_s):

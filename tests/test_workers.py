@@ -127,7 +127,12 @@ def test_a_sweep_in_two_workers_resumes_after_sigterm_to_the_same_trajectories(t
   assert re.search(r"\[program 2/2\] \| step 300/300 \| [\d.]+ steps/s \| ETA 0s", result.stderr)
   assert re.search(r"\[sweep\] programs 1/2 done, runs 1/2 \| \d+s so far \| ETA \d+s",
                    result.stderr)
-  # Issue 88, item 17: the sweep's last lines say its wall and CPU time against the cores.
+  # Issue 88, item 17: a first estimate of the whole from the first steady rate a worker
+  # sends, before the sweep-wide line; the last lines say its wall and CPU time.
+  assert re.search(r"\[sweep\] first estimate: about \d+s to train its 2 programs",
+                   result.stderr)
+  assert (result.stderr.index("[sweep] first estimate")
+          < result.stderr.index("[sweep] programs 1/2 done"))
   assert re.search(r"took \d+s wall, \d+s CPU on \d+ core\(s\): \d+% of the cores busy",
                    result.stderr)
   stopped = tmp_path / "stopped"

@@ -82,6 +82,7 @@ class _State:
     self.said_at = time.monotonic()  # when the terminal last got a line
     self.heartbeat = None  # the Heartbeat of the program training in this process
     self.compiled_s = 0.0  # seconds spent in `compiling` (a sweep's ETA leaves them out)
+    self.rate_listener = None  # told a program's first steady seconds per run-step
 
 
 _state = _State()
@@ -321,6 +322,23 @@ def doing(what: str) -> None:
   """Tells this process's heartbeat (if a program is training) what the program does now."""
   if _state.heartbeat is not None:
     _state.heartbeat.doing(what)
+
+
+@contextlib.contextmanager
+def rates_to(listener):
+  """While inside, `listener(seconds per run-step)` hears the steady rate a program training in
+  this process first measures (a sweep's first estimate of its whole time, before any program
+  has finished: normstudy.experiments.planning)."""
+  previous, _state.rate_listener = _state.rate_listener, listener
+  try:
+    yield
+  finally:
+    _state.rate_listener = previous
+
+
+def tell_rate(seconds_per_run_step: float) -> None:
+  if _state.rate_listener is not None:
+    _state.rate_listener(seconds_per_run_step)
 
 
 @contextlib.contextmanager

@@ -102,6 +102,7 @@ class Progress:
     self.tag = tag
     self.reports = 0
     self.intervals = []  # seconds per step of each interval after the first
+    self.told = False  # whether logs.tell_rate has heard its first steady rate
 
   def steady_rate(self):
     """Steps per second in the steady state, or None before one interval after the first."""
@@ -127,6 +128,9 @@ class Progress:
       self.intervals.append((now - self.last[1]) / (step - self.last[0]))
     self.last = (step, now)
     rate = self.steady_rate()
+    if rate is not None and not self.told:
+      self.told = True
+      logs.tell_rate(1.0 / (rate * len(self.names)))
     halted = sum(1 for s in stopped.values() if s == schema.HALTED)
     parts = [f"step {step}/{self.num_steps}"]
     if rate is None:

@@ -164,14 +164,16 @@ def train_plan(plan_: Plan, pool: workers_lib.Pool | None = None) -> dict:
     _prepare_data([group for _, group in plan_.todo])
     if pool is not None:
       pool.run(_train_group, calls, plan_.workers, describe=_describe_call,
-               on_done=overall.done, on_start=overall.start)
+               on_done=overall.done, on_start=overall.start, on_rate=overall.rate)
     else:
       workers_lib.run(_train_group, calls, plan_.workers, describe=_describe_call,
-                      on_done=overall.done, on_start=overall.start)
+                      on_done=overall.done, on_start=overall.start, on_rate=overall.rate)
   else:
     for i, call in enumerate(calls):
       overall.start(i)
-      overall.done(i, _train_group(*call))
+      with logs.rates_to(lambda spr, i=i: overall.rate(i, spr)):
+        compiled_s = _train_group(*call)
+      overall.done(i, compiled_s)
   return {run.name: rundir.RunDir(run.directory).status() for run in plan_.runs}
 
 
@@ -213,9 +215,10 @@ def remaining_seconds(work: list, workers: int, running: dict, finished: dict,
 
 
 class _OverallProgress:
-  """The sweep-wide line after each program: programs done, the runs of those programs, time
-  so far and the ETA of remaining_seconds (from when each program started, on which worker,
-  and how long the finished ones compiled)."""
+  """The sweep-wide lines: a first estimate when a program first steps steadily (`rate`),
+  then after each program the programs done, the runs of those programs, time so far and the
+  ETA of remaining_seconds (from when each program started, on which worker, and how long the
+  finished ones compiled)."""
 
   def __init__(self, calls, workers: int = 1):
     self.runs = [len(group) for _, _, group, _ in calls]
@@ -224,11 +227,27 @@ class _OverallProgress:
     self.running, self.finished = {}, {}
     self.used_workers = set()
     self.started = time.perf_counter()
+    self.estimated = False  # whether `rate` has said the first estimate
 
   def start(self, index: int, worker: int = 0) -> None:
     """Program calls[index] started on `worker`."""
     self.running[index] = (time.perf_counter(), worker not in self.used_workers)
     self.used_workers.add(worker)
+
+  def rate(self, index: int, seconds_per_run_step: float) -> str | None:
+    """Program calls[index] steps steadily at `seconds_per_run_step`: before any program has
+    finished, logs (and returns) the sweep's first estimate of its training time, once."""
+    if self.estimated or self.finished or len(self.runs) < 2:
+      return None
+    self.estimated = True
+    side_by_side = min(self.workers, len(self.runs))
+    seconds = sum(self.work) * seconds_per_run_step / side_by_side
+    line = (f"[sweep] first estimate: about {seconds:.0f}s to train its {len(self.runs)} "
+            f"programs ({sum(self.work):,} run-steps at program {index + 1}'s steady "
+            f"{seconds_per_run_step * 1e3:.3g} ms a run-step, {side_by_side} at a time), plus "
+            "the compiles of the programs still to start; refined as each program finishes")
+    logging.info("%s", line)
+    return line
 
   def done(self, index: int, compiled_s: float = 0.0) -> str | None:
     """Program calls[index] finished (`compiled_s` of it compiling): logs (and returns) the

@@ -33,6 +33,7 @@ import traceback
 from absl import flags
 from absl import logging
 
+from normstudy.engine import logs
 from normstudy.engine.logs import quiet_library_logs
 from normstudy.errors import Preempted
 from normstudy.errors import WorkerKilled
@@ -98,7 +99,8 @@ def _sendable(error: BaseException) -> BaseException:
 def _worker(cores, tasks, results, stop, verbosity):
   """A worker's life: set-up, then each task (run, index, fn, args) from `tasks` until its
   None, each reported on its own pipe `results` as ("start", run, index) and ("done", run,
-  index, error) or ("done", run, index, None, what fn returned). A pipe's send is complete
+  index, error) or ("done", run, index, None, what fn returned), and between them ("rate", run,
+  index, seconds per run-step) when its program first steps steadily. A pipe's send is complete
   when it returns, so a worker killed mid-call has already said which call it was. The process lives as long as its pool: what it keeps
   between calls (XLA's client, the compiled steps of its programs) serves the next ones."""
   _start(cores, verbosity)
@@ -109,7 +111,8 @@ def _worker(cores, tasks, results, stop, verbosity):
       continue
     results.send(("start", run_id, index))
     try:
-      value = fn(*args)
+      with logs.rates_to(lambda spr, r=run_id, i=index: results.send(("rate", r, i, spr))):
+        value = fn(*args)
     except BaseException as e:  # noqa: BLE001 (every failure goes to the sweep)
       stop.set()  # before this worker takes the next call
       results.send(("done", run_id, index, _sendable(e)))
@@ -128,15 +131,17 @@ def _killed(slot: int, process, index, calls, describe) -> WorkerKilled:
       f"from their newest checkpoints: run the same command ({shlex.join(sys.orig_argv)})")
 
 
-def run(fn, calls: list, num_workers: int, describe=repr, on_done=None, on_start=None) -> None:
+def run(fn, calls: list, num_workers: int, describe=repr, on_done=None, on_start=None,
+        on_rate=None) -> None:
   """fn(*args) for every args in `calls`, in `num_workers` spawned processes, each pinned to
   its own share of len(cores) // num_workers cores (a Pool used once). After a failure or a
   stop signal no further call starts; once every started call has returned, raises Preempted
   after a signal, else the first failure (WorkerKilled for a worker that died: `describe(args)`
   names its call). `on_start(i, worker)` is called here when a worker starts calls[i],
-  `on_done(i, value)` after each call that returns `value` without failing."""
+  `on_done(i, value)` after each call that returns `value` without failing, `on_rate(i,
+  seconds per run-step)` when calls[i]'s program first steps steadily."""
   with Pool() as pool:
-    pool.run(fn, calls, num_workers, describe, on_done, on_start)
+    pool.run(fn, calls, num_workers, describe, on_done, on_start, on_rate)
 
 
 class Pool:
@@ -170,7 +175,7 @@ class Pool:
                                                   self._stop)
 
   def run(self, fn, calls: list, num_workers: int, describe=repr, on_done=None,
-          on_start=None) -> None:
+          on_start=None, on_rate=None) -> None:
     """fn(*args) for every args in `calls` in the pool's workers (`num_workers` of them start
     on the first run; later runs use those), with `run`'s semantics."""
     if not self.processes:
@@ -186,7 +191,7 @@ class Pool:
     signalled = []
     with _forwarding_signals(self.processes, self._stop, signalled):
       failures = _collect(self.processes, self.readers, self._stop, run_id, calls, describe,
-                          on_done, on_start, on_tick=StopAnnouncer(signalled))
+                          on_done, on_start, on_tick=StopAnnouncer(signalled), on_rate=on_rate)
     if signalled and any(isinstance(e, Preempted) for _, e in failures):
       raise _stopped(signal.Signals(signalled[0]).name, failures, calls, describe)
     # The first real failure; a NotStarted only if nothing else failed.
@@ -300,7 +305,7 @@ class StopAnnouncer:
 
 
 def _collect(processes, readers, stop, run_id, calls, describe, on_done=None,
-             on_start=None, on_tick=None) -> list:
+             on_start=None, on_tick=None, on_rate=None) -> list:
   """Every call's outcome, until each call of this run has reported done or no worker is left:
   the failures as (call index, error), in the order they came (a worker that exits during a run
   was killed: a WorkerKilled for the call it was in, if any). `on_tick(programs running)` is
@@ -330,6 +335,9 @@ def _collect(processes, readers, stop, run_id, calls, describe, on_done=None,
         running[slot] = index
         if on_start is not None:
           on_start(index, slot)
+      elif kind == "rate":
+        if on_rate is not None:
+          on_rate(index, outcome[0])
       else:
         running.pop(slot, None)
         done += 1
