@@ -1055,3 +1055,28 @@ def test_starting_over_without_a_checkpoint_says_so_and_keeps_the_old_records(tm
   assert (workdir / schema.METRICS_BEFORE_RESTART).read_bytes() == before
   new = list(metrics_lib.read_records(str(workdir / schema.METRICS)))
   assert [(r["step"], r.get("loss")) for r in new] == [(r["step"], r.get("loss")) for r in old]
+
+
+@pytest.mark.slow
+def test_a_kill_before_the_first_checkpoint_starts_over_saying_so_and_keeps_the_records(
+    tmp_path):
+  """Issue 88, item 9, its second half: kill -9 before the first checkpoint was complete, then
+  the same command: it started over without saying that it discarded the recorded steps. It
+  says so, keeps them aside byte for byte as they were when killed, and the run it trains is the
+  uninterrupted one (the same config and seed)."""
+  args = (f"--config={SEED}", *_args(tmp_path, num_steps=40, every=40))
+  reference = tmp_path / "reference"
+  runs.run_module("normstudy.main", f"--workdir={reference}", *args)
+  killed = tmp_path / "killed"
+  proc = runs.start_module("normstudy.main", f"--workdir={killed}", *args)
+  assert runs.wait_for_records(proc, killed, 5)  # the first checkpoint comes at step 40
+  proc.send_signal(signal.SIGKILL)
+  proc.communicate(timeout=runs.bound(120))
+  assert rundir.checkpointed_steps(str(killed / schema.CHECKPOINTS)) == []
+  before = (killed / schema.METRICS).read_bytes()
+  recorded = list(metrics_lib.read_records(str(killed / schema.METRICS)))
+  again = runs.run_module("normstudy.main", f"--workdir={killed}", *args)
+  assert (f"holds {len(recorded)} records (steps {recorded[0]['step']}-{recorded[-1]['step']}) "
+          f"but {killed / schema.CHECKPOINTS} has no checkpoint") in again.stderr
+  assert (killed / schema.METRICS_BEFORE_RESTART).read_bytes() == before
+  assert runs.trajectory(killed) == runs.trajectory(reference)
