@@ -148,6 +148,10 @@ def main():
   args = parser.parse_args()
   if args.replan:
     folder = os.path.dirname(args.out)
+    if not os.path.isdir(folder):
+      print(f"error: --out={args.out}: its folder {folder} does not exist; --replan rewrites "
+            "the CSVs there (docs/pods by default)", file=sys.stderr)
+      sys.exit(2)
     for name in sorted(os.listdir(folder)):
       if name.endswith(".csv"):
         replan(os.path.join(folder, name))
