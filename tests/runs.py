@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -121,7 +122,10 @@ def run_inline(module, *args, check=True, environ=None):
   handler = absl_logging.get_absl_handler().python_handler
   saved = {"argv": sys.argv, "stdout": sys.stdout, "stderr": sys.stderr,
            "handler": handler.stream, "cwd": os.getcwd(), "fds": (os.dup(1), os.dup(2)),
-           "environ": dict(os.environ)}
+           "environ": dict(os.environ),
+           # A command ignores Ctrl-C once its work is done (normstudy.cli.run): left so, this
+           # process would pass SIG_IGN on to every process it starts later (a Ctrl-C test's).
+           "signals": {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}}
   with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
     for stream in (sys.stdout, sys.stderr):
       stream.flush()
@@ -161,6 +165,8 @@ def run_inline(module, *args, check=True, environ=None):
       os.chdir(saved["cwd"])
       os.environ.clear()
       os.environ.update(saved["environ"])
+      for signum, handler_before in saved["signals"].items():
+        signal.signal(signum, handler_before)
     outputs = []
     for f in (out, err):
       f.seek(0)
