@@ -21,6 +21,7 @@ from normstudy.errors import Preempted
 from normstudy.errors import RunHalted
 from normstudy.errors import UserError
 from normstudy.errors import WorkerKilled
+from normstudy.experiments import workers
 from normstudy.records import experiment
 from normstudy.records import schema
 
@@ -411,6 +412,7 @@ def run(main, define_flags):
   # From here Ctrl-C is a KeyboardInterrupt again, handled below (normstudy/__init__.py stops
   # the imports before this in the same line).
   signal.signal(signal.SIGINT, signal.default_int_handler)
+  workers.stop_with_parent()  # a ladder's or drift's stage: never an orphan
   use_compile_cache()
   define_flags()
 

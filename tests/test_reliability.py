@@ -1080,3 +1080,13 @@ def test_a_kill_before_the_first_checkpoint_starts_over_saying_so_and_keeps_the_
           f"but {killed / schema.CHECKPOINTS} has no checkpoint") in again.stderr
   assert (killed / schema.METRICS_BEFORE_RESTART).read_bytes() == before
   assert runs.trajectory(killed) == runs.trajectory(reference)
+
+
+def test_a_command_run_in_the_test_process_leaves_its_signal_handlers_as_they_were(tmp_path):
+  """A command ignores Ctrl-C once its work is done; run inside a test process (runs.run_inline)
+  it left SIGINT ignored there, and every process a later test started inherited SIG_IGN: a
+  Ctrl-C test's command then trained on (order-dependent under pytest-xdist)."""
+  before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  runs.run_inline("normstudy.main", f"--config={SEED}", f"--workdir={tmp_path / 'x'}",
+                  "--print_config")
+  assert {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} == before

@@ -216,3 +216,63 @@ def test_the_time_used_counts_the_workers_cpu_against_the_cores(monkeypatch):
   ended = os.times_result((11.0, 1.5, 310.5, 8.5, 400.0))  # 300 s wall, 330 s of CPU
   assert planning.time_used(began, ended) == (
       "took 300s wall, 330s CPU on 2 core(s): 55% of the cores busy with this")
+
+
+_STAGE = """
+import os, signal, sys, time
+sys.path.insert(0, {repo!r})
+from normstudy.experiments import workers
+workers.stop_with_parent()
+out = sys.argv[1]
+def stop(signum, frame):
+  open(out, "w").write("SIGTERM")
+  sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(out + ".ready", "w").close()
+time.sleep(120)
+open(out, "w").write("finished")
+"""
+
+_PARENT = """
+import sys
+sys.path.insert(0, {repo!r})
+from normstudy.errors import Preempted
+from normstudy.experiments import workers
+try:
+  print(workers.run_commands([[sys.executable, "-c", {stage!r}, out]
+                              for out in sys.argv[1:]]))
+except Preempted as e:
+  print("preempted:", e)
+"""
+
+
+def _wait_ready(paths):
+  import time
+  deadline = time.time() + runs.bound(60)
+  while not all(os.path.exists(f"{p}.ready") for p in paths):
+    assert time.time() < deadline, "the stages did not start"
+    time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_stage_stops_with_its_ladder_never_an_orphan(tmp_path, how):
+  """A ladder's rungs and a drift's stages are sweeps in processes of their own: a SIGTERM to
+  the ladder once ended it and left its sweep training as an orphan. SIGTERM is passed on to
+  every stage (each stops at its checkpoint) and the parent says it was preempted; a parent
+  killed outright takes its stages down with a SIGTERM (PR_SET_PDEATHSIG)."""
+  import subprocess
+  import sys
+  stage = _STAGE.format(repo=runs.REPO)
+  outs = [str(tmp_path / "a"), str(tmp_path / "b")]
+  parent = subprocess.Popen([sys.executable, "-c", _PARENT.format(repo=runs.REPO, stage=stage),
+                             *outs], stdout=subprocess.PIPE, text=True)
+  _wait_ready(outs)
+  parent.send_signal(getattr(signal, how))
+  stdout, _ = parent.communicate(timeout=runs.bound(60))
+  if how == "SIGTERM":
+    assert stdout.startswith("preempted: SIGTERM: passed to the 2 process(es) it was running")
+  import time
+  deadline = time.time() + runs.bound(30)
+  while not all(os.path.exists(p) for p in outs) and time.time() < deadline:
+    time.sleep(0.05)
+  assert [open(p).read() for p in outs] == ["SIGTERM", "SIGTERM"]

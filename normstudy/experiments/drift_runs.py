@@ -10,11 +10,11 @@ from it alone.
 
 import os
 import shlex
-import subprocess
 import sys
 import time
 
 from normstudy.errors import UserError
+from normstudy.experiments import workers as workers_lib
 from normstudy.records import rundir
 from normstudy.records import schema
 
@@ -126,13 +126,20 @@ def _check(code: int, what: str) -> None:
     raise RuntimeError(f"{what} stopped with exit code {code}; re-running resumes it")
 
 
+def _sweep(argvs: list) -> list:
+  """The exit codes of normstudy.sweep with each of `argvs`, side by side, each in its own
+  process (a SIGTERM here reaches them: workers.run_commands)."""
+  return workers_lib.run_commands([[sys.executable, "-m", "normstudy.sweep", *argv]
+                                   for argv in argvs])
+
+
 def train_fit(plan: dict, workdir: str, workers: int, extra=(), log=print) -> None:
   """The fit's sweep, in its own process (a finished sweep trains nothing again); `extra`:
   arguments for it (normstudy.drift's --sweep_arg)."""
   argv = [*fit_argv(plan, workdir, workers), *extra]
   _record(workdir, command_line(argv))
   log(f"[drift] the fit: {command_line(argv)}")
-  _check(subprocess.run([sys.executable, "-m", "normstudy.sweep", *argv]).returncode, "the fit")
+  _check(_sweep([argv])[0], "the fit")
 
 
 def train_heldout(plan: dict, workdir: str, rates: dict, workers: int, extra=(), log=print
@@ -149,15 +156,13 @@ def train_heldout(plan: dict, workdir: str, rates: dict, workers: int, extra=(),
   if side_by_side:
     for arm in arms:
       log(f"[drift] held-out {arm} (side by side): {command_line(argvs[arm])}")
-    processes = {arm: subprocess.Popen([sys.executable, "-m", "normstudy.sweep", *argv])
-                 for arm, argv in argvs.items()}
-    for arm, process in processes.items():
-      _check(process.wait(), f"held-out arm {arm}")
+    codes = _sweep([argvs[arm] for arm in arms])
+    for arm, code in zip(arms, codes):
+      _check(code, f"held-out arm {arm}")
   else:
     for arm in arms:
       log(f"[drift] held-out {arm}: {command_line(argvs[arm])}")
-      _check(subprocess.run([sys.executable, "-m", "normstudy.sweep",
-                             *argvs[arm]]).returncode, f"held-out arm {arm}")
+      _check(_sweep([argvs[arm]])[0], f"held-out arm {arm}")
   log(f"[drift] held-out runs done in {time.monotonic() - start:.0f}s")
 
 

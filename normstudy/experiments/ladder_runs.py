@@ -12,6 +12,7 @@ import pandas as pd
 
 from normstudy.engine import memory
 from normstudy.errors import UserError
+from normstudy.experiments import workers as workers_lib
 from normstudy.records import rundir
 from normstudy.records import schema
 
@@ -288,7 +289,6 @@ def train_rungs(rungs: list, workdir: str, extra_argv=(), log=print, transfer=No
   lines say why), or UserError when the sweep refused its input. `transfer` (transfer_spec's)
   is recorded in ladder.json for the analysis; `recorded`: the rungs ladder.json lists (default
   `rungs`: a ladder trained in stages lists all of them each time)."""
-  import subprocess
   import sys
   import time
   plan = {"rungs": [{"dtype": r.dtype, "num_layers": r.num_layers, "d_model": r.d_model,
@@ -305,8 +305,8 @@ def train_rungs(rungs: list, workdir: str, extra_argv=(), log=print, transfer=No
     directory = os.path.join(workdir, rung.directory)
     log(f"[ladder] rung {i}/{len(rungs)}: {rung.dtype}, {rung.num_layers} layers x "
         f"{rung.d_model} wide, into {directory}")
-    done = subprocess.run([sys.executable, "-m", "normstudy.sweep", *rung.argv,
-                           f"--workdir={directory}", *extra_argv]).returncode
+    done, = workers_lib.run_commands([[sys.executable, "-m", "normstudy.sweep", *rung.argv,
+                                   f"--workdir={directory}", *extra_argv]])
     if done == 2:
       raise UserError(f"rung {rung.directory}: normstudy.sweep refused its input (above)")
     if done != 0:

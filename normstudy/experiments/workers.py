@@ -41,6 +41,53 @@ from normstudy.errors import WorkerKilled
 _PR_SET_PDEATHSIG = 1
 
 
+# Set by run_commands for its children: the pid whose death stops them (normstudy.cli.run).
+PARENT_ENV = "NORMSTUDY_STOP_WITH_PARENT"
+
+
+def stop_with_parent() -> None:
+  """In a command started by run_commands: SIGTERM when that parent dies (kill -9 included),
+  so a stage never trains on as an orphan; nothing elsewhere."""
+  parent = os.environ.pop(PARENT_ENV, "")
+  if not parent:
+    return
+  try:
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+  except (OSError, AttributeError):  # not Linux
+    return
+  if str(os.getppid()) != parent:  # it died before the prctl took hold
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def run_commands(commands: list) -> list:
+  """Runs each command (an argv) in its own process, side by side, and returns their exit
+  codes: a ladder's rungs and a drift's stages are sweeps in processes of their own. SIGTERM to
+  this process is passed on to each (a sweep checkpoints and stops) and, once all have stopped,
+  raised as Preempted; each gets SIGTERM if this process dies (stop_with_parent). Ctrl-C in a
+  terminal reaches them from the terminal itself."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  env = {**os.environ, PARENT_ENV: str(os.getpid())}
+  processes = [subprocess.Popen(command, env=env) for command in commands]
+  got = []
+
+  def forward(signum, frame):
+    del frame  # no logging in a handler: it can re-enter a write it interrupted
+    got.append(signum)
+    for process in processes:
+      if process.poll() is None:
+        process.send_signal(signum)
+
+  previous = signal.signal(signal.SIGTERM, forward)
+  try:
+    codes = [process.wait() for process in processes]
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  if got:
+    raise Preempted(f"SIGTERM: passed to the {len(processes)} process(es) it was running, "
+                    "each stopped at its checkpoint; run the same command to continue")
+  return codes
+
+
 def available_cores() -> list:
   return sorted(os.sched_getaffinity(0))
 
@@ -101,8 +148,9 @@ def _worker(cores, tasks, results, stop, verbosity):
   None, each reported on its own pipe `results` as ("start", run, index) and ("done", run,
   index, error) or ("done", run, index, None, what fn returned), and between them ("rate", run,
   index, seconds per run-step) when its program first steps steadily. A pipe's send is complete
-  when it returns, so a worker killed mid-call has already said which call it was. The process lives as long as its pool: what it keeps
-  between calls (XLA's client, the compiled steps of its programs) serves the next ones."""
+  when it returns, so a worker killed mid-call has already said which call it was. The process
+  lives as long as its pool: what it keeps between calls (XLA's client, the compiled steps of
+  its programs) serves the next ones."""
   _start(cores, verbosity)
   for run_id, index, fn, args in iter(tasks.get, None):
     if stop.is_set():
