@@ -334,3 +334,43 @@ def test_an_analysed_search_without_its_runs_is_refused_in_one_line(tmp_path):
       "error: docs/survival holds an analysed search but not its runs "
       "(docs/survival/pre_norm_clip1/lr0.1_seed0/config.json is missing): normstudy.ladder reads "
       "each rung's model from its runs; give it a ladder's workdir as `make ladder` trains it"]
+
+
+def test_the_ladder_eta_fits_the_rungs_trained_here_not_the_ones_finished_earlier():
+  """A resumed ladder said "411s so far | ETA 1607s" with 8 hours left: the rungs finished
+  earlier (seconds each) entered its mean, and a 4 x 16 rung counted as much as a 4 x 512. The
+  ETA fits seconds = a + b x layers x width^2 to the rungs trained in this invocation (numpy's
+  least-squares line here), their mean while all are one size, none before one."""
+  import numpy as np
+  from normstudy.experiments import ladder_runs
+  assert ladder_runs.rungs_eta([], [1.0, 2.0]) is None
+  assert ladder_runs.rungs_eta([(4.0, 10.0), (4.0, 20.0)], [4.0, 8.0, 16.0]) == 45.0
+  sizes = [4 * 16**2, 4 * 32**2, 4 * 64**2, 4 * 128**2]
+  seconds = [200.0, 260.0, 420.0, 1100.0]
+  left = [4 * 256**2, 4 * 512**2]
+  b, a = np.polyfit(sizes, seconds, 1)
+  eta = ladder_runs.rungs_eta(list(zip(sizes, seconds)), left)
+  assert eta == pytest.approx(sum(a + b * x for x in left))
+  mean_eta = sum(seconds) / len(seconds) * len(left)  # the old estimate: 990 s
+  assert eta > 10 * mean_eta  # the two big rungs dominate what is left
+
+
+def test_train_rungs_says_which_rungs_finished_earlier_and_leaves_them_out_of_its_eta(
+    tmp_path, monkeypatch):
+  """train_rungs over a resumed ladder: the rung whose search finished earlier is said so and
+  its seconds leave the ETA out; each rung is one normstudy.sweep command of its own."""
+  from normstudy.experiments import ladder_runs
+  from normstudy.records import schema
+  rungs = [ladder_runs.Rung("float32", 4, d, f"float32/L4_d{d}", ("--config=c.py",))
+           for d in (16, 32, 64)]
+  (tmp_path / "float32" / "L4_d16").mkdir(parents=True)
+  (tmp_path / "float32" / "L4_d16" / schema.CRITICAL_LR).write_text("arm\n")
+  commands = []
+  monkeypatch.setattr(ladder_runs.workers_lib, "run_commands",
+                      lambda argvs: commands.extend(argvs) or [0] * len(argvs))
+  lines = []
+  ladder_runs.train_rungs(rungs, str(tmp_path), log=lines.append)
+  assert [c[-1] for c in commands] == [f"--workdir={tmp_path / r.directory}" for r in rungs]
+  assert lines[0].endswith("(finished earlier)") and not lines[2].endswith("(finished earlier)")
+  assert lines[1].endswith("ETA after a rung trained here (the ones done were finished earlier)")
+  assert "ETA 0s (the rungs left by a fit of the 2 trained here" in lines[-1]

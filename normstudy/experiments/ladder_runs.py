@@ -300,18 +300,47 @@ def train_rungs(rungs: list, workdir: str, extra_argv=(), log=print, transfer=No
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, LADDER_PLAN), "w", encoding="utf-8") as f:
     json.dump(plan, f, indent=2)
-  start = time.monotonic()
+  start, trained = time.monotonic(), []
   for i, rung in enumerate(rungs, start=1):
     directory = os.path.join(workdir, rung.directory)
+    finished = os.path.exists(os.path.join(directory, schema.CRITICAL_LR))
     log(f"[ladder] rung {i}/{len(rungs)}: {rung.dtype}, {rung.num_layers} layers x "
-        f"{rung.d_model} wide, into {directory}")
+        f"{rung.d_model} wide, into {directory}" + (" (finished earlier)" if finished else ""))
+    began = time.monotonic()
     done, = workers_lib.run_commands([[sys.executable, "-m", "normstudy.sweep", *rung.argv,
-                                   f"--workdir={directory}", *extra_argv]])
+                                       f"--workdir={directory}", *extra_argv]])
     if done == 2:
       raise UserError(f"rung {rung.directory}: normstudy.sweep refused its input (above)")
     if done != 0:
       raise RuntimeError(f"rung {rung.directory} stopped with exit code {done}; re-running "
                          "the ladder resumes it")
-    spent = time.monotonic() - start
-    log(f"[ladder] rungs {i}/{len(rungs)} done | {spent:.0f}s so far | ETA "
-        f"{spent / i * (len(rungs) - i):.0f}s (the rungs left at the mean time a rung)")
+    if not finished:
+      trained.append((rung_size(rung), time.monotonic() - began))
+    eta = rungs_eta(trained, [rung_size(r) for r in rungs[i:]])
+    log(f"[ladder] rungs {i}/{len(rungs)} done | {time.monotonic() - start:.0f}s so far | "
+        + (f"ETA {eta:.0f}s (the rungs left by a fit of the {len(trained)} trained here: "
+           "seconds = a + b x layers x width^2)" if eta is not None else
+           "ETA after a rung trained here (the ones done were finished earlier)"))
+
+
+def rung_size(rung: Rung) -> float:
+  """A rung's size for the ETA: layers x width^2 (the blocks' parameters, to a constant)."""
+  return float(rung.num_layers * rung.d_model ** 2)
+
+
+def rungs_eta(trained: list, left: list):
+  """Seconds until the rungs of sizes `left` are trained, from (size, seconds) of the rungs
+  trained so far: their mean while they are all one size, else a least-squares line seconds =
+  a + b x size (a and b at least 0: a rung's compiles and fixed work, its steps); None before
+  any."""
+  if not trained:
+    return None
+  sizes, seconds = zip(*trained)
+  if len(set(sizes)) < 2:
+    return sum(seconds) / len(seconds) * len(left)
+  n = len(sizes)
+  mean_x, mean_y = sum(sizes) / n, sum(seconds) / n
+  slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in trained)
+              / sum((x - mean_x) ** 2 for x in sizes))
+  intercept = max(0.0, mean_y - slope * mean_x)
+  return sum(intercept + slope * x for x in left)
