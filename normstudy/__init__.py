@@ -18,9 +18,12 @@ INTERRUPTED = ("interrupted (Ctrl-C): stopped; a run continues from its last che
 
 
 def _interrupted_while_importing(signum, frame):
+  # os._exit, not sys.exit: SystemExit raised inside a library's import can be caught there
+  # (an `except BaseException` around an optional import) and the command would go on; nothing
+  # has been written yet, so there is nothing to clean up.
   del signum, frame
   print(INTERRUPTED, file=sys.stderr, flush=True)
-  sys.exit(130)
+  os._exit(130)
 
 
 if sys.argv[:1] == ["-m"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler:

@@ -92,3 +92,18 @@ def pytest_collection_modifyitems(items):
   """End-to-end (slow) tests first, so that with several workers (`make test`: pytest-xdist's
   worksteal) the long ones start at once and the short ones fill in around them."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_as_they_were(request):
+  """Each test leaves SIGINT and SIGTERM as it found them: a handler left behind (a command
+  run in this process ignores Ctrl-C once done) would pass to every process a later test
+  starts, and a Ctrl-C test's command would train on. A test that changed one fails here."""
+  import signal
+  before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  yield
+  after = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  for s, handler in before.items():
+    signal.signal(s, handler)
+  changed = [signal.Signals(s).name for s in before if after[s] != before[s]]
+  assert not changed, f"{request.node.nodeid} left {', '.join(changed)} changed: {after}"
