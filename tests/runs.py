@@ -46,6 +46,15 @@ def bound(seconds: float) -> float:
   return seconds * float(scale)
 
 
+# The interpreter as a terminal starts it, Ctrl-C at its default, whatever this process was
+# given: a shell's background job (`cmd &` without job control, as a CI script may start the
+# suite) ignores SIGINT, and an ignored signal stays ignored through exec. A tiny Python puts
+# the default back, then execs the interpreter with the arguments that follow.
+WITH_CTRL_C = (sys.executable, "-c", "import os, signal, sys; "
+               "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+               "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
 def benchmark(name: str):
   """A script of benchmarks/ (`name` without .py) imported as a module, for its definitions."""
   import importlib.util  # pylint: disable=import-outside-toplevel

@@ -785,7 +785,7 @@ def test_ctrl_c_while_the_command_imports_its_libraries_is_one_line_and_exit_130
   import subprocess
   import sys
   process = subprocess.Popen(
-      [sys.executable, "-X", "importtime", "-m", command, "--config=configs/seed_figure.py",
+      [*runs.WITH_CTRL_C, "-X", "importtime", "-m", command, "--config=configs/seed_figure.py",
        f"--workdir={tmp_path / 'never'}"], cwd=runs.REPO, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True)
   seen = []
