@@ -29,6 +29,8 @@ import os
 import subprocess
 import sys
 
+from normstudy.engine import memory  # plain arithmetic, no jax
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARMS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
         "pre_norm_attn_relax_clip1")
@@ -78,18 +80,20 @@ def compile_arm(arm: str, remat: str, topology: str, spec: str = "", overrides=N
           "total_gib": figures["per_chip_bytes"]["total"] / GIB,
           "hbm_gib": figures["hbm_bytes"] / GIB,
           **_plan_columns(figures["per_chip_bytes"]["total"], figures["hbm_bytes"],
-                          figures["plan"]["total"], figures["plan"]["least"]),
+                          memory.MemoryPlan(**{k: v for k, v in figures["plan"].items()
+                                               if k != "total"})),
           "tflops_per_step_per_chip": figures["flops_per_step"] / 1e12,
           "compiler_tflops_per_chip": (figures["xla_cost_analysis_flops"] or float("nan")) / 1e12,
           "collectives_per_step": counts(figures["collectives_per_step"]),
           "collective_ops": counts(figures["collectives"])}
 
 
-def _plan_columns(total: float, hbm: float, plan: float, least: float) -> dict:
-  """The plan's columns (bytes in, GiB out): what the compiler allocates against the plan."""
-  expected = plan if plan <= hbm else least
-  return {"plan_gib": plan / GIB, "least_gib": least / GIB, "expected_gib": expected / GIB,
-          "compiled_over_plan": total / expected}
+def _plan_columns(total: float, hbm: float, plan) -> dict:
+  """The plan's columns (a memory.MemoryPlan; bytes in, GiB out): what the compiler allocates
+  against what the plan expects on a chip of `hbm` bytes."""
+  expected = plan.expected(hbm)
+  return {"plan_gib": plan.total / GIB, "least_gib": plan.least / GIB,
+          "expected_gib": expected / GIB, "compiled_over_plan": total / expected}
 
 
 def case_config(arm: str):
@@ -121,15 +125,12 @@ def case_config(arm: str):
 
 def replan(path: str) -> None:
   """Rewrite `path`'s plan columns from normstudy.engine.memory (a TPU's plan)."""
-  sys.path.insert(0, ROOT)
-  from normstudy.engine import memory  # pylint: disable=import-outside-toplevel
   with open(path, encoding="utf-8") as f:
     rows = list(csv.DictReader(f))
   for row in rows:
     config, sizes = case_config(row["arm"])
     plan = memory.plan(config, sizes, platform="tpu")
-    row.update(_plan_columns(float(row["total_gib"]) * GIB, float(row["hbm_gib"]) * GIB,
-                             plan.total, plan.least))
+    row.update(_plan_columns(float(row["total_gib"]) * GIB, float(row["hbm_gib"]) * GIB, plan))
   columns = list(rows[0])
   ordered = [c for c in columns if c not in ("least_gib", "expected_gib", "compiled_over_plan")]
   at = ordered.index("plan_gib") + 1

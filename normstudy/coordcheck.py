@@ -121,7 +121,6 @@ def main(argv):
   print(f"coordcheck: {path}\nfigure: {figure}")
 
 
-
 def _measure_resumably(config, lrs, widths, command: str, pd, coordinates) -> list:
   """Every (parametrization, width)'s rows, each kept in --workdir's PARTIAL as it is measured:
   an interrupted check resumes where it stopped (once it kept nothing until the end). UserError
@@ -156,6 +155,7 @@ def _measure_resumably(config, lrs, widths, command: str, pd, coordinates) -> li
     print(f"[coordcheck] {p} at width {width}: {done}/{total} | {spent:.0f}s | ETA "
           f"{spent / done * (total - done):.0f}s", flush=True)
   return rows
+
 
 def rules_text(config) -> str:
   """The per-parameter rules of one config's model (normstudy.core.model.parameter_rules) as a

@@ -783,7 +783,6 @@ def test_ctrl_c_while_the_command_imports_its_libraries_is_one_line_and_exit_130
   the signal is sent as soon as the normstudy package has imported, while the command's module
   still imports its libraries."""
   import subprocess
-  import sys
   process = subprocess.Popen(
       [*runs.WITH_CTRL_C, "-X", "importtime", "-m", command, "--config=configs/seed_figure.py",
        f"--workdir={tmp_path / 'never'}"], cwd=runs.REPO, stdout=subprocess.PIPE,
@@ -1090,3 +1089,15 @@ def test_a_command_run_in_the_test_process_leaves_its_signal_handlers_as_they_we
   runs.run_inline("normstudy.main", f"--config={SEED}", f"--workdir={tmp_path / 'x'}",
                   "--print_config")
   assert {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} == before
+
+
+def test_a_second_start_over_keeps_the_records_of_the_first(tmp_path):
+  """Records set aside on starting over are added to metrics.before_restart.jsonl, not written
+  over it: two restarts in a row keep both sets, in order."""
+  first, second = '{"step": 1, "loss": 5.0}\n', '{"step": 1, "loss": 4.0}\n'
+  (tmp_path / schema.METRICS).write_text(first)
+  metrics_lib.MetricsLog(str(tmp_path), None).close()
+  (tmp_path / schema.METRICS).write_text(second)
+  metrics_lib.MetricsLog(str(tmp_path), None).close()
+  assert (tmp_path / schema.METRICS_BEFORE_RESTART).read_text() == first + second
+  assert (tmp_path / schema.METRICS).read_text() == ""

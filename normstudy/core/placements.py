@@ -244,7 +244,7 @@ register(Placement(
     residual_alpha=deepnorm_alpha, branch_gain=deepnorm_beta,
     paper="Wang et al. 2022 (DeepNet)",
     description=("`LN(alpha x + F(x))`, alpha = (2N)^(1/4); value, out, fc1, fc2 initialised with "
-                "gain beta = (8N)^(-1/4)")))
+                 "gain beta = (8N)^(-1/4)")))
 register(Placement(
     name="sandwich_ln", wrap=_sandwich_ln, final_norm=True, label="Sandwich-LN",
     paper="Ding et al. 2021 (CogView)",
@@ -255,12 +255,12 @@ register(Placement(
     branch_gain=sub_ln_gain,
     paper="Wang et al. 2022 (Magneto)",
     description=("Pre-LN plus a LN before attention's output projection and before fc2; value, "
-                "out, fc1, fc2 initialised with gain sqrt(log 2N)")))
+                 "out, fc1, fc2 initialised with gain sqrt(log 2N)")))
 register(Placement(
     name="peri_ln", wrap=_sandwich_ln, final_norm=True, label="Peri-LN", embedding_norm=True,
     paper="Kim et al. 2025 (Peri-LN)",
     description=("`x + LN_out(F(LN_in(x)))` and a LN on the embedding output "
-                "(`model.peri_ln_embedding_norm`, default True)")))
+                 "(`model.peri_ln_embedding_norm`, default True)")))
 register(Placement(
     name="reordered_ln", wrap=_reordered_ln, final_norm=True, label="Reordered-Norm",
     paper="Team OLMo 2024 (OLMo 2)",
@@ -279,22 +279,22 @@ register(Placement(
     identity_residual=False, qkv_norm=True,
     paper="Zhuo et al. 2025 (HybridNorm)",
     description=("`y = x + MHA(x)` with each head's q, k and v normalised (`model.norm`, gain and "
-                "bias), then `Norm(y) + FFN(Norm(y))` (`model.qk_norm` is refused beside it)")))
+                 "bias), then `Norm(y) + FFN(Norm(y))` (`model.qk_norm` is refused beside it)")))
 register(Placement(
     name="rezero", wrap=_rezero, final_norm=False, label="ReZero", has_norms=False,
     branch_scale="scalar",
     paper="Bachlechner et al. 2020 (ReZero)",
     description=("`x + a F(x)`, `a` a learned scalar per layer (shared by its two sublayers, as "
-                "the authors' `rztx.py`) initialised to 0; no norms")))
+                 "the authors' `rztx.py`) initialised to 0; no norms")))
 register(Placement(
     name="ngpt", wrap=_ngpt, final_norm=False, label="nGPT", identity_residual=False,
     unit_sphere=True, has_norms=False, branch_scale="alpha",
     paper="Loshchilov et al. 2024 (nGPT)",
     description=("`h <- Norm(h + alpha (Norm(F(h)) - h))`, Norm onto the unit sphere (`x / "
-                "||x||`), alpha a learned per-channel vector starting at 0.05; the embedding "
-                "output on the sphere, logits times a learned per-token `s_z` starting at 1, "
-                "every matrix renormalised along d_model at init and after each update; no "
-                "LayerNorm")))
+                 "||x||`), alpha a learned per-channel vector starting at 0.05; the embedding "
+                 "output on the sphere, logits times a learned per-token `s_z` starting at 1, "
+                 "every matrix renormalised along d_model at init and after each update; no "
+                 "LayerNorm")))
 
 
 def where_layer(condition, a: Array, b: Array) -> Array:

@@ -24,8 +24,9 @@ schedule (the state, the layers' kept inputs, and the larger of the logits with 
 or one layer's recomputation): no compiled step of a GiB or more went below it (the seed
 figure's 24 MiB step on v5e:2x2 does, its chip's on-core memory holding part of it), so an
 accelerator's preflight refuses a run only when `least` exceeds the device (GiBs), and
-`expected(device_bytes)` is `total` where it fits, `least` where it does not. Against a TPU compiler's per-chip total (libtpu
-0.0.42.1; docs/pods/*.csv, tests/test_compile.py holds each within 25% of `expected`): the seed
+`expected(device_bytes)` is `total` where it fits, `least` where it does not. Against a TPU
+compiler's per-chip total (libtpu 0.0.42.1; docs/pods/*.csv, tests/test_compile.py holds each
+within 25% of `expected`): the seed
 figure's config on v5e:2x2 0.89 (remat none) and 1.11 (block), MERT's size on v5e:4x4 1.08
 (none), 1.12 (dots) and 1.00 (block), a 125M LM on v5e:4x4 and v4:2x2x4 0.81 and 0.95, a 350M LM
 on v5e:2x4 at batch 64 and 128 1.02 and 1.10; at batch 256 `total` (20.3 GiB) exceeds the chip's

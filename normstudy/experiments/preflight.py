@@ -175,10 +175,11 @@ def check_memory(config, sizes: dict, num_runs: int, limit_and_what=None) -> Non
 def _what_fits(config, num_runs: int, limit: int, needed, floor) -> str:
   """The knobs that bring the plan under `limit`, most specific first."""
   fits = []
-  fewer = [k for k in range(num_runs - 1, 0, -1) if floor(needed(config, k)) <= limit]
-  if fewer:
-    fits.append(f"--max_runs_per_program={fewer[0]} fits "
-                f"({memory.human(floor(needed(config, fewer[0])))} each program)")
+  for k in range(num_runs - 1, 0, -1):  # the most runs a program of fewer can hold
+    if floor(needed(config, k)) <= limit:
+      fits.append(f"--max_runs_per_program={k} fits "
+                  f"({memory.human(floor(needed(config, k)))} each program)")
+      break
   if config.model.remat != "block":
     blocked = config.copy_and_resolve_references()
     with blocked.unlocked():

@@ -9,6 +9,7 @@ Python's json is refused by strict parsers.
 import json
 import math
 import os
+import shutil
 from typing import Iterator
 
 from absl import logging
@@ -110,7 +111,8 @@ def first_lost_step(path: str, run_step: int):
 class MetricsLog:
   """Appends records; on resume, drops every record after the restored step first (and any
   damaged line, which the resume has already regenerated). Started over (`resume_step` None),
-  it moves the records it had to schema.METRICS_BEFORE_RESTART rather than lose them."""
+  it adds the records it had to schema.METRICS_BEFORE_RESTART (after those of an earlier
+  restart) rather than lose them."""
 
   def __init__(self, workdir: str, resume_step: int | None):
     self.path = os.path.join(workdir, schema.METRICS)
@@ -119,8 +121,10 @@ class MetricsLog:
       if resume_step is not None:
         keep = [r for r in read_records(self.path, skip_damaged=True)
                 if r["step"] <= resume_step]
-      elif os.path.getsize(self.path):
-        os.replace(self.path, os.path.join(workdir, schema.METRICS_BEFORE_RESTART))
+      elif os.path.getsize(self.path):  # after those of an earlier restart, if any
+        with open(self.path, "rb") as old, open(
+            os.path.join(workdir, schema.METRICS_BEFORE_RESTART), "ab") as kept:
+          shutil.copyfileobj(old, kept)
       tmp = self.path + ".tmp"
       with open(tmp, "w", encoding="utf-8") as f:
         f.writelines(encode(r) + "\n" for r in keep)
