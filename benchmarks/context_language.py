@@ -40,9 +40,9 @@ def main():
   parser.add_argument("--half", type=int, default=2)
   args = parser.parse_args()
   path, _, variant = args.config.partition(":")
-  module = grid.load_config_module(path)
-  config = module.get_config(variant) if variant else module.get_config()
-  chain = module.get_config(variant) if variant else module.get_config()
+  declared = grid.load_experiment(path)
+  config = declared.get_config(variant or None)
+  chain = declared.get_config(variant or None)
   chain.data.dialects = 1
   print(f"{floors_lib.FLOOR_ROWS} fresh rows of {config.model.max_len} tokens, masking "
         f"p={config.data.mask_prob} length {config.data.mask_length}; window: +-{args.half} "

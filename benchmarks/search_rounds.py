@@ -35,8 +35,8 @@ def search(tree: str, workdir: str, rung: tuple, dtype: str, workers: int) -> fl
   """Seconds of one `normstudy.sweep --search` of the ladder rung in `tree` into `workdir`."""
   spec = ladder.LADDER_SEARCH
   argv = [sys.executable, "-m", "normstudy.sweep", "--config=configs/ladder.py",
-          f"--search={spec['field']}:{spec['low']:g},{spec['high']:g}",
-          f"--rounds={spec['rounds']}", f"--probe_decades={spec['probe_decades']:g}",
+          f"--search={spec.field}:{spec.low:g},{spec.high:g}",
+          f"--rounds={spec.rounds}", f"--probe_decades={spec.probe_decades:g}",
           f"--config.model.dtype={dtype}", f"--workdir={workdir}", f"--workers={workers}",
           *(f"--config.{k}={v}" for k, v in ladder.rung_overrides(*rung).items())]
   started = time.perf_counter()

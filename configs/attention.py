@@ -13,9 +13,8 @@ to a 5-token window stays above `benchmarks/context_language.py`'s window bound.
 
 from configs import context
 from configs import seed_figure
-from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
-from normstudy.records.experiment import Part
+from normstudy.core.experiment import Experiment
+from normstudy.core.experiment import Part
 
 ARM = "pre_norm_input_norm_clip1"
 _ARMS = {
@@ -38,11 +37,11 @@ _SETTINGS = {
 }
 # Two sweeps: the context language (DIR/context) and its control, one dialect, a plain chain
 # (DIR/chain); then `python -m normstudy.context_gap --workdir=DIR/<part>` for each.
-EXPERIMENT = Experiment(arms=_ARMS, settings=_SETTINGS, parts={
-    "context": Part(axes={"train.seed": SEEDS}),
-    "chain": Part(axes={"train.seed": SEEDS}, settings={"data.dialects": 1})})
+EXPERIMENT = Experiment(
+    base=context.base_config, arms=_ARMS, settings=_SETTINGS,
+    parts={"context": Part(axes={"train.seed": SEEDS}),
+           "chain": Part(axes={"train.seed": SEEDS}, settings={"data.dialects": 1})},
+    then=("normstudy.context_gap --workdir={workdir}/context",
+          "normstudy.context_gap --workdir={workdir}/chain"))
 
-
-def get_config(variant: str = "attention"):
-  return config_lib.variant_config(EXPERIMENT.arms, context.base_config, variant,
-                                   "configs/attention.py")
+get_config = EXPERIMENT.get_config

@@ -15,10 +15,8 @@ any model limited to that window is above the floor by LOCAL_WINDOW_GAP (docs/re
 import dataclasses
 
 from configs import seed_figure
-from normstudy.core import config as config_lib
 
 # The seed figure's experiment on this data (one seed per arm in a study).
-EXPERIMENT = dataclasses.replace(seed_figure.EXPERIMENT, seeds=())
 
 DIALECTS = 16
 DIALECT_WEIGHT = 0.3
@@ -35,5 +33,6 @@ def base_config():
   return config
 
 
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant, "configs/context.py")
+EXPERIMENT = dataclasses.replace(seed_figure.EXPERIMENT, base=base_config, seeds=())
+
+get_config = EXPERIMENT.get_config

@@ -21,8 +21,7 @@ inputs as series.
 """
 
 from configs import context
-from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
+from normstudy.core.experiment import Experiment
 
 _ARMS = {
     "post_norm": ("{auto}", {"model.placement": "post_ln"}),
@@ -57,7 +56,6 @@ _SETTINGS = {
 }
 
 
-EXPERIMENT = Experiment(arms=_ARMS, axes=_AXES, settings=_SETTINGS, report="depth")
 
 
 def base_config():
@@ -70,5 +68,6 @@ def base_config():
   return config
 
 
-def get_config(variant: str = "post_norm"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant, "configs/depth.py")
+EXPERIMENT = Experiment(base=base_config, arms=_ARMS, axes=_AXES, settings=_SETTINGS, report="depth")
+
+get_config = EXPERIMENT.get_config

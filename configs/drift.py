@@ -28,8 +28,9 @@ parts.
 
 from configs import seed_figure
 from configs import survival
-from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
+from normstudy.core.experiment import Drift
+from normstudy.core.experiment import Experiment
+from normstudy.core.experiment import Heldout
 
 # The law's arms, and plain Pre-LN at two more weight decays.
 ARMS = ("pre_norm_clip1", "pre_norm_input_norm_clip1", "post_norm_input_norm_clip1",
@@ -54,17 +55,15 @@ HELDOUT_SEEDS = [0, 1, 2]
 # The failure fractions by HELDOUT_STEPS at which the held-out rates are placed.
 HELDOUT_FRACTIONS = (0.2, 0.5, 0.8)
 
-_AXES = {"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS}
-_SETTINGS = {**survival.EXPERIMENT.settings,
-                  "train.num_steps": NUM_STEPS,
-                  "train.eval_every": NUM_STEPS,
-                  "train.checkpoint_every": NUM_STEPS,
-                  "train.telemetry_every": TELEMETRY_EVERY}
+EXPERIMENT = Experiment(
+    base=seed_figure.base_config, arms=_ARMS,
+    axes={"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS},
+    settings={**survival.EXPERIMENT.settings, "train.num_steps": NUM_STEPS,
+              "train.eval_every": NUM_STEPS, "train.checkpoint_every": NUM_STEPS,
+              "train.telemetry_every": TELEMETRY_EVERY},
+    drift=Drift(law_arms=ARMS, decay_base=DECAY_BASE, weight_decays=WEIGHT_DECAYS,
+                num_steps=NUM_STEPS,
+                heldout=Heldout(arms=HELDOUT_ARMS, steps=HELDOUT_STEPS, seeds=HELDOUT_SEEDS,
+                                fractions=HELDOUT_FRACTIONS)))
 
-
-EXPERIMENT = Experiment(arms=_ARMS, axes=_AXES, settings=_SETTINGS)
-
-
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
-                                   "configs/drift.py")
+get_config = EXPERIMENT.get_config

@@ -14,20 +14,19 @@ About 12 minutes on 2 cores.
 
 from configs import drift
 from configs import seed_figure
-from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
+from normstudy.core.experiment import Experiment
 
 ARMS = ("pre_norm_clip1", "post_norm_deepnorm_clip1")
 SEEDS = [0, 1]
 # The drift grid's 1/6-decade rates from 10^-1.5 to 10^-5/6 (configs/drift.py).
 LEARNING_RATES = [rate for rate in drift.LEARNING_RATES if rate >= 0.03]
 
+# Then the forecast judged by these runs and by the long horizon's (make horizon, beside it).
 EXPERIMENT = Experiment(
-    arms={name: drift.EXPERIMENT.arms[name] for name in ARMS},
+    base=seed_figure.base_config, arms={name: drift.EXPERIMENT.arms[name] for name in ARMS},
     axes={"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS},
-    settings=drift.EXPERIMENT.settings)
+    settings=drift.EXPERIMENT.settings,
+    then=("normstudy.forecast --validate --workdir={workdir} --workdir={workdir}/../horizon "
+          "--out={workdir}",))
 
-
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
-                                   "configs/forecast_validation.py")
+get_config = EXPERIMENT.get_config

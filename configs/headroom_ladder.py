@@ -25,8 +25,8 @@ one vmapped program of its 4 runs.
 """
 
 from configs import seed_figure
-from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
+from normstudy.core.experiment import Experiment
+from normstudy.core.experiment import Ladder
 
 NUM_STEPS = 4000
 LARGE_STEPS = 2000
@@ -55,13 +55,6 @@ def _length(num_steps: int) -> dict:
   return {"train.num_steps": num_steps, "optimizer.warmup_steps": num_steps * 8 // 100}
 
 
-EXPERIMENT = Experiment(
-    arms=_ARMS, axes={"train.seed": SEEDS},
-    settings={"label": "{auto}", **_length(NUM_STEPS), "train.log_every": 10,
-              "train.eval_every": 1000, "train.telemetry_every": TELEMETRY_EVERY,
-              "train.checkpoint_every": 1000, "train.tensorboard": False})
-
-
 def rung_steps(num_layers: int, d_model: int) -> int:
   """A rung's steps: LARGE_STEPS at the widest rung, NUM_STEPS elsewhere."""
   return LARGE_STEPS if d_model >= 512 else NUM_STEPS
@@ -76,6 +69,13 @@ def rung_overrides(num_layers: int, d_model: int) -> dict:
   return overrides
 
 
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
-                                   "configs/headroom_ladder.py")
+EXPERIMENT = Experiment(base=seed_figure.base_config, default_arm="pre_norm_clip1",
+    arms=_ARMS, axes={"train.seed": SEEDS},
+    settings={"label": "{auto}", **_length(NUM_STEPS), "train.log_every": 10,
+              "train.eval_every": 1000, "train.telemetry_every": TELEMETRY_EVERY,
+              "train.checkpoint_every": 1000, "train.tensorboard": False},
+    ladder=Ladder(rungs=LADDER_RUNGS, dtypes=LADDER_DTYPES, rung_overrides=rung_overrides,
+                  learning_rates=LADDER_LEARNING_RATES, heldout=HEADROOM_HELDOUT,
+                  rung_steps=rung_steps))
+
+get_config = EXPERIMENT.get_config

@@ -19,7 +19,7 @@ same command continues it.
 
 from configs import seed_figure
 from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
+from normstudy.core.experiment import Experiment
 
 NUM_STEPS = 20_000
 TELEMETRY_EVERY = 50
@@ -39,9 +39,6 @@ _SETTINGS = {
     "train.checkpoint_every": CHECKPOINT_EVERY,
     "train.tensorboard": False,
 }
-EXPERIMENT = Experiment(
-    arms={name: seed_figure.EXPERIMENT.arms[name] for name in seed_figure.EXPERIMENT.study_arms},
-    seeds=(0,))
 
 
 def base_config():
@@ -51,5 +48,9 @@ def base_config():
   return config
 
 
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant, "configs/horizon.py")
+EXPERIMENT = Experiment(
+    base=base_config, default_arm="pre_norm_clip1",
+    arms={name: seed_figure.EXPERIMENT.arms[name] for name in seed_figure.EXPERIMENT.study_arms},
+    seeds=(0,), then=("normstudy.forecast --workdir={workdir} --out={workdir}",))
+
+get_config = EXPERIMENT.get_config

@@ -17,8 +17,9 @@ search of 3 rounds and a probe round (LADDER_SEARCH), no telemetry.
 
 from configs import shakespeare
 from configs import survival
-from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
+from normstudy.core.experiment import Experiment
+from normstudy.core.experiment import Ladder
+from normstudy.core.experiment import Search
 
 _ARMS = {name: survival.EXPERIMENT.arms[name] for name in (
     "pre_norm_clip1", "post_norm_deepnorm_clip1", "pre_norm_attn_relax_clip1",
@@ -33,11 +34,7 @@ LADDER_RUNGS = [(4, 16), (4, 32), (4, 64), (4, 128), (2, 32), (8, 32), (16, 32)]
 LADDER_DTYPES = ("float16", "float32")
 # Round 1 checks that 0.03 survives and 3 fails, 2 more rounds halve the bracket (to half a
 # decade), then a probe round 1/8 decade either side of each midpoint (normstudy.experiments.search).
-LADDER_SEARCH = {"field": "optimizer.learning_rate", "low": 0.03, "high": 3.0, "rounds": 3,
-                 "probe_decades": 0.125}
-
-EXPERIMENT = Experiment(arms=_ARMS, axes={"train.seed": SEEDS},
-                        settings=survival.settings_at(NUM_STEPS))
+LADDER_SEARCH = Search("optimizer.learning_rate", 0.03, 3.0, rounds=3, probe_decades=0.125)
 
 
 def rung_overrides(num_layers: int, d_model: int) -> dict:
@@ -51,5 +48,10 @@ def base_config():
   return shakespeare.base_config()
 
 
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant, "configs/ladder.py")
+EXPERIMENT = Experiment(
+    base=base_config, arms=_ARMS, axes={"train.seed": SEEDS},
+    settings=survival.settings_at(NUM_STEPS),
+    ladder=Ladder(rungs=LADDER_RUNGS, dtypes=LADDER_DTYPES, rung_overrides=rung_overrides,
+                  search=LADDER_SEARCH))
+
+get_config = EXPERIMENT.get_config

@@ -6,10 +6,6 @@ import dataclasses
 
 from configs import ladder
 from configs import ladder_mup_width
-# The CPU ladder's dtypes, rung fields and recipe (its axes and settings: EXPERIMENT's); only
-# arms and rungs differ.
-from configs.ladder import LADDER_DTYPES, base_config, rung_overrides  # noqa: F401
-from normstudy.core import config as config_lib
 
 _ARMS = {
     "pre_norm_clip1_completep": (ladder.EXPERIMENT.arms["pre_norm_clip1"][0], {
@@ -18,12 +14,8 @@ _ARMS = {
 }
 _ARMS["pre_norm_noclip_completep"] = ("{auto}", {**_ARMS["pre_norm_clip1_completep"][1],
                                                 "optimizer.clip_norm": 0.0})
-EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS)
+# The CPU ladder's recipe, dtypes, rung fields and search; only the arms and rungs differ.
+EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS, ladder=dataclasses.replace(
+    ladder.EXPERIMENT.ladder, rungs=ladder_mup_width.DEPTH_RUNGS))  # 2..32 x 32
 
-LADDER_RUNGS = ladder_mup_width.DEPTH_RUNGS  # 2..32 x 32
-LADDER_SEARCH = ladder.LADDER_SEARCH
-
-
-def get_config(variant: str = "pre_norm_clip1_completep"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
-                                   "configs/ladder_completep.py")
+get_config = EXPERIMENT.get_config

@@ -20,17 +20,15 @@ x 2 run counts = 80 programs (docs/results.md, "Does it transfer?"): more than o
 lease. LEASE_* below is what fits one (benchmarks/gpu_ladder.sh).
 """
 
+import dataclasses
+
 from configs import ladder
 
-# The CPU ladder's arms, recipe, search and rung fields; only the rungs differ.
-EXPERIMENT = ladder.EXPERIMENT
-LADDER_DTYPES = ladder.LADDER_DTYPES
-LADDER_SEARCH = ladder.LADDER_SEARCH
-rung_overrides = ladder.rung_overrides
-base_config = ladder.base_config
-get_config = ladder.get_config
-
 LADDER_RUNGS = [(12, 256), (12, 512), (12, 1024), (24, 512), (24, 1024)]
+# The CPU ladder's arms, recipe, dtypes, search and rung fields; only the rungs differ.
+EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, ladder=dataclasses.replace(
+    ladder.EXPERIMENT.ladder, rungs=LADDER_RUNGS))
+get_config = EXPERIMENT.get_config
 
 # What fits one 15-minute lease of one GPU (`bash benchmarks/gpu_ladder.sh`; issue 76): the next
 # width rungs for plain Pre-LN and DeepNorm in float16, each (arm, rung) one vmapped program over

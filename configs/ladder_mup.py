@@ -5,7 +5,7 @@ The ladder's instrument (configs/ladder.py: 120-step runs of the survival recipe
 2 seeds, a search of 3 rounds and a probe round, float16 and float32) at width rungs 4 layers x
 16..512 under muP and u-muP, and at depth rungs 2..32 layers x 32 under CompleteP; each with a
 no-clip arm (issue 85: whether the transfer is the clip's). Each part is a ladder file of its
-own (LADDER_PARTS, trained into DIR/<part>/...):
+own (its Ladder's parts, trained into DIR/<part>/...):
   mup        plain Pre-LN and DeepNorm under muP, base width 32 (the ladder's shared rung, where
              muP is sp's model and rate);
   umup       plain Pre-LN under u-muP (untied head), float16 without a loss scaler
@@ -15,23 +15,22 @@ own (LADDER_PARTS, trained into DIR/<part>/...):
              scaling: the combination is refused);
   sp         the standard parametrization's reference arms at every one of those rungs (the
              committed sp ladder stops at 4 x 128 and 16 layers), and Pre-LN without the clip.
-ladder_parametrization.csv sets each arm's slope beside sp's (TRANSFER_ARMS: arm -> its sp arm):
+ladder_parametrization.csv sets each arm's slope beside sp's (its Transfer's arms: arm -> its sp arm):
 the sp part's rungs, and where it has none the committed docs/ladder/ladder.csv
-(TRANSFER_REFERENCE, the same instrument and arms). ladder_clip.csv says how often each arm's
+(its Transfer's reference, the same instrument and arms). ladder_clip.csv says how often each arm's
 clip acted at each rung.
 
 Weight decay under every parametrization keeps lr x weight_decay per parameter (independent
 decay, Wang & Aitchison 2025; normstudy.core.parametrizations): at 120 steps and 0.01 it is small.
 """
 
-LADDER_PARTS = {
-    "mup": "configs/ladder_mup_width.py",
-    "umup": "configs/ladder_umup.py",
-    "completep": "configs/ladder_completep.py",
-    "sp": "configs/ladder_sp_control.py",
-}
-TRANSFER_REFERENCE = "docs/ladder/ladder.csv"
-TRANSFER_ARMS = {
+import dataclasses
+
+from configs import ladder_mup_width
+from normstudy.core.experiment import Ladder
+from normstudy.core.experiment import Transfer
+
+_TRANSFER_ARMS = {
     "pre_norm_clip1_mup": "pre_norm_clip1",
     "post_norm_deepnorm_clip1_mup": "post_norm_deepnorm_clip1",
     "pre_norm_clip1_umup": "pre_norm_clip1",
@@ -41,9 +40,12 @@ TRANSFER_ARMS = {
     "pre_norm_noclip_umup": "pre_norm_noclip",
     "pre_norm_noclip_completep": "pre_norm_noclip",
 }
+# A ladder of ladders: each part's own file trains into DIR/<part>/. Its arms, for a command
+# that reads one config from this file (`--config=configs/ladder_mup.py:ARM`), are the muP
+# part's.
+EXPERIMENT = dataclasses.replace(ladder_mup_width.EXPERIMENT, ladder=Ladder(
+    parts={"mup": "configs/ladder_mup_width.py", "umup": "configs/ladder_umup.py",
+           "completep": "configs/ladder_completep.py", "sp": "configs/ladder_sp_control.py"},
+    transfer=Transfer(reference="docs/ladder/ladder.csv", arms=_TRANSFER_ARMS)))
 
-
-def get_config(variant: str = "pre_norm_clip1_mup"):
-  """The muP part's arm (a config file builds a config; the parts train their own)."""
-  from configs import ladder_mup_width
-  return ladder_mup_width.get_config(variant)
+get_config = EXPERIMENT.get_config

@@ -6,10 +6,6 @@ whether the rate transfers without the clip, which acts on most of sp's steps)."
 import dataclasses
 
 from configs import ladder
-# The CPU ladder's dtypes, rung fields and recipe (its axes and settings: EXPERIMENT's); only
-# arms and rungs differ.
-from configs.ladder import LADDER_DTYPES, base_config, rung_overrides  # noqa: F401
-from normstudy.core import config as config_lib
 
 BASE_WIDTH = 32
 _ARMS = {
@@ -19,17 +15,13 @@ _ARMS = {
     if name in ("pre_norm_clip1", "post_norm_deepnorm_clip1")}
 _ARMS["pre_norm_noclip_mup"] = ("{auto}", {**_ARMS["pre_norm_clip1_mup"][1],
                                           "optimizer.clip_norm": 0.0})
-EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS)
-
 # The CPU ladder's width rungs (4 x 16..128) and two more: where sp's block outputs after 10
 # steps have grown 72-191x (docs/coordcheck), so a rate that transfers has to hold there.
 WIDTH_RUNGS = [rung for rung in ladder.LADDER_RUNGS if rung[0] == 4] + [(4, 256), (4, 512)]
 # The CPU ladder's depth rungs (2..16 x 32) and 32 layers (CompleteP's part, the sp control).
 DEPTH_RUNGS = [rung for rung in ladder.LADDER_RUNGS if rung[1] == 32] + [(32, 32)]
-LADDER_RUNGS = WIDTH_RUNGS
-LADDER_SEARCH = ladder.LADDER_SEARCH
+# The CPU ladder's recipe, dtypes, rung fields and search; only the arms and rungs differ.
+EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS, ladder=dataclasses.replace(
+    ladder.EXPERIMENT.ladder, rungs=WIDTH_RUNGS))
 
-
-def get_config(variant: str = "pre_norm_clip1_mup"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
-                                   "configs/ladder_mup_width.py")
+get_config = EXPERIMENT.get_config

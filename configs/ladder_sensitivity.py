@@ -21,7 +21,8 @@ rates; no telemetry.
 from configs import ladder
 from configs import seed_figure
 from configs import shakespeare
-from normstudy.records.experiment import Experiment
+from normstudy.core.experiment import Experiment
+from normstudy.core.experiment import Ladder
 
 NUM_STEPS = 400
 SEEDS = [0, 1, 2]
@@ -33,20 +34,18 @@ LADDER_DTYPES = ("float16",)
 LADDER_LEARNING_RATES = [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]
 
 # The sensitivity sweep's settings (configs/seed_figure.py) at NUM_STEPS, judged at the end.
-EXPERIMENT = Experiment(
-    arms=ladder.EXPERIMENT.arms, axes={"train.seed": SEEDS},
-    settings={**seed_figure.EXPERIMENT.settings, "train.num_steps": NUM_STEPS,
-              "optimizer.warmup_steps": NUM_STEPS // 10, "train.eval_every": NUM_STEPS,
-              "train.checkpoint_every": NUM_STEPS, "train.telemetry_every": 0})
-rung_overrides = ladder.rung_overrides
-
 
 def base_config():
   """configs/shakespeare.py's recipe: the seed figure's, on Shakespeare's plays as bytes."""
   return shakespeare.base_config()
 
 
-def get_config(variant: str = "pre_norm_clip1"):
-  from normstudy.core import config as config_lib
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
-                                   "configs/ladder_sensitivity.py")
+EXPERIMENT = Experiment(base=base_config,
+    arms=ladder.EXPERIMENT.arms, axes={"train.seed": SEEDS},
+    settings={**seed_figure.EXPERIMENT.settings, "train.num_steps": NUM_STEPS,
+              "optimizer.warmup_steps": NUM_STEPS // 10, "train.eval_every": NUM_STEPS,
+              "train.checkpoint_every": NUM_STEPS, "train.telemetry_every": 0},
+    ladder=Ladder(rungs=LADDER_RUNGS, dtypes=LADDER_DTYPES, rung_overrides=ladder.rung_overrides,
+                  learning_rates=LADDER_LEARNING_RATES))
+
+get_config = EXPERIMENT.get_config

@@ -9,20 +9,14 @@ import dataclasses
 
 from configs import ladder
 from configs import ladder_mup_width
-# The CPU ladder's dtypes, rung fields and recipe; only arms and rungs differ.
-from configs.ladder import LADDER_DTYPES, LADDER_SEARCH, base_config, rung_overrides  # noqa: F401
-from normstudy.core import config as config_lib
 
 _ARMS = {name: ladder.EXPERIMENT.arms[name]
          for name in ("pre_norm_clip1", "post_norm_deepnorm_clip1")}
 _ARMS["pre_norm_noclip"] = ("{auto}", {**ladder.EXPERIMENT.arms["pre_norm_clip1"][1],
                                       "optimizer.clip_norm": 0.0})
-EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS)
+# The CPU ladder's recipe, dtypes, rung fields and search; only the arms and rungs differ.
+EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS, ladder=dataclasses.replace(
+    ladder.EXPERIMENT.ladder, rungs=ladder_mup_width.WIDTH_RUNGS + [
+        rung for rung in ladder_mup_width.DEPTH_RUNGS if rung not in ladder_mup_width.WIDTH_RUNGS]))
 
-LADDER_RUNGS = ladder_mup_width.WIDTH_RUNGS + [
-    rung for rung in ladder_mup_width.DEPTH_RUNGS if rung not in ladder_mup_width.WIDTH_RUNGS]
-
-
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
-                                   "configs/ladder_sp_control.py")
+get_config = EXPERIMENT.get_config

@@ -10,10 +10,6 @@ import dataclasses
 
 from configs import ladder
 from configs import ladder_mup_width
-# The CPU ladder's dtypes, rung fields and recipe (its axes and settings: EXPERIMENT's); only
-# arms and rungs differ.
-from configs.ladder import LADDER_DTYPES, base_config, rung_overrides  # noqa: F401
-from normstudy.core import config as config_lib
 
 _UMUP = {"model.parametrization": "umup", "model.tie_embeddings": False}
 _ARMS = {
@@ -27,11 +23,10 @@ _ARMS = {
         **ladder.EXPERIMENT.arms["pre_norm_clip1"][1], **_UMUP, "optimizer.loss_scale.kind": "none",
         "optimizer.clip_norm": 0.0}),
 }
-EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS)
+# The CPU ladder's recipe, dtypes and rung fields at the width rungs (4 x 16..512); its search
+# a decade higher (u-muP's rates are the unit-scaled ones).
+EXPERIMENT = dataclasses.replace(ladder.EXPERIMENT, arms=_ARMS, ladder=dataclasses.replace(
+    ladder.EXPERIMENT.ladder, rungs=ladder_mup_width.WIDTH_RUNGS,
+    search=dataclasses.replace(ladder.LADDER_SEARCH, low=0.3, high=30.0)))
 
-LADDER_RUNGS = ladder_mup_width.WIDTH_RUNGS  # 4 x 16..512
-LADDER_SEARCH = {**ladder.LADDER_SEARCH, "low": 0.3, "high": 30.0}
-
-
-def get_config(variant: str = "pre_norm_clip1_umup"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant, "configs/ladder_umup.py")
+get_config = EXPERIMENT.get_config

@@ -5,6 +5,7 @@ line, e.g. `--config.model.placement=sandwich_ln --config.optimizer.clip_norm=0`
 """
 
 from normstudy.core import config as config_lib
+from normstudy.core.experiment import Experiment
 
 SIZES = {
     # name: (num_layers, d_model, num_heads, d_ff, max_len, batch_size)
@@ -14,9 +15,7 @@ SIZES = {
 }
 
 
-# The sizes as a table of variants (normstudy.core.config.variant_config). Not named VARIANTS: a
-# study or sweep of this file is one arm, of the size --config names.
-_TABLE = {
+_SIZES = {
     size: (f"LM {size} | Pre-LN", {
         "model.num_layers": layers, "model.d_model": d_model, "model.num_heads": heads,
         "model.d_ff": d_ff, "model.max_len": max_len, "train.batch_size": batch_size})
@@ -34,5 +33,9 @@ def base_config():
   return config
 
 
-def get_config(size: str = "small"):
-  return config_lib.variant_config(_TABLE, base_config, size, "configs/lm.py", kind="size")
+# The sizes as the experiment's arms; a study or sweep of this file trains the size --config
+# names, by default `small` alone.
+EXPERIMENT = Experiment(base=base_config, arms=_SIZES, default_arm="small", arm_kind="size",
+                        study_arms=("small",), sweep_arms=("small",))
+
+get_config = EXPERIMENT.get_config

@@ -7,7 +7,7 @@ This file keeps the recipe as fairseq and MERT run it (fairseq's Adam, betas (0.
 exact GELU in float32, MERT's input LayerNorm for the Post-LN encoder, convolutional positions,
 span masking) on a model small enough that all four runs finish in minutes on two CPU cores.
 
-EXPERIMENT declares what the file runs (normstudy.records.experiment): its arms, {name: (label,
+EXPERIMENT declares what the file runs (normstudy.core.experiment): its arms, {name: (label,
 {dotted.field: value})}, applied through the same override mechanism as the command line. Labels
 are templates (normstudy.core.labels): "{auto}" is described from the config, so an override
 shows in the legend. `normstudy.study` runs the paper's four over three seeds (study_arms,
@@ -17,7 +17,7 @@ scores overflow, the only place it can act.
 """
 
 from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
+from normstudy.core.experiment import Experiment
 
 _ARMS = {
     "pre_norm_clip10": ("{auto} | Run 1", {"optimizer.clip_norm": 10.0}),
@@ -70,8 +70,6 @@ _SETTINGS = {
 
 # The seed figure over seeds: one seed per arm in float16 is chaotic across CPU kinds (a loss
 # spike on one machine is none on another), so each arm is drawn as its median and range.
-EXPERIMENT = Experiment(arms=_ARMS, sweep_arms=_SWEEP_ARMS, study_arms=_STUDY_ARMS, axes=_AXES,
-                        settings=_SETTINGS, seeds=(0, 1, 2))
 
 
 def base_config():
@@ -126,6 +124,7 @@ def base_config():
   return config
 
 
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
-                                   "configs/seed_figure.py")
+EXPERIMENT = Experiment(base=base_config, default_arm="pre_norm_clip1", arms=_ARMS, sweep_arms=_SWEEP_ARMS, study_arms=_STUDY_ARMS, axes=_AXES,
+                        settings=_SETTINGS, seeds=(0, 1, 2))
+
+get_config = EXPERIMENT.get_config

@@ -15,10 +15,8 @@ plays, deterministically, cached beside the dataset).
 import dataclasses
 
 from configs import seed_figure
-from normstudy.core import config as config_lib
 
 # The seed figure's experiment on this data (one seed per arm in a study).
-EXPERIMENT = dataclasses.replace(seed_figure.EXPERIMENT, seeds=())
 
 VALIDATION_FRACTION = 0.1
 
@@ -32,5 +30,6 @@ def base_config():
   return config
 
 
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant, "configs/shakespeare.py")
+EXPERIMENT = dataclasses.replace(seed_figure.EXPERIMENT, base=base_config, default_arm="pre_norm_clip1", seeds=())
+
+get_config = EXPERIMENT.get_config

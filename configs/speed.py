@@ -16,8 +16,7 @@ Holm's correction over the arms).
 
 from configs import seed_figure
 from configs import survival
-from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
+from normstudy.core.experiment import Experiment
 
 NUM_STEPS = 600
 # Six seeds: a sign test over seeds can reach p < 0.05 (two-sided, 0.031 at 6 of 6) only from 6.
@@ -26,7 +25,7 @@ SEEDS = [0, 1, 2, 3, 4, 5]
 # (train.eval_seed, the default 0), so arms and seeds are compared on the same data and the
 # tests pair by seed.
 EVAL_ROWS = 512
-EXPERIMENT = Experiment(
+EXPERIMENT = Experiment(base=seed_figure.base_config, default_arm="pre_norm_clip1",
     arms=survival.EXPERIMENT.arms, sweep_arms=survival.EXPERIMENT.sweep_arms,
     study_arms=survival.EXPERIMENT.sweep_arms, axes={"train.seed": SEEDS},
     report="learning speed", settings={
@@ -39,7 +38,4 @@ EXPERIMENT = Experiment(
     "train.tensorboard": False,
 })
 
-
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
-                                   "configs/speed.py")
+get_config = EXPERIMENT.get_config

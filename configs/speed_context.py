@@ -1,13 +1,11 @@
 """Learning speed on the context language (`make speed-context`): configs/speed.py's arms, seeds
 and schedule where attention matters (configs/context.py)."""
 
+import dataclasses
+
 from configs import context
 from configs import speed
-from normstudy.core import config as config_lib
 
-EXPERIMENT = speed.EXPERIMENT
+EXPERIMENT = dataclasses.replace(speed.EXPERIMENT, base=context.base_config)
 
-
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, context.base_config, variant,
-                                   "configs/speed_context.py")
+get_config = EXPERIMENT.get_config

@@ -20,11 +20,6 @@ normstudy.techniques --workdir=DIR --config=configs/spike_failure.py` writes spi
 import dataclasses
 
 from configs import spike_handling
-from normstudy.core import config as config_lib
-
-BASELINES = spike_handling.BASELINES
-SPIKE_HANDLING = spike_handling.SPIKE_HANDLING
-SPIKE_MEASURES = "failure"
 
 NUM_STEPS = 600
 WARMUP = 20
@@ -39,9 +34,8 @@ EXPERIMENT = dataclasses.replace(
     axes={"optimizer.learning_rate": LEARNING_RATES, "train.seed": SEEDS},
     settings={**spike_handling.EXPERIMENT.settings, "train.num_steps": NUM_STEPS,
               "train.eval_every": NUM_STEPS, "train.checkpoint_every": NUM_STEPS,
-              "optimizer.warmup_steps": WARMUP, "optimizer.schedule": "constant"})
+              "optimizer.warmup_steps": WARMUP, "optimizer.schedule": "constant"},
+    # the baselines and handlers of spike_handling, judged by time to failure
+    techniques=dataclasses.replace(spike_handling.EXPERIMENT.techniques, measures="failure"))
 
-
-def get_config(variant: str = "baseline"):
-  return config_lib.variant_config(EXPERIMENT.arms, spike_handling.base_config, variant,
-                                   "configs/spike_failure.py")
+get_config = EXPERIMENT.get_config

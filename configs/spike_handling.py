@@ -17,8 +17,8 @@ family).
 """
 
 from configs import shakespeare
-from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
+from normstudy.core.experiment import Experiment
+from normstudy.core.experiment import Techniques
 
 _ARMS = {
     "baseline": ("Pre-Norm | Gradient Clip=1", {}),
@@ -43,14 +43,13 @@ _SETTINGS = {"label": "{auto}", "train.num_steps": NUM_STEPS, "train.log_every":
                   "train.telemetry_every": 0}
 
 
-EXPERIMENT = Experiment(arms=_ARMS, axes=_AXES, settings=_SETTINGS)
-
 
 def base_config():
   """configs/shakespeare.py's recipe, Pre-LN clip 1 (the seed figure's on Shakespeare)."""
   return shakespeare.get_config("pre_norm_clip1")
 
 
-def get_config(variant: str = "baseline"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
-                                   "configs/spike_handling.py")
+EXPERIMENT = Experiment(base=base_config, arms=_ARMS, axes=_AXES, settings=_SETTINGS,
+                        techniques=Techniques(baselines=BASELINES, spike_handling=SPIKE_HANDLING))
+
+get_config = EXPERIMENT.get_config

@@ -36,10 +36,9 @@ at step LOGIT_STEP against learning rate. configs/survival_depth.py asks the sam
 import dataclasses
 
 from configs import seed_figure
-from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
-from normstudy.records.experiment import Part
-from normstudy.records.experiment import Search
+from normstudy.core.experiment import Experiment
+from normstudy.core.experiment import Part
+from normstudy.core.experiment import Search
 
 # The seed figure's arms; their "Run 1"/"Run 2" name the seed figure's single runs, and here a
 # curve is many runs.
@@ -84,7 +83,7 @@ _SETTINGS = {
     "train.checkpoint_every": NUM_STEPS,
     "train.tensorboard": False,
 }
-EXPERIMENT = Experiment(
+EXPERIMENT = Experiment(base=seed_figure.base_config, default_arm="pre_norm_clip1",
     arms=_ARMS, sweep_arms=_SWEEP_ARMS, study_arms=_SWEEP_ARMS,
     axes={"train.seed": SEARCH_SEEDS}, settings=_SETTINGS, search=SEARCH,
     parts={"learning": Part(axes={"optimizer.learning_rate": [LEARNING_RATE],
@@ -106,7 +105,4 @@ def settings_at(num_steps: int) -> dict:
   return {**EXPERIMENT.settings, "train.num_steps": num_steps, "train.eval_every": num_steps,
           "train.telemetry_every": 0, "train.checkpoint_every": num_steps}
 
-
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
-                                   "configs/survival.py")
+get_config = EXPERIMENT.get_config

@@ -4,13 +4,8 @@ headroom?), then its interaction with the float16 search in the sibling director
 (runs/survival: `make survival` first; interaction.csv says whether an arm's margin in float16
 is the dtype's)."""
 
-from configs import seed_figure
 from configs import survival
-from normstudy.core import config as config_lib
 
 EXPERIMENT = survival.in_dtype("bfloat16")
 
-
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
-                                   "configs/survival_bf16.py")
+get_config = EXPERIMENT.get_config

@@ -5,11 +5,7 @@ import dataclasses
 
 from configs import context
 from configs import survival
-from normstudy.core import config as config_lib
 
-EXPERIMENT = dataclasses.replace(survival.EXPERIMENT, parts={})  # the search alone
+EXPERIMENT = dataclasses.replace(survival.EXPERIMENT, base=context.base_config, parts={})  # the search alone
 
-
-def get_config(variant: str = "pre_norm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, context.base_config, variant,
-                                   "configs/survival_context.py")
+get_config = EXPERIMENT.get_config

@@ -8,17 +8,13 @@ with the same input norm (alpha = beta = 1) at 12 layers, where alpha is 2.21 an
 
 import dataclasses
 
-from configs import seed_figure
 from configs import survival
-from normstudy.core import config as config_lib
 
 NUM_LAYERS = 12
 _ARMS = ("post_norm_input_norm_clip1", "post_norm_deepnorm_clip1")
 EXPERIMENT = dataclasses.replace(
-    survival.EXPERIMENT, sweep_arms=_ARMS, study_arms=_ARMS, parts={},
+    survival.EXPERIMENT, default_arm="post_norm_deepnorm_clip1", sweep_arms=_ARMS, study_arms=_ARMS,
+    parts={},
     axes={"train.seed": survival.SEARCH_SEEDS, "model.num_layers": [NUM_LAYERS]})
 
-
-def get_config(variant: str = "post_norm_deepnorm_clip1"):
-  return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
-                                   "configs/survival_depth.py")
+get_config = EXPERIMENT.get_config

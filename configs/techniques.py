@@ -22,10 +22,10 @@ its step time against the baseline's, from the same runs (the Makefile's `techni
 
 from configs import seed_figure
 from configs import survival
-from normstudy.core import config as config_lib
-from normstudy.records.experiment import Experiment
-from normstudy.records.experiment import Part
-from normstudy.records.experiment import Search
+from normstudy.core.experiment import Experiment
+from normstudy.core.experiment import Part
+from normstudy.core.experiment import Search
+from normstudy.core.experiment import Techniques
 
 # name: (label, {dotted.field: value}); labels name the technique from the config ("{auto}").
 _ARMS = {
@@ -67,16 +67,6 @@ SEEDS = [0, 1, 2]
 # `python -m normstudy.techniques --workdir=DIR` writes techniques.csv from the three.
 SEARCH = Search("optimizer.learning_rate", 0.1, 1.0, rounds=3, probe_decades=0.125)
 RECIPE_STEPS = 300
-EXPERIMENT = Experiment(
-    arms=_ARMS, axes={}, settings=survival.settings_at(NUM_STEPS),
-    parts={**{dtype: Part(axes={"train.seed": SEEDS}, settings={"model.dtype": dtype},
-                          search=SEARCH) for dtype in ("float16", "float32")},
-           "recipe": Part(axes={"train.seed": [0, 1],
-                                "optimizer.learning_rate": [survival.LEARNING_RATE]},
-                          settings={"train.num_steps": RECIPE_STEPS,
-                                    "train.eval_every": RECIPE_STEPS,
-                                    "train.checkpoint_every": RECIPE_STEPS},
-                          max_runs_per_program=2)})
 
 
 def base_config():
@@ -88,6 +78,16 @@ def base_config():
   return config
 
 
-def get_config(variant: str = "baseline"):
-  return config_lib.variant_config(EXPERIMENT.arms, base_config, variant,
-                                   "configs/techniques.py")
+EXPERIMENT = Experiment(base=base_config,
+    arms=_ARMS, axes={}, settings=survival.settings_at(NUM_STEPS),
+    parts={**{dtype: Part(axes={"train.seed": SEEDS}, settings={"model.dtype": dtype},
+                          search=SEARCH) for dtype in ("float16", "float32")},
+           "recipe": Part(axes={"train.seed": [0, 1],
+                                "optimizer.learning_rate": [survival.LEARNING_RATE]},
+                          settings={"train.num_steps": RECIPE_STEPS,
+                                    "train.eval_every": RECIPE_STEPS,
+                                    "train.checkpoint_every": RECIPE_STEPS},
+                          max_runs_per_program=2)},
+    techniques=Techniques(baselines=BASELINES, spike_handling=SPIKE_HANDLING))
+
+get_config = EXPERIMENT.get_config

@@ -125,9 +125,9 @@ fi
 variants=$("$python" -c "
 import sys
 from normstudy.experiments import grid
-module = grid.load_config_module(sys.argv[1])  # its EXPERIMENT's arms, or its older tables
-print(' '.join(getattr(module, 'STUDY_VARIANTS', None) or getattr(module, 'VARIANTS', ())))" "$config")
-[ -n "$variants" ] || die "$config declares no arms (EXPERIMENT's, or VARIANTS)"
+declared = grid.load_experiment(sys.argv[1])  # its EXPERIMENT's study arms
+print(' '.join(declared.study_arms or declared.arms))" "$config")
+[ -n "$variants" ] || die "$config declares no arms (its EXPERIMENT's)"
 
 flag=()
 [ "$DRY_RUN" = 1 ] && flag=(--dry-run)

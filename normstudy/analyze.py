@@ -12,9 +12,11 @@ a committed search is re-analysed after its runs' records are gone.
 The library behind it is the package `normstudy.analysis` (import it in a notebook).
 """
 
+# normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.
+from normstudy import cli  # pylint: disable=g-bad-import-order
+
 from absl import flags
 
-from normstudy import cli
 from normstudy import errors
 
 FLAGS = flags.FLAGS
@@ -91,7 +93,7 @@ def _search_directory(path: str) -> str:
   from normstudy.records import rundir
   from normstudy.records import schema
   local = analysis.localize(path)
-  record = rundir.read_json(os.path.join(local, schema.SWEEP)) if os.path.isdir(local) else {}
+  record = rundir.read_json(os.path.join(local, schema.SWEPT)) if os.path.isdir(local) else {}
   if not record.get("search"):
     raise errors.UserError(f"--against={path} holds no search (a sweep.json with `search`, "
                            "written by normstudy.sweep --search)")

@@ -6,24 +6,57 @@ a test) without duplicate-flag errors.
 """
 
 import os
-import re
 import signal
 import sys
-import traceback
 
-from absl import app
-from absl import flags
+# TensorFlow writes TensorBoard event files (clu) and reads gs:// paths (gfile); without these,
+# set before anything imports it, it prints an absl pre-init warning and a oneDNN notice at
+# import: noise a researcher would have to learn to ignore.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
-import normstudy
-from normstudy import errors
-from normstudy.engine.logs import quiet_library_logs
-from normstudy.errors import Preempted
-from normstudy.errors import RunHalted
-from normstudy.errors import UserError
-from normstudy.errors import WorkerKilled
-from normstudy.experiments import workers
-from normstudy.records import experiment
-from normstudy.records import schema
+INTERRUPTED = ("interrupted (Ctrl-C): stopped; a run continues from its last checkpoint with "
+               "the same command")
+
+
+def _interrupted_while_importing(signum, frame):
+  # os._exit, not sys.exit: SystemExit raised inside a library's import can be caught there
+  # (an `except BaseException` around an optional import) and the command would go on; nothing
+  # has been written yet, so there is nothing to clean up.
+  del signum, frame
+  print(INTERRUPTED, file=sys.stderr, flush=True)
+  os._exit(130)
+
+
+def _stop_on_ctrl_c_while_importing() -> None:
+  """Ctrl-C at any point of a command is one line and exit 130. Every command imports this
+  module first; from here until `run` takes over, Ctrl-C (while absl, ml_collections and the
+  rest import) stops the process with that line. Only in a command's process (`python -m
+  normstudy.<command>`), never where normstudy is imported as a library."""
+  main = getattr(sys.modules.get("__main__"), "__spec__", None)
+  if (main is not None and main.name.startswith("normstudy.")
+      and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    signal.signal(signal.SIGINT, _interrupted_while_importing)
+
+
+_stop_on_ctrl_c_while_importing()
+
+# pylint: disable=wrong-import-position  (the handler above first: these take a tenth of a second)
+import re  # noqa: E402
+import traceback  # noqa: E402
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from normstudy import errors  # noqa: E402
+from normstudy.core import experiment  # noqa: E402
+from normstudy.engine.logs import quiet_library_logs  # noqa: E402
+from normstudy.errors import Preempted  # noqa: E402
+from normstudy.errors import RunHalted  # noqa: E402
+from normstudy.errors import UserError  # noqa: E402
+from normstudy.errors import WorkerKilled  # noqa: E402
+from normstudy.experiments import workers  # noqa: E402
+from normstudy.records import schema  # noqa: E402
 
 
 def define_workers_flag():
@@ -312,7 +345,7 @@ def _parse_flags(argv):
   # ml_collections' config_flags (1.1) loads --config's file as the module "config_config"
   # (SourceFileLoader.load_module), which re-executes a file into the module already there and
   # keeps the globals an earlier command's file defined; a command's file is loaded fresh
-  # (normstudy.experiments.grid reads the tables of this module rather than load it again).
+  # (normstudy.experiments.grid reads the EXPERIMENT of this module rather than load it again).
   sys.modules.pop(experiment.CONFIG_MODULE, None)
   try:
     parsed = flags.FLAGS(argv)
@@ -455,5 +488,5 @@ def run(main, define_flags):
 def _interrupted() -> None:
   """Ctrl-C at any point of a command: one line and exit 130 (a shell's 128 + SIGINT), never
   a traceback."""
-  print(normstudy.INTERRUPTED, file=sys.stderr)
+  print(INTERRUPTED, file=sys.stderr)
   sys.exit(130)

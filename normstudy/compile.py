@@ -16,10 +16,12 @@ installs one). v4 compiles as megacore (one device a chip, as a v4 TPU VM shows 
 import json
 import sys
 
+# normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.
+from normstudy import cli  # pylint: disable=g-bad-import-order
+
 from absl import flags
 from ml_collections import config_flags
 
-from normstudy import cli
 from normstudy import errors
 from normstudy.engine import memory  # plain arithmetic: no training stack before the flags parse
 

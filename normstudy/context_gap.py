@@ -11,9 +11,11 @@ A model without attention sees only its position convolution's 5-token window: a
 its gap is 0 up to float32 rounding, the control.
 """
 
+# normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.
+from normstudy import cli  # pylint: disable=g-bad-import-order
+
 from absl import flags
 
-from normstudy import cli
 from normstudy import errors
 
 FLAGS = flags.FLAGS

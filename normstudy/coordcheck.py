@@ -16,10 +16,12 @@ and each parametrization's rate).
 import os
 import time
 
+# normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.
+from normstudy import cli  # pylint: disable=g-bad-import-order
+
 from absl import flags
 from ml_collections import config_flags
 
-from normstudy import cli
 from normstudy import errors
 from normstudy.core import parametrizations  # the names alone: it imports only math
 

@@ -7,11 +7,11 @@ horizon predicted before it is run, and the answer at MERT's 100K steps (`make d
 
 With --config, in order (re-running resumes: finished sweeps train nothing again):
   1. DIR/drift.json: the experiment the file declares (normstudy.experiments.drift_runs);
-  2. the fit: every arm over the file's learning rates and seeds for NUM_STEPS steps, one
-     `normstudy.sweep` into DIR/fit;
+  2. the fit: every arm over the experiment's axes (learning rates and seeds) for its Drift's
+     num_steps, one `normstudy.sweep` into DIR/fit;
   3. the prediction: each arm's law fitted (normstudy.analysis.law), and for each held-out
-     arm the rates where it predicts HELDOUT_FRACTIONS of runs failing by HELDOUT_STEPS, with
-     the predicted fractions and lr*(HELDOUT_STEPS), written to DIR/horizon_prediction.csv
+     arm the rates where it predicts the Heldout's fractions of runs failing by its steps, with
+     the predicted fractions and lr*(steps), written to DIR/horizon_prediction.csv
      before any held-out run trains (never rewritten);
   4. the held-out runs at those rates, one sweep per arm into DIR/heldout/<arm>;
   5. the analysis (normstudy.analysis.horizon_report): law_fit.csv, critical_lr_law.csv,
@@ -23,9 +23,11 @@ the edge law's forms judged out of sample (edge_law_oos.csv), each form's lr*(H)
 --best_rates (normstudy.analysis.edge_law).
 """
 
+# normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.
+from normstudy import cli  # pylint: disable=g-bad-import-order
+
 from absl import flags
 
-from normstudy import cli
 from normstudy import errors
 
 FLAGS = flags.FLAGS
@@ -110,8 +112,7 @@ def _train() -> None:
   from normstudy.experiments import drift_runs
   from normstudy.experiments import grid
   from normstudy.records import rundir
-  module = grid.load_config_module(FLAGS.config)
-  plan = drift_runs.experiment(FLAGS.config, module)
+  plan = drift_runs.experiment(FLAGS.config, grid.load_experiment(FLAGS.config))
   rundir.check_writable(FLAGS.workdir, "--workdir")
   plan = drift_runs.write_plan(FLAGS.workdir, plan)
   extra = tuple(FLAGS.sweep_arg)

@@ -17,9 +17,11 @@ forecasts.csv into --out (default: the first --workdir).
 import math
 import os
 
+# normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.
+from normstudy import cli  # pylint: disable=g-bad-import-order
+
 from absl import flags
 
-from normstudy import cli
 from normstudy import errors
 
 FLAGS = flags.FLAGS

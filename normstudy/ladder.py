@@ -4,9 +4,9 @@ moves with size, and whether the small rungs predict the largest.
   python -m normstudy.ladder --config=configs/ladder.py --workdir=DIR   # train, then analyse
   python -m normstudy.ladder --workdir=DIR [--target_layers=24 --target_d_model=1024]
 
-With --config, the file's rungs (LADDER_RUNGS: (num_layers, d_model) pairs, in each of
-LADDER_DTYPES) are trained first, each a critical-learning-rate search (LADDER_SEARCH) of the
-file's arms run as its own `normstudy.sweep` into DIR/<dtype>/L<layers>_d<width>; DIR/ladder.json
+With --config, the rungs of the file's EXPERIMENT's Ladder (normstudy.core.experiment: its
+rungs, (num_layers, d_model) pairs, in each of its dtypes) are trained first, each a
+critical-learning-rate search (its search) of the experiment's arms run as its own `normstudy.sweep` into DIR/<dtype>/L<layers>_d<width>; DIR/ladder.json
 lists each rung's command, so one rung can be re-run alone. Re-running resumes: a finished rung
 trains nothing again. Extra --sweep_arg flags reach every rung's sweep (e.g.
 --sweep_arg=--workers=1). Then the analysis:
@@ -18,16 +18,17 @@ and axis: the slope of log critical rate on log size, the held-out largest rung,
 extrapolation to the target size), ladder_tests.csv (whether two arms' ratio changes with size)
 and ladder.png (normstudy.analysis.ladder_report has the statistics).
 
-A ladder file that declares LADDER_LEARNING_RATES instead of LADDER_SEARCH
-(configs/ladder_sensitivity.py) trains each rung as a sweep over that learning-rate grid; every
+A Ladder that declares learning_rates instead of a search (configs/ladder_sensitivity.py) trains each rung as a sweep over that learning-rate grid; every
 directory below DIR holding an analysed grid (runs.csv and sweep.json, no critical_lr.csv) is
 then a rung of Wortsman's LR sensitivity: ladder_sensitivity.csv, ladder_sensitivity_tests.csv,
 ladder_sensitivity.png and ladder_sensitivity.md (normstudy.analysis.ladder_sensitivity).
 """
 
+# normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.
+from normstudy import cli  # pylint: disable=g-bad-import-order
+
 from absl import flags
 
-from normstudy import cli
 from normstudy import errors
 
 FLAGS = flags.FLAGS
@@ -37,7 +38,7 @@ def define_flags():
   flags.DEFINE_string("workdir", None, "Directory whose subdirectories are the rungs' searches.")
   flags.DEFINE_string("config", None, "A ladder config file (configs/ladder.py): train its "
                       "rungs into --workdir before the analysis.")
-  flags.DEFINE_list("dtypes", None, "With --config: only these of the file's LADDER_DTYPES.")
+  flags.DEFINE_list("dtypes", None, "With --config: only these of the file's Ladder's dtypes.")
   flags.DEFINE_multi_string("sweep_arg", [], "With --config: an argument for every rung's "
                             "normstudy.sweep (repeatable).")
   flags.DEFINE_integer("target_layers", 24, "The extrapolation's depth (MERT's: 24).")
@@ -108,15 +109,15 @@ def _train(ladder_runs) -> None:
   written, then trained in turn."""
   from normstudy.experiments import grid
   from normstudy.records import rundir
-  module = grid.load_config_module(FLAGS.config)
-  parts = ladder_runs.ladder_parts(module, FLAGS.config, grid.load_config_module)
-  transfer = ladder_runs.transfer_spec(module, FLAGS.config)
-  heldout = ladder_runs.headroom_heldout(module, FLAGS.config)
+  declared = grid.load_experiment(FLAGS.config)
+  parts = ladder_runs.ladder_parts(declared, FLAGS.config, grid.load_experiment)
+  transfer = ladder_runs.transfer_spec(declared)
+  heldout = ladder_runs.headroom_heldout(declared, FLAGS.config)
   declared = sorted({d for _, path, part in parts for d in ladder_runs.ladder_spec(part, path)["dtypes"]})
   unknown = [d for d in FLAGS.dtypes or () if d not in declared]
   if unknown:
     raise errors.UserError(f"--dtypes={','.join(FLAGS.dtypes)}: {', '.join(unknown)} is not "
-                           f"among {FLAGS.config}'s LADDER_DTYPES ({', '.join(declared)})")
+                           f"among {FLAGS.config}'s Ladder's dtypes ({', '.join(declared)})")
   rundir.check_writable(FLAGS.workdir, "--workdir")
   rungs = []
   for name, path, part in parts:
@@ -130,7 +131,7 @@ def _train(ladder_runs) -> None:
                           recorded=rungs)
   if held:
     from normstudy.analysis import headroom_ladder
-    points = [(r.d_model, r.num_layers, module.rung_steps(r.num_layers, r.d_model))
+    points = [(r.d_model, r.num_layers, declared.ladder.rung_steps(r.num_layers, r.d_model))
               for r in held]
     prediction = headroom_ladder.write_prediction(FLAGS.workdir, points)
     print(f"[ladder] the held-out rungs' headroom, predicted before they train "

@@ -3,10 +3,12 @@
 Any config field can be overridden: --config.optimizer.clip_norm=10 --config.model.dtype=float32
 """
 
+# normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.
+from normstudy import cli  # pylint: disable=g-bad-import-order
+
 from absl import flags
 from ml_collections import config_flags
 
-from normstudy import cli
 from normstudy import errors
 
 FLAGS = flags.FLAGS

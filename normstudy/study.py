@@ -1,10 +1,11 @@
-"""Run every variant a config file lists, then the analysis.
+"""Run every arm of a config file's experiment, then the analysis.
 
   python -m normstudy.study --config=configs/seed_figure.py --workdir=DIR [--seeds=0,1,2]
       [--config.a.b=value ...]
 
-A config file lists its variants as data, `VARIANTS = {name: (label, {dotted.field: value})}`;
-each trains into DIR/<variant> with its settings, then the command-line overrides, applied.
+A config file's EXPERIMENT lists its arms as data, `arms={name: (label, {dotted.field: value})}`
+(normstudy.core.experiment); each of its study_arms (default: all) trains into DIR/<arm> with
+its settings, then the command-line overrides, applied.
 Variants that differ only in per-run fields (learning rate, clip, seed, ...) train in one program
 (normstudy.experiments.planning). A variant that halts is a result: the others go on, the figure
 shows where it stopped, and the command exits 0. Finished and halted runs are skipped, unfinished
@@ -15,10 +16,12 @@ arms.csv gives each arm's figures as median and range (sweep.json: each run's co
 
 import os
 
+# normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.
+from normstudy import cli  # pylint: disable=g-bad-import-order
+
 from absl import flags
 from ml_collections import config_flags
 
-from normstudy import cli
 from normstudy import errors
 
 FLAGS = flags.FLAGS
@@ -26,7 +29,7 @@ FLAGS = flags.FLAGS
 
 def define_flags():
   config_flags.DEFINE_config_file(
-      "config", None, "Config file listing VARIANTS (no :variant).", lock_config=True)
+      "config", None, "Config file whose EXPERIMENT lists the arms (no :arm).", lock_config=True)
   flags.DEFINE_string("workdir", None, "Study directory; one subdirectory per variant.")
   flags.DEFINE_bool("allow_config_change", False,
                     "Continue runs whose saved config differs in model, optimizer or data.")
@@ -51,22 +54,22 @@ def main(argv):
         f"normstudy.study runs every variant of a config file; drop ':{variant}' from "
         f"--config={path} (normstudy.main --config={path} runs that one variant)")
   from normstudy.experiments import grid  # the model stack, once --help is past
-  module = grid.load_config_module(path)
-  if not getattr(module, "VARIANTS", None):
-    raise errors.UserError(f"{path} lists no VARIANTS; normstudy.study runs a file's variants")
+  declared = grid.load_experiment(path)
+  if not declared.arms:
+    raise errors.UserError(f"{path}: EXPERIMENT lists no arms; normstudy.study runs a file's "
+                           "arms")
   cli.check_workers(FLAGS.workers)
-  declared = getattr(module, "EXPERIMENT", None)
   if FLAGS["seeds"].present and not FLAGS.seeds:  # `--seeds=` is no seed, not every variant
     raise errors.UserError("--seeds= names no seed; allowed: distinct integers >= 0, e.g. "
                            "--seeds=0,1,2 (leave the flag out for the file's own seeds)")
-  seeds = _seeds(FLAGS.seeds if FLAGS["seeds"].present or declared is None
+  seeds = _seeds(FLAGS.seeds if FLAGS["seeds"].present
                  else [str(seed) for seed in declared.seeds])
   from normstudy.records import storage
   storage.check_workdir(FLAGS.workdir)
   from normstudy import analysis
   from normstudy.experiments import planning  # the training stack, once the command line is good
   spec = grid.Grid(path, None, {"train.seed": seeds} if seeds else {},
-                   config_flags.get_override_values(FLAGS["config"]), module, study=True)
+                   config_flags.get_override_values(FLAGS["config"]), declared, study=True)
   if FLAGS.print_config:
     print(cli.runs_config_text(spec.runs(FLAGS.workdir)))
     return

@@ -3,12 +3,12 @@
   python -m normstudy.sweep --config=configs/seed_figure.py:pre_norm_clip1 --workdir=DIR \\
       --axis=optimizer.learning_rate=1e-3,3e-3,1e-2 --axis=train.seed=0,1,2 [--config.x=y ...]
 
-The grid is the product of the axes (normstudy.experiments.grid): with --config=FILE:VARIANT, of
-that variant; with --config=FILE, of every variant the file lists (each an arm, DIR/<variant>/...).
-A file may declare its own axes, `SWEEP = {dotted.field: [values]}`; --axis adds to them or
-replaces an axis of the same field (the same --axis twice, or a --config.X of an axis's field,
-is refused). A run's config is its arm's, then the file's SWEEP_SETTINGS, then --config.X, then
-the point's values; the grid is planned once (expanded, grouped into programs, every run
+The grid is the product of the axes (normstudy.experiments.grid): with --config=FILE:ARM, of
+that arm; with --config=FILE, of every arm of the file's EXPERIMENT (its sweep_arms; each in
+DIR/<arm>/...). The experiment's axes ({dotted.field: [values]}) are the sweep's; --axis adds to
+them or replaces an axis of the same field (the same --axis twice, or a --config.X of an axis's
+field, is refused). A run's config is its arm's, then the experiment's settings, then
+--config.X, then the point's values; the grid is planned once (expanded, grouped into programs, every run
 checked) and printed before anything trains. Points that differ only in data fields (learning
 rate, clip norm, weight decay, warm-up, Adam's betas and eps, seed, limits, loss-scale settings)
 share one compiled program (normstudy.engine.execution: vmapped on an accelerator, one run after
@@ -18,8 +18,8 @@ writes DIR/<run>/ as a single run does; stacked checkpoints live under DIR/check
 DIR/sweep.json lists the axes and each run's status. Re-running the same command resumes where
 it stopped.
 
-A file that declares an EXPERIMENT (normstudy.records.experiment) is run whole by
-`--config=FILE --workdir=DIR`: its axes and settings, its search (with its rounds and probes),
+A file's EXPERIMENT (normstudy.core.experiment) is run whole by `--config=FILE --workdir=DIR`:
+its axes and settings, its search (with its rounds and probes),
 then each of its parts into DIR/<part>, then the analysis of DIR (and the interaction with the
 sibling search it names); sweep.json records it. Flags still override what it declares.
 
@@ -35,10 +35,12 @@ sweep.json and the analysis.
 import dataclasses
 import os
 
+# normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.
+from normstudy import cli  # pylint: disable=g-bad-import-order
+
 from absl import flags
 from ml_collections import config_flags
 
-from normstudy import cli
 from normstudy import errors
 from normstudy.experiments import search
 
@@ -90,26 +92,25 @@ def main(argv):
     raise errors.UserError(f"unexpected arguments: {' '.join(argv[1:])}")
   spec = config_flags.get_config_filename(FLAGS["config"])
   path, _, variant = spec.partition(":")
-  module = grid.load_config_module(path)
-  declared = getattr(module, "EXPERIMENT", None)
-  axes = grid.axes_of(module, FLAGS.axis)
-  search_ = _parse_search(axes, declared.search if declared is not None else None)
+  declared = grid.load_experiment(path)
+  axes = grid.axes_of(declared, FLAGS.axis)
+  search_ = _parse_search(axes, declared.search)
   share = _parse_share(FLAGS.programs) if FLAGS.programs is not None else None
   _check_round(search_, share)
   if FLAGS.max_runs_per_program < 0:
     raise errors.UserError(f"--max_runs_per_program={FLAGS.max_runs_per_program} is not allowed;"
                            " allowed: 0 (no limit) or an integer >= 1")
-  if declared is not None and not FLAGS["max_runs_per_program"].present:
+  if not FLAGS["max_runs_per_program"].present:
     FLAGS.max_runs_per_program = declared.max_runs_per_program
   cli.check_workers(FLAGS.workers)
-  parts_only = declared is not None and not declared.has_main and bool(declared.parts)
+  parts_only = not declared.has_main and bool(declared.parts)
   if not axes and search_ is None and not parts_only:
-    raise errors.UserError(f"no axes: pass --axis=dotted.field=v1,v2,... or declare SWEEP in "
-                           f"{path}")
+    raise errors.UserError(f"no axes: pass --axis=dotted.field=v1,v2,... or declare axes in "
+                           f"{path}'s EXPERIMENT")
   overrides = config_flags.get_override_values(FLAGS["config"])
   for field in overrides:
     if field in axes:
-      origin = ("the file's SWEEP" if field in grid.file_axes(module, FLAGS.axis)
+      origin = ("the file's EXPERIMENT" if field in grid.file_axes(declared, FLAGS.axis)
                 else "an --axis flag")
       raise errors.UserError(
           f"--config.{field}={overrides[field]!r} would be overwritten by the sweep's axis "
@@ -118,8 +119,8 @@ def main(argv):
   if search_ is not None and search_.field in overrides:
     raise errors.UserError(f"--config.{search_.field}={overrides[search_.field]!r} would be "
                            f"overwritten by --search={FLAGS.search}; drop one")
-  spec = grid.Grid(path, variant or None, axes, overrides, module,
-                   file_axes=tuple(grid.file_axes(module, FLAGS.axis)))
+  spec = grid.Grid(path, variant or None, axes, overrides, declared,
+                   file_axes=tuple(grid.file_axes(declared, FLAGS.axis)))
   # Built (each config checked) before the training stack loads: a get_config that builds no
   # config is refused in a fraction of a second. A search's points stand at the file's value of
   # the searched field.
@@ -142,7 +143,7 @@ def main(argv):
                                                             workdir)
     if statuses is None:  # a share of a cluster's job array: the rest is the others'
       return
-    if declared is not None and (declared.parts or declared.against):
+    if declared.parts or declared.against:
       outputs.update(_parts_and_analysis(spec, declared, workdir, statuses))
     outputs = {name: storage.remote(out) for name, out in outputs.items()}
   for name, out in outputs.items():
@@ -189,7 +190,7 @@ def _part_runs(spec, part) -> list:
 
 def _parse_search(axes: dict, declared=None):
   """The Search of --search and --rounds (or of the file's EXPERIMENT, `declared`: a
-  normstudy.records.experiment.Search, its rounds and probes unless the flags say), or None;
+  normstudy.core.experiment.Search, its rounds and probes unless the flags say), or None;
   the searched field leaves `axes` (the file's grid of it: the search replaces it). UserError
   for what is wrong."""
   if FLAGS.search is None and declared is None:

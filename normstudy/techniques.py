@@ -6,19 +6,22 @@ every dtype searched, with its cost (`make techniques`).
 DIR holds one analysed search per dtype (any subdirectory with critical_lr.csv: `normstudy.sweep
 --config=configs/techniques.py --search=...`, which analyses itself; its dtype read from its
 runs) and, optionally, DIR/recipe: the arms at the recipe's learning rate (their eval loss and
-step time). Each technique's baseline comes from the config file's BASELINES. Writes
-DIR/techniques.csv and DIR/techniques.png (normstudy.analysis.techniques_report has the statistics).
+step time). Each technique's baseline comes from the config file's EXPERIMENT (its
+techniques.baselines). Writes DIR/techniques.csv and DIR/techniques.png
+(normstudy.analysis.techniques_report has the statistics).
 
-With a config that declares SPIKE_HANDLING (configs/spike_handling.py) and a DIR that is an
-analysed grid rather than searches (runs.csv, `make spike-handling`), it writes
+With a config whose techniques name spike handlers (configs/spike_handling.py) and a DIR that is
+an analysed grid rather than searches (runs.csv, `make spike-handling`), it writes
 DIR/spike_handling.csv alone: each technique against its baseline on runs of the same learning
-rate and seed (the measures the file's SPIKE_MEASURES names: "recovery" by default,
-"failure" for runs that spike and fail, configs/spike_failure.py).
+rate and seed (the measures its techniques name: "recovery" by default, "failure" for runs that
+spike and fail, configs/spike_failure.py).
 """
+
+# normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.
+from normstudy import cli  # pylint: disable=g-bad-import-order
 
 from absl import flags
 
-from normstudy import cli
 from normstudy import errors
 from normstudy.records import schema
 
@@ -29,7 +32,8 @@ RECIPE = "recipe"
 def define_flags():
   flags.DEFINE_string("workdir", None, "Directory holding a search per dtype and recipe/.")
   flags.DEFINE_string("config", "configs/techniques.py",
-                      "The config file whose BASELINES name each technique's baseline.")
+                      "The config file whose EXPERIMENT's techniques name each technique's "
+                      "baseline.")
   flags.mark_flags_as_required(["workdir"])
 
 
@@ -61,18 +65,19 @@ def main(argv):
   if not os.path.isdir(FLAGS.workdir):
     raise errors.UserError(f"--workdir={FLAGS.workdir} is not a directory")
   from normstudy.experiments import grid
-  module = grid.load_config_module(FLAGS.config)
-  baselines = getattr(module, "BASELINES", None)
-  if not isinstance(baselines, dict) or not baselines:
-    raise errors.UserError(f"--config={FLAGS.config} declares no BASELINES ({{technique: "
-                           "baseline arm}}, configs/techniques.py shows it)")
+  declared = grid.load_experiment(FLAGS.config).techniques
+  if declared is None or not isinstance(declared.baselines, dict) or not declared.baselines:
+    raise errors.UserError(f"--config={FLAGS.config} declares no techniques against baselines "
+                           "(EXPERIMENT's techniques=Techniques(baselines={technique: baseline "
+                           "arm}), configs/techniques.py shows it)")
+  baselines = declared.baselines
   found = searches(FLAGS.workdir)
-  handlers = tuple(getattr(module, "SPIKE_HANDLING", ()))
+  handlers = tuple(declared.spike_handling)
   from normstudy.analysis import techniques_report
-  measure_set = getattr(module, "SPIKE_MEASURES", "recovery")
+  measure_set = declared.measures
   if measure_set not in techniques_report.MEASURE_SETS:
-    raise errors.UserError(f"--config={FLAGS.config}: SPIKE_MEASURES={measure_set!r} is not "
-                           f"allowed; allowed: {', '.join(techniques_report.MEASURE_SETS)}")
+    raise errors.UserError(f"--config={FLAGS.config}: Techniques' measures={measure_set!r} is "
+                           f"not allowed; allowed: {', '.join(techniques_report.MEASURE_SETS)}")
   if not found and handlers and os.path.isfile(os.path.join(FLAGS.workdir, schema.RUN_TABLE)):
     # A grid of long runs (configs/spike_handling.py, configs/spike_failure.py): the
     # spike-handling comparison alone, with the measures the file names.

@@ -174,36 +174,25 @@ def test_the_prediction_is_written_once_and_kept(workdir):
   assert open(path, encoding="utf-8").read() == before and os.stat(path).st_mtime == 0
 
 
-class _Module:
-  """A config module's declarations (configs/drift.py's names)."""
+def _declared(drift=None, heldout=None, **changes):
+  """A drift Experiment of two arms and one weight decay, with `changes` to its Drift and
+  `heldout` to its Heldout."""
+  import dataclasses
 
-  class _Optimizer:
-    weight_decay = 0.01
-
-  class _Config:
-    pass
-
-  def __init__(self, **changes):
-    self.VARIANTS = {"a": ("A", {}), "b": ("B", {}), "a_wd0": ("A", {})}
-    self.ARMS = ("a", "b")
-    self.DECAY_BASE = "a"
-    self.WEIGHT_DECAYS = {"a_wd0": 0.0}
-    self.NUM_STEPS = 100
-    self.HELDOUT_STEPS = 200
-    self.HELDOUT_ARMS = ("a",)
-    self.HELDOUT_SEEDS = [0, 1, 2]
-    self.HELDOUT_FRACTIONS = (0.2, 0.5, 0.8)
-    for name, value in changes.items():
-      setattr(self, name, value)
-
-  def get_config(self, variant):
-    config = self._Config()
-    config.optimizer = self._Optimizer()
-    return config
+  from normstudy.core import config as config_lib
+  from normstudy.core.experiment import Drift, Experiment, Heldout
+  held = dataclasses.replace(Heldout(arms=("a",), steps=200, seeds=(0, 1, 2),
+                                     fractions=(0.2, 0.5, 0.8)), **(heldout or {}))
+  declared = Drift(law_arms=("a", "b"), decay_base="a", weight_decays={"a_wd0": 0.0},
+                   num_steps=100, heldout=held)
+  return Experiment(base=config_lib.default_config,
+                    arms={"a": ("A", {"optimizer.weight_decay": 0.01}), "b": ("B", {}),
+                          "a_wd0": ("A", {"optimizer.weight_decay": 0.0})},
+                    drift=dataclasses.replace(declared, **changes))
 
 
 def test_the_declared_experiment_is_recorded_whole():
-  plan = drift_runs.experiment("f.py", _Module())
+  plan = drift_runs.experiment("f.py", _declared())
   assert plan["decay_arms"] == {"a": 0.01, "a_wd0": 0.0}
   assert plan["heldout"] == {"arms": ["a"], "steps": 200, "seeds": [0, 1, 2],
                              "fractions": [0.2, 0.5, 0.8]}
@@ -213,22 +202,23 @@ def test_the_declared_experiment_is_recorded_whole():
 
 
 @pytest.mark.parametrize("changes,message", [
-    ({"HELDOUT_STEPS": 150}, "HELDOUT_STEPS=150 is not allowed; allowed: at least 2 x NUM_STEPS"),
-    ({"HELDOUT_ARMS": ("c",)}, "HELDOUT_ARMS c not among ARMS"),
-    ({"ARMS": ("a", "z")}, "z not among its VARIANTS"),
-    ({"HELDOUT_FRACTIONS": (0.5, 1.0)}, "HELDOUT_FRACTIONS=(0.5, 1.0) is not allowed"),
-    ({"NUM_STEPS": 0}, "NUM_STEPS=0 is not allowed"),
+    ({"heldout": {"steps": 150}},
+     "heldout.steps=150 is not allowed; allowed: at least 2 x num_steps"),
+    ({"heldout": {"arms": ("c",)}}, "the held-out arms c are not among the law's arms"),
+    ({"law_arms": ("a", "z")}, "z not among its EXPERIMENT's arms"),
+    ({"heldout": {"fractions": (0.5, 1.0)}}, "heldout.fractions=(0.5, 1.0) is not allowed"),
+    ({"num_steps": 0}, "num_steps=0 is not allowed"),
 ])
 def test_a_bad_declaration_is_one_line_naming_it(changes, message):
   with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
-    drift_runs.experiment("f.py", _Module(**changes))
+    drift_runs.experiment("f.py", _declared(**changes))
 
 
 def test_a_workdir_holding_another_experiment_is_refused(tmp_path):
-  plan = drift_runs.experiment("f.py", _Module())
+  plan = drift_runs.experiment("f.py", _declared())
   drift_runs.write_plan(str(tmp_path), plan)
   assert drift_runs.write_plan(str(tmp_path), dict(plan))["arms"] == ["a", "b"]
-  other = drift_runs.experiment("f.py", _Module(HELDOUT_STEPS=300))
+  other = drift_runs.experiment("f.py", _declared(heldout={"steps": 300}))
   with pytest.raises(UserError, match="holds another drift experiment"):
     drift_runs.write_plan(str(tmp_path), other)
 

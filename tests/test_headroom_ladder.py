@@ -110,31 +110,27 @@ def test_no_data_writes_no_prediction(tmp_path):
   assert got.empty and not (tmp_path / headroom_ladder.PREDICTION).exists()
 
 
-class _File:
-  LADDER_RUNGS = [(4, 64), (4, 128), (16, 64)]
-
-  @staticmethod
-  def rung_steps(num_layers, d_model):
-    return 100
+def _ladder(heldout):
+  from normstudy.core.experiment import Experiment, Ladder
+  return Experiment(ladder=Ladder(rungs=((4, 64), (4, 128), (16, 64)), heldout=heldout,
+                                  rung_steps=lambda num_layers, d_model: 100))
 
 
 def test_a_held_out_rung_must_be_a_rung_of_the_file():
-  module = _File()
-  module.HEADROOM_HELDOUT = [(4, 512)]
-  with pytest.raises(UserError, match="must name rungs of LADDER_RUNGS"):
-    ladder_runs.headroom_heldout(module, "f.py")
-  module.HEADROOM_HELDOUT = list(_File.LADDER_RUNGS)
+  with pytest.raises(UserError, match="must name rungs of its rungs"):
+    ladder_runs.headroom_heldout(_ladder(((4, 512),)), "f.py")
   with pytest.raises(UserError, match="holds out every rung"):
-    ladder_runs.headroom_heldout(module, "f.py")
-  module.HEADROOM_HELDOUT = [(16, 64)]
-  assert ladder_runs.headroom_heldout(module, "f.py") == {(16, 64)}
+    ladder_runs.headroom_heldout(_ladder(((4, 64), (4, 128), (16, 64))), "f.py")
+  assert ladder_runs.headroom_heldout(_ladder(((16, 64),)), "f.py") == {(16, 64)}
 
 
 def test_the_declared_ladder_holds_out_its_largest_width_and_depth():
-  from configs import headroom_ladder as declared
+  from configs import headroom_ladder
+  declared = headroom_ladder.EXPERIMENT
   held = ladder_runs.headroom_heldout(declared, "configs/headroom_ladder.py")
-  widths = [d for layers, d in declared.LADDER_RUNGS if layers == 4]
-  depths = [layers for layers, d in declared.LADDER_RUNGS if d == 64]
+  widths = [d for layers, d in declared.ladder.rungs if layers == 4]
+  depths = [layers for layers, d in declared.ladder.rungs if d == 64]
   assert held == {(4, max(widths)), (max(depths), 64)}
-  assert declared.rung_overrides(4, 512)["train.num_steps"] == declared.LARGE_STEPS
-  assert "train.num_steps" not in declared.rung_overrides(4, 64)
+  overrides = declared.ladder.rung_overrides
+  assert overrides(4, 512)["train.num_steps"] == headroom_ladder.LARGE_STEPS
+  assert "train.num_steps" not in overrides(4, 64)

@@ -6,6 +6,7 @@ import ast
 import os
 import pkgutil
 import re
+import runpy
 import subprocess
 import sys
 
@@ -313,31 +314,52 @@ def test_a_workdir_url_that_cannot_be_used_is_refused_before_the_training_stack_
     assert out.stdout.strip().splitlines()[-1] == "exit 2 False False", out.stdout
 
 
-def test_every_experiment_is_declared_once_and_the_makefile_passes_only_where_and_how():
-  """Issue 77: no config file declares the older module tables (each declares one EXPERIMENT),
-  the analysis's reports are the ones an experiment may name, and every make target of an
-  experiment passes its command only --config, --workdir and --workers."""
+def test_every_config_file_is_one_experiment_and_every_make_target_is_one_rule():
+  """Issue 87: every config file, loaded as the commands load it, yields an Experiment whose
+  get_config is the file's (no exemption) and builds each of its arms; the analysis's reports
+  are the ones an experiment may name; every make target of an experiment is the one pattern
+  rule running normstudy.run on configs/<its config>.py."""
   from normstudy import analysis
-  from normstudy.records import experiment
+  from normstudy.core import experiment
+  from normstudy.experiments import grid
   configs = os.path.join(runs.REPO, "configs")
-  for name in sorted(os.listdir(configs)):
-    if name.endswith(".py"):
-      text = open(os.path.join(configs, name), encoding="utf-8").read()
-      assert not re.findall(r"^(VARIANTS|SWEEP\w*|STUDY_VARIANTS)\b", text, re.M), name
-      # lm.py: sizes, not an experiment; a ladder of declared parts (ladder_mup.py) declares none.
-      if "def get_config" in text and name != "lm.py" and "LADDER_PARTS" not in text:
-        assert len(re.findall(r"^EXPERIMENT = ", text, re.M)) == 1, name
+  names = sorted(n for n in os.listdir(configs) if n.endswith(".py") and n != "__init__.py")
+  assert len(names) >= 28
+  for name in names:
+    path = os.path.join(configs, name)
+    declared = grid.load_experiment(path)
+    assert isinstance(declared, experiment.Experiment), name
+    assert declared.kind in experiment.KINDS, name
+    get_config = runpy.run_path(path)["get_config"]
+    assert getattr(get_config, "__func__", None) is experiment.Experiment.get_config, name
+    for arm in declared.arms:
+      assert declared.get_config(arm).label == declared.arms[arm][0], (name, arm)
   assert tuple(r.name for r in analysis.REPORTS) == experiment.REPORTS
   makefile = open(os.path.join(runs.REPO, "Makefile"), encoding="utf-8").read()
-  # A recipe's line starts with a tab; a backslash continues it.
-  recipes = re.findall(r"^\t[^\n]*?-m (normstudy\.\w+)((?:[^\n]*\\\n)*[^\n]*)", makefile, re.M)
-  commands = {"normstudy.sweep", "normstudy.study", "normstudy.ladder", "normstudy.drift",
-              "normstudy.techniques", "normstudy.context_gap"}
-  checked = 0
-  for module, args in recipes:
-    if module not in commands:
-      continue
-    checked += 1
-    for token in args.replace("\\\n", " ").split():
-      assert re.match(r"(--config=|--workdir=|\$\(WORKERS_FLAG\))", token), (module, token)
-  assert checked >= 20
+  recipes = re.findall(r"^\t[^\n]*?-m (normstudy\.\w+)", makefile, re.M)
+  assert recipes.count("normstudy.run") == 1, recipes
+  for other in ("normstudy.sweep", "normstudy.study", "normstudy.ladder", "normstudy.drift",
+                "normstudy.techniques", "normstudy.context_gap", "normstudy.forecast"):
+    assert other not in recipes, other
+  targets = re.search(r"^EXPERIMENTS := ((?:[^\n]*\\\n)*[^\n]*)", makefile, re.M).group(1)
+  targets = targets.replace("\\\n", " ").split()
+  assert len(targets) >= 20
+  for target in targets:  # each names a config file that exists (its own or by CONFIG)
+    own = re.search(rf"^(?:[\w-]+ )*{re.escape(target)}(?: [\w-]+)*: CONFIG = (\w+)$",
+                    makefile, re.M)
+    config = own.group(1) if own else target.replace("-", "_")
+    assert os.path.isfile(os.path.join(configs, config + ".py")), target
+
+
+def test_importing_the_package_has_no_side_effects():
+  """Issue 87: `import normstudy` (a notebook's, a library user's) sets no environment variable,
+  installs no signal handler and defines no attribute besides its docstring's."""
+  code = ("import os, signal, sys\n"
+          "env, handler = dict(os.environ), signal.getsignal(signal.SIGINT)\n"
+          "sys.argv = ['-m']\n"  # as `python -m normstudy.<command>` imports the package
+          "import normstudy\n"
+          "assert dict(os.environ) == env and signal.getsignal(signal.SIGINT) is handler\n"
+          "print(sorted(n for n in vars(normstudy) if not n.startswith('__')))\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=runs.REPO, check=True)
+  assert out.stdout.strip() == "[]", out.stdout

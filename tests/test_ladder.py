@@ -1,6 +1,7 @@
 """The ladder's statistics (normstudy.analysis.ladder_report) against scipy, the matrix form of least
 squares, and simulated ladders whose power law is known."""
 
+import dataclasses
 import math
 import os
 import re
@@ -11,6 +12,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from normstudy.analysis import ladder_report
+from normstudy.core.experiment import Search
 
 WIDTHS = np.array([32.0, 64.0, 128.0, 256.0])
 
@@ -184,8 +186,8 @@ def test_the_ladder_file_plans_one_search_per_rung_and_dtype():
   from configs import ladder as ladder_config
   from normstudy.experiments import grid
   from normstudy.experiments import ladder_runs as experiment
-  module = grid.load_config_module("configs/ladder.py")
-  rungs = experiment.plan_rungs("configs/ladder.py", module)
+  declared = grid.load_experiment("configs/ladder.py")
+  rungs = experiment.plan_rungs("configs/ladder.py", declared)
   assert len(rungs) == len(ladder_config.LADDER_RUNGS) * len(ladder_config.LADDER_DTYPES)
   assert len({r.directory for r in rungs}) == len(rungs)
   wide = next(r for r in rungs if (r.dtype, r.num_layers, r.d_model) == ("float32", 4, 128))
@@ -193,34 +195,34 @@ def test_the_ladder_file_plans_one_search_per_rung_and_dtype():
   search = ladder_config.LADDER_SEARCH
   assert wide.argv == (
       "--config=configs/ladder.py",
-      f"--search=optimizer.learning_rate:{search['low']:g},{search['high']:g}",
-      f"--rounds={search['rounds']}", f"--probe_decades={search['probe_decades']:g}",
+      f"--search=optimizer.learning_rate:{search.low:g},{search.high:g}",
+      f"--rounds={search.rounds}", f"--probe_decades={search.probe_decades:g}",
       "--config.model.dtype=float32", "--config.model.num_layers=4",
       "--config.model.d_model=128", "--config.model.d_ff=512", "--config.model.num_heads=8")
-  only = experiment.plan_rungs("configs/ladder.py", module, ["float16"])
+  only = experiment.plan_rungs("configs/ladder.py", declared, ["float16"])
   assert {r.dtype for r in only} == {"float16"}
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("LADDER_RUNGS", [(4, 32), (4, 32)], "lists a rung twice"),
-    ("LADDER_RUNGS", [(4, 0)], "LADDER_RUNGS=[(4, 0)] is not allowed"),
-    ("LADDER_DTYPES", ("float8",), "LADDER_DTYPES=('float8',) is not allowed"),
-    ("LADDER_SEARCH", {"field": "optimizer.learning_rate", "low": 3, "high": 1},
-     "allowed: 0 < LOW < HIGH"),
-    ("rung_overrides", None, "does not define rung_overrides"),
+    ("rungs", [(4, 32), (4, 32)], "list a rung twice"),
+    ("rungs", [(4, 0)], "rungs=[(4, 0)] is not allowed"),
+    ("dtypes", ("float8",), "dtypes=('float8',) is not allowed"),
+    ("search", Search("optimizer.learning_rate", 3, 1, rounds=3), "allowed: 0 < LOW < HIGH"),
+    ("rung_overrides", None, "does not declare rung_overrides"),
+    ("learning_rates", (0.1, 1.0), "exactly one of search and learning_rates"),
 ])
 def test_a_wrong_ladder_file_is_refused_in_one_line(field, value, message):
-  import types
+  import dataclasses
   from normstudy.errors import UserError
   from normstudy.experiments import grid
   from normstudy.experiments import ladder_runs as experiment
-  module = vars(grid.load_config_module("configs/ladder.py")).copy()
-  if value is None:
-    del module[field]
-  else:
-    module[field] = value
+  declared = grid.load_experiment("configs/ladder.py")
+  declared = dataclasses.replace(declared, ladder=dataclasses.replace(declared.ladder,
+                                                                      **{field: value}))
   with pytest.raises(UserError, match=re.escape(message)):
-    experiment.plan_rungs("configs/ladder.py", types.SimpleNamespace(**module))
+    experiment.plan_rungs("configs/ladder.py", declared)
+  with pytest.raises(UserError, match="is not a ladder: its EXPERIMENT declares no ladder"):
+    experiment.plan_rungs("configs/survival.py", grid.load_experiment("configs/survival.py"))
 
 
 def test_the_ladder_command_refuses_a_dtype_its_file_does_not_declare(tmp_path):
@@ -228,7 +230,7 @@ def test_the_ladder_command_refuses_a_dtype_its_file_does_not_declare(tmp_path):
   refused = runs.run_module("normstudy.ladder", "--config=configs/ladder.py",
                             f"--workdir={tmp_path / 'ladder'}", "--dtypes=bfloat16", check=False)
   assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
-  assert "bfloat16 is not among configs/ladder.py's LADDER_DTYPES" in refused.stderr
+  assert "bfloat16 is not among configs/ladder.py's Ladder's dtypes" in refused.stderr
   assert not (tmp_path / "ladder").exists()
 
 
@@ -238,10 +240,11 @@ def test_the_gpu_ladder_continues_the_cpu_ladder_at_larger_rungs():
   from normstudy.experiments import grid
   from normstudy.experiments import ladder_runs as experiment
   rungs = experiment.plan_rungs("configs/ladder_gpu.py",
-                                grid.load_config_module("configs/ladder_gpu.py"))
+                                grid.load_experiment("configs/ladder_gpu.py"))
   assert max((r.num_layers, r.d_model) for r in rungs) == (24, 1024)  # MERT's shape
   assert not {(r.num_layers, r.d_model) for r in rungs} & set(cpu.LADDER_RUNGS)
-  assert gpu.LADDER_SEARCH == cpu.LADDER_SEARCH and gpu.EXPERIMENT == cpu.EXPERIMENT
+  same = lambda e: dataclasses.replace(e, ladder=dataclasses.replace(e.ladder, rungs=()))  # noqa: E731
+  assert same(gpu.EXPERIMENT) == same(cpu.EXPERIMENT)  # only the rungs differ
   assert gpu.get_config("pre_norm_clip1").to_dict() == cpu.get_config("pre_norm_clip1").to_dict()
 
 

@@ -13,6 +13,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from normstudy.analysis import ladder_sensitivity
+from normstudy.core.experiment import Search
 from test_techniques_table import _holm
 from normstudy.records import schema
 
@@ -172,8 +173,8 @@ def test_the_sensitivity_ladder_plans_a_learning_rate_grid_per_rung():
   from configs import ladder_sensitivity as config
   from normstudy.experiments import grid
   from normstudy.experiments import ladder_runs
-  module = grid.load_config_module("configs/ladder_sensitivity.py")
-  rungs = ladder_runs.plan_rungs("configs/ladder_sensitivity.py", module)
+  declared = grid.load_experiment("configs/ladder_sensitivity.py")
+  rungs = ladder_runs.plan_rungs("configs/ladder_sensitivity.py", declared)
   assert [(r.dtype, r.num_layers, r.d_model) for r in rungs] == [
       ("float16", layers, width) for layers, width in config.LADDER_RUNGS]
   assert rungs[0].argv == (
@@ -191,16 +192,17 @@ def test_the_sensitivity_ladder_plans_a_learning_rate_grid_per_rung():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"LADDER_LEARNING_RATES": [1e-3]}, "LADDER_LEARNING_RATES=[0.001] is not allowed"),
-    ({"LADDER_LEARNING_RATES": [1e-3, -1.0]}, "at least 2 distinct learning rates > 0"),
-    ({"LADDER_SEARCH": {"field": "optimizer.learning_rate", "low": 0.1, "high": 1}},
-     "exactly one of LADDER_SEARCH and LADDER_LEARNING_RATES"),
+    ({"learning_rates": [1e-3]}, "learning_rates=[0.001] is not allowed"),
+    ({"learning_rates": [1e-3, -1.0]}, "at least 2 distinct learning rates > 0"),
+    ({"search": Search("optimizer.learning_rate", 0.1, 1.0, rounds=3)},
+     "exactly one of search and learning_rates"),
 ])
 def test_a_wrong_sensitivity_ladder_is_refused_in_one_line(change, message):
-  import types
+  import dataclasses
   from normstudy.errors import UserError
   from normstudy.experiments import grid
   from normstudy.experiments import ladder_runs
-  module = dict(vars(grid.load_config_module("configs/ladder_sensitivity.py")), **change)
+  declared = grid.load_experiment("configs/ladder_sensitivity.py")
+  declared = dataclasses.replace(declared, ladder=dataclasses.replace(declared.ladder, **change))
   with pytest.raises(UserError, match=re.escape(message)):
-    ladder_runs.plan_rungs("configs/ladder_sensitivity.py", types.SimpleNamespace(**module))
+    ladder_runs.plan_rungs("configs/ladder_sensitivity.py", declared)

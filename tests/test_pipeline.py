@@ -17,7 +17,7 @@ import runs
 pytestmark = pytest.mark.slow
 
 SEED_FIGURE = "configs/seed_figure.py"
-VARIANTS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
+STUDY_ARMS = ("pre_norm_clip10", "pre_norm_clip1", "post_norm_deepnorm_clip1",
             "pre_norm_attn_relax_clip1")
 LABELS = ("Pre-Norm | Gradient Clip=10 | Run 1", "Pre-Norm | Gradient Clip=1 | Run 2",
           "Post-Norm | DeepNorm | Gradient Clip=1",
@@ -30,23 +30,18 @@ def _halting_study(tmp_path):
   """The seed figure with its attention-relax arm at a learning rate of 1e3 (and a loss-scale
   floor of 32, so its overflow storm reaches the floor within a few steps)."""
   path = tmp_path / "halting_study.py"
-  path.write_text(textwrap.dedent(f"""
+  path.write_text(textwrap.dedent("""
+      import dataclasses
+
       from configs import seed_figure
-      from normstudy.core import config as config_lib
 
-      VARIANTS = dict(seed_figure.EXPERIMENT.arms)
-      STUDY_VARIANTS = seed_figure.EXPERIMENT.study_arms
-      label, settings = VARIANTS["pre_norm_attn_relax_clip1"]
-      VARIANTS["pre_norm_attn_relax_clip1"] = (label, {{
+      ARMS = dict(seed_figure.EXPERIMENT.arms)
+      label, settings = ARMS["pre_norm_attn_relax_clip1"]
+      ARMS["pre_norm_attn_relax_clip1"] = (label, {
           **settings, "optimizer.learning_rate": 1e3,
-          "optimizer.loss_scale.min_scale": 32.0}})
-
-      def get_config(variant="pre_norm_clip1"):
-        label, settings = VARIANTS[variant]
-        config = seed_figure.base_config()
-        config.label = label
-        config_lib.apply_overrides(config, settings)
-        return config
+          "optimizer.loss_scale.min_scale": 32.0})
+      EXPERIMENT = dataclasses.replace(seed_figure.EXPERIMENT, arms=ARMS, seeds=())
+      get_config = EXPERIMENT.get_config
       """))
   return str(path)
 
@@ -63,7 +58,7 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
   result = runs.run_inline("normstudy.study", *args,  # exit 0: a halted arm is a result
                            environ={"NORMSTUDY_FIGURE_FORMATS": "svg"})
   assert f"figure: {study}/loss_comparison.png" in result.stdout
-  for variant, label in zip(VARIANTS[:3], LABELS):
+  for variant, label in zip(STUDY_ARMS[:3], LABELS):
     run_dir = study / variant
     recs = runs.records(run_dir)
     assert [r["step"] for r in recs] == list(range(1, 7))
@@ -96,9 +91,9 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
   assert (study / "loss_comparison.svg").exists()
   summary = pd.read_csv(study / "summary.csv").set_index("run")
   assert sorted(summary.label) == sorted(LABELS)
-  assert list(summary.status[list(VARIANTS)]) == ["finished"] * 3 + ["halted"]
+  assert list(summary.status[list(STUDY_ARMS)]) == ["finished"] * 3 + ["halted"]
   assert summary.loc["pre_norm_attn_relax_clip1", "halt_reason"] == halted["halt_reason"]
-  for variant in VARIANTS[:3]:
+  for variant in STUDY_ARMS[:3]:
     row = summary.loc[variant]
     recs = runs.records(study / variant)
     assert row.steps == 6
@@ -114,15 +109,15 @@ def test_study_with_a_halting_arm_then_extension_and_skips(tmp_path):
 
   # Extending the study resumes every run from its last checkpoint: no step is logged twice,
   # and the halted arm stays a result.
-  first = {v: runs.records(study / v) for v in VARIANTS}
+  first = {v: runs.records(study / v) for v in STUDY_ARMS}
   extended = (f"--config={config}", f"--workdir={study}", *runs.tiny_args(data_dir, num_steps=9),
               "--workers=1")
   result = runs.run_inline("normstudy.study", *extended)
-  for variant in VARIANTS[:3]:
+  for variant in STUDY_ARMS[:3]:
     recs = runs.records(study / variant)
     assert [r["step"] for r in recs] == list(range(1, 10))
     assert recs[:6] == first[variant]
-  assert runs.records(study / VARIANTS[3]) == first[VARIANTS[3]]
+  assert runs.records(study / STUDY_ARMS[3]) == first[STUDY_ARMS[3]]
   assert "keeps the horizon of 6 steps" in result.stderr
   # A finished study is skipped program by program.
   again = runs.run_inline("normstudy.study", *extended)

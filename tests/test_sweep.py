@@ -11,6 +11,7 @@ import pytest
 
 from normstudy import errors
 from normstudy.core import labels
+from normstudy.core.experiment import Experiment
 from normstudy.engine import execution
 from normstudy.engine import schedule
 from normstudy.experiments import grid
@@ -31,7 +32,7 @@ def test_axes_parse_merge_and_name_points(tmp_path):
   for bad in ("optimizer.learning_rate", "=1,2", "train.seed=1,,2"):
     with pytest.raises(errors.UserError, match="is not of the form"):
       grid.parse_axis(bad)
-  module = type("Module", (), {"SWEEP": {"train.seed": [0, 1], "optimizer.clip_norm": [1.0]}})
+  module = Experiment(axes={"train.seed": [0, 1], "optimizer.clip_norm": [1.0]})
   axes = grid.axes_of(module, ["train.seed=5,6,7"])
   assert axes == {"train.seed": [5, 6, 7], "optimizer.clip_norm": [1.0]}
   with pytest.raises(errors.UserError, match="repeats a value"):
@@ -83,13 +84,13 @@ def test_grid_points_of_a_file_and_of_one_variant(tmp_path):
 
 def test_a_sweep_of_the_seed_figure_takes_its_sweep_arms_and_settings():
   path = os.path.join(runs.REPO, "configs", "seed_figure.py")
-  module = grid.load_config_module(path)
+  module = grid.load_experiment(path)
   swept = grid.points(path, None, {"train.seed": [0]}, {"train.log_every": 7}, sweep=True)
-  assert [p.arm for p in swept] == list(module.SWEEP_VARIANTS)  # the relax-DeepNorm one too
-  assert len(module.SWEEP_VARIANTS) == 5 and len(module.STUDY_VARIANTS) == 4
+  assert [p.arm for p in swept] == list(module.sweep_arms)  # the relax-DeepNorm one too
+  assert len(module.sweep_arms) == 5 and len(module.study_arms) == 4
   for p in swept:
-    # SWEEP_SETTINGS apply, then the command line's overrides win.
-    assert p.config.train.num_steps == module.SWEEP_SETTINGS["train.num_steps"]
+    # The experiment's settings apply, then the command line's overrides win.
+    assert p.config.train.num_steps == module.settings["train.num_steps"]
     assert p.config.train.log_every == 7
   # A curve of a sweep is many runs: no "Run 1"/"Run 2" of the seed figure in its legend.
   assert [labels.resolve(p.config, template=p.arm_template) for p in swept][:2] == [
@@ -98,7 +99,7 @@ def test_a_sweep_of_the_seed_figure_takes_its_sweep_arms_and_settings():
   assert (relax_deepnorm.placement, relax_deepnorm.attention_relax) == ("deepnorm", 32.0)
   # A study of the file is its four arms with their recipe untouched.
   study = grid.points(path, None, {}, {})
-  assert [p.arm for p in study] == list(module.STUDY_VARIANTS)
+  assert [p.arm for p in study] == list(module.study_arms)
   assert all(p.config.train.num_steps == 1000 for p in study)
   axes = grid.axes_of(module, [])
   assert len(axes["optimizer.learning_rate"]) >= 6 and len(axes["train.seed"]) >= 3
@@ -342,7 +343,7 @@ def test_sweep_command_resumes_bit_exactly_after_sigkill(tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_point_is_reproduced_by_the_command_sweep_json_gives(tmp_path):
-  # The file's SWEEP_SETTINGS (warm-up 20, records every 5 steps) and its SWEEP axis of seeds
+  # The experiment's settings (warm-up 20, records every 5 steps) and its axis of seeds
   # apply besides the command line's axis: the listed overrides must carry all of them.
   data_dir = tmp_path / "tfds"
   args = ("--config=configs/seed_figure.py:pre_norm_clip1",
@@ -365,7 +366,7 @@ def test_a_sweep_point_is_reproduced_by_the_command_sweep_json_gives(tmp_path):
   reproduced, original = runs.trajectory(alone), runs.trajectory(swept / second["name"])
   assert [r["step"] for r in reproduced] == [r["step"] for r in original]
   # The same run, bit for bit: losses, gradient norms, learning rates (warm-up 20 from
-  # SWEEP_SETTINGS: without it the run would differ from step 1) and eval losses.
+  # the experiment's settings: without it the run would differ from step 1) and eval losses.
   assert reproduced == original
   assert runs.read_json(alone / "run.json")["label"] == runs.read_json(
       swept / second["name"] / "run.json")["label"]
@@ -390,12 +391,12 @@ def test_sweep_arguments_that_clash_or_are_not_finite_are_refused_before_anythin
   workdir = tmp_path / "wd"
   base = ("--config=configs/seed_figure.py:pre_norm_clip1", f"--workdir={workdir}",
           *runs.tiny_args(tmp_path / "tfds"))
-  # A --config.X that the file's SWEEP axis would overwrite: one line naming both, exit 2.
+  # A --config.X that the experiment's axis would overwrite: one line naming both, exit 2.
   clash = runs.run_module("normstudy.sweep", *base, "--config.optimizer.learning_rate=-1e-3",
                           check=False)
   assert clash.returncode == 2 and "Traceback" not in clash.stderr
   assert ("--config.optimizer.learning_rate=-0.001 would be overwritten by the sweep's axis "
-          "optimizer.learning_rate (the file's SWEEP") in clash.stderr
+          "optimizer.learning_rate (the file's EXPERIMENT") in clash.stderr
   # A non-finite axis value: the field's one line.
   inf = runs.run_module("normstudy.sweep", *base, "--axis=optimizer.learning_rate=1e999,1e-3",
                         check=False)
@@ -416,7 +417,7 @@ def test_sweep_arguments_that_clash_or_are_not_finite_are_refused_before_anythin
       "--axis=optimizer.learning_rate=")
   # A bug in the user's own get_config is shown with its place, not as a bare 'v'.
   buggy = tmp_path / "buggy.py"
-  buggy.write_text("from normstudy import config\n\n\ndef get_config(arg=None):\n"
+  buggy.write_text("from normstudy.core import config\n\n\ndef get_config(arg=None):\n"
                    "  table = {}\n  return table['v']\n")
   broken = runs.run_module("normstudy.main", f"--config={buggy}", f"--workdir={workdir}",
                            check=False)
@@ -587,27 +588,45 @@ def test_the_sweep_eta_is_within_30_percent_once_a_tenth_is_done(monkeypatch, wo
     assert old_misses > 0
 
 
-@pytest.mark.parametrize("table, value, shape", [
-    ("SWEEP", '["optimizer.learning_rate"]', "is not {dotted.field: [value, ...]}"),
-    ("SWEEP", '{"train.seed": 3}', "is not {dotted.field: [value, ...]}"),
-    ("VARIANTS", '{"a": {"model.placement": "post_ln"}}',
+@pytest.mark.parametrize("field, value, shape", [
+    ("axes", '["optimizer.learning_rate"]', "is not {dotted.field: [value, ...]}"),
+    ("axes", '{"train.seed": 3}', "is not {dotted.field: [value, ...]}"),
+    ("arms", '{"a": {"model.placement": "post_ln"}}',
      "is not {name: (label, {dotted.field: value})}"),
-    ("SWEEP_VARIANTS", '"pre_norm_clip1"', "is not a list of VARIANTS' names"),
-    ("SWEEP_SETTINGS", '[("train.num_steps", 5)]', "is not {dotted.field: value}"),
+    ("sweep_arms", '"pre_norm_clip1"', "is not a list of its arms' names"),
+    ("sweep_arms", '("pre_norm_clip2",)', "names pre_norm_clip2, not among its arms"),
+    ("settings", '[("train.num_steps", 5)]', "is not {dotted.field: value}"),
+    ("report", '"figure"', "report='figure' is not allowed"),
+    ("base", 'None', "declares no base config"),
 ])
-def test_a_malformed_table_in_a_config_file_is_one_line(tmp_path, table, value, shape):
+def test_a_malformed_experiment_in_a_config_file_is_one_line(tmp_path, field, value, shape):
   """Once an AttributeError traceback after the plan (issue 45)."""
   from normstudy import errors
   path = tmp_path / "bad.py"
-  path.write_text(f"from configs.seed_figure import get_config\n{table} = {value}\n")
+  path.write_text("import dataclasses\nfrom configs import seed_figure\n"
+                  f"EXPERIMENT = dataclasses.replace(seed_figure.EXPERIMENT, {field}={value})\n"
+                  "get_config = EXPERIMENT.get_config\n")
   with pytest.raises(errors.UserError) as refused:
-    grid.load_config_module(str(path))
-  assert str(refused.value).startswith(f"{path}: {table} = ") and shape in str(refused.value)
+    grid.load_experiment(str(path))
+  assert str(refused.value).startswith(f"{path}: ") and shape in str(refused.value)
   assert "\n" not in str(refused.value)
 
 
+def test_a_config_file_without_an_experiment_is_one_line(tmp_path):
+  """A file of the older module tables (or none): what to declare instead, naming the file."""
+  path = tmp_path / "old.py"
+  path.write_text("from configs.seed_figure import get_config\nVARIANTS = {}\n")
+  refused = runs.run_inline("normstudy.sweep", f"--config={path}", f"--workdir={tmp_path / 'w'}",
+                            check=False)
+  assert refused.returncode == 2 and not (tmp_path / "w").exists()
+  assert refused.stderr.strip().splitlines()[-1] == (
+      f"error: {path} exports no EXPERIMENT (a normstudy.core.experiment.Experiment): a config "
+      "file declares what it runs there, and `get_config = EXPERIMENT.get_config`; "
+      "configs/seed_figure.py shows both")
+
+
 def test_the_config_file_is_loaded_once(tmp_path):
-  """A sweep reads its file's tables from the module the --config flag loaded, rather than
+  """A sweep reads its file's EXPERIMENT from the module the --config flag loaded, rather than
   running the file a second time (a file with side effects, or a slow one, runs once)."""
   log = tmp_path / "loads.txt"
   config = tmp_path / "counted.py"
@@ -615,9 +634,10 @@ def test_the_config_file_is_loaded_once(tmp_path):
       "import os\n"
       f"with open({str(log)!r}, 'a') as f:\n"
       "  f.write('loaded\\n')\n"
+      "import dataclasses\n"
       "from configs import seed_figure\n"
-      "get_config = seed_figure.get_config\n"
-      "SWEEP = {'train.seed': [0, 1]}\n")
+      "EXPERIMENT = dataclasses.replace(seed_figure.EXPERIMENT, axes={'train.seed': [0, 1]})\n"
+      "get_config = EXPERIMENT.get_config\n")
   result = runs.run_inline("normstudy.sweep", f"--config={config}",
                            f"--workdir={tmp_path / 'w'}", "--max_runs_per_program=-1",
                            check=False)
@@ -634,27 +654,24 @@ def test_a_declared_experiment_runs_whole_from_its_file_and_is_recorded(tmp_path
   config = tmp_path / "declared.py"
   config.write_text(textwrap.dedent("""
       from configs import seed_figure
-      from normstudy.core import config as config_lib
-      from normstudy.records.experiment import Experiment, Part, Search
+      from normstudy.core.experiment import Experiment, Part, Search
 
       ARMS = {name: seed_figure.EXPERIMENT.arms[name]
               for name in ("pre_norm_clip1", "post_norm_deepnorm_clip1")}
       EXPERIMENT = Experiment(
-          arms=ARMS, axes={"train.seed": [0]}, settings={"label": "{auto}"},
+          base=seed_figure.base_config, arms=ARMS, axes={"train.seed": [0]},
+          settings={"label": "{auto}"},
           search=Search("optimizer.learning_rate", 0.01, 100.0, rounds=1),
           parts={"learning": Part(axes={"optimizer.learning_rate": [0.003],
                                         "train.seed": [0]})},
           report="critical learning rate by search")
-
-      def get_config(variant="pre_norm_clip1"):
-        return config_lib.variant_config(EXPERIMENT.arms, seed_figure.base_config, variant,
-                                         "declared.py")
+      get_config = EXPERIMENT.get_config
       """))
   workdir = tmp_path / "w"
   runs.run_inline("normstudy.sweep", f"--config={config}", f"--workdir={workdir}",
                   *runs.tiny_args(tmp_path / "tfds", num_steps=6), "--workers=1")
   from normstudy.experiments import grid
-  declared = grid.load_config_module(str(config)).EXPERIMENT
+  declared = grid.load_experiment(str(config))
   record = json.loads((workdir / "sweep.json").read_text())
   assert record["experiment"] == declared.as_json()
   assert record["search"]["rounds"] == 1  # the file's, not the flag's default
@@ -674,8 +691,10 @@ def test_a_grid_of_a_seed_figure_arm_is_no_single_run_in_its_labels(tmp_path):
   whose config keeps the seed figure's label, swept over seeds."""
   from normstudy.experiments import grid
   own = tmp_path / "mine.py"
-  own.write_text("from configs import seed_figure\n\n\ndef get_config():\n"
-                 "  return seed_figure.get_config('pre_norm_clip1')\n")
+  own.write_text("from configs import seed_figure\n"
+                 "from normstudy.core.experiment import Experiment\n"
+                 "EXPERIMENT = Experiment(base=lambda: seed_figure.get_config('pre_norm_clip1'))\n"
+                 "get_config = EXPERIMENT.get_config\n")
   runs_ = grid.points(str(own), None, {"train.seed": [0, 1]}, {}, sweep=True, workdir="w")
   assert [r.config.label for r in runs_] == ["{auto} | seed=0", "{auto} | seed=1"]
   assert all("Run" not in r.arm_label for r in runs_)

@@ -202,12 +202,12 @@ def test_runs_that_fail_are_compared_by_steps_survived_with_survivors_counted_to
   written = (tmp_path / "spike_handling.csv").read_bytes()
   config = tmp_path / "failure.py"
   config.write_text(open(os.path.join(runs_lib.REPO, "configs", "spike_failure.py")).read()
-                    .replace('SPIKE_MEASURES = "failure"', 'SPIKE_MEASURES = "fail"'))
+                    .replace('measures="failure"', 'measures="fail"'))
   refused = runs_lib.run_module("normstudy.techniques", f"--workdir={tmp_path}",
                                 f"--config={config}", check=False)
   assert refused.returncode != 0 and refused.stderr.strip().count("\n") == 0
   assert (tmp_path / "spike_handling.csv").read_bytes() == written  # nothing overwritten
-  assert "SPIKE_MEASURES='fail' is not allowed; allowed: recovery, failure" in refused.stderr
+  assert "measures='fail' is not allowed; allowed: recovery, failure" in refused.stderr
 
 
 def test_a_grid_of_long_runs_gets_the_spike_handling_table_with_recovery_measures(tmp_path):

@@ -375,7 +375,7 @@ def probes_table(workdir: str) -> pd.DataFrame:
   path = os.path.join(workdir, schema.RUN_TABLE)
   if os.path.exists(path):
     return read_table(path)
-  record = rundir.read_json(os.path.join(workdir, schema.SWEEP))
+  record = rundir.read_json(os.path.join(workdir, schema.SWEPT))
   if not record.get("runs"):
     raise runs_lib.NoRunsError(f"{workdir!r} holds neither runs.csv nor a sweep.json with runs")
   rows = []

@@ -17,7 +17,7 @@ from normstudy.records import rundir
 from normstudy.records import schema
 
 COLUMNS = ["run", "label", "step", "metric", "value"]
-RUN_FILES = (schema.METRICS, schema.CONFIG, schema.RUN, schema.STUDY, schema.SWEEP)
+RUN_FILES = (schema.METRICS, schema.CONFIG, schema.RUN, schema.STUDY, schema.SWEPT)
 
 
 class NoRunsError(ValueError):
@@ -68,7 +68,7 @@ def _study(workdir: str) -> schema.StudyRecord:
 
 
 def _sweep(workdir: str) -> schema.SweepRecord:
-  return schema.SweepRecord.from_json(rundir.read_json(os.path.join(workdir, schema.SWEEP)))
+  return schema.SweepRecord.from_json(rundir.read_json(os.path.join(workdir, schema.SWEPT)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +138,7 @@ class Runs:
   label, step, metric, value; a non-finite value stays as NaN or inf, a metric a record does not
   have is absent), `runs`, each run's facts (a Run) by name in the table's order, `search`,
   sweep.json's search record (a schema.SearchRecord) when the directory holds a search, and
-  `experiment`, the experiment its sweep.json records (normstudy.records.experiment), if any."""
+  `experiment`, the experiment its sweep.json records (normstudy.core.experiment), if any."""
   table: pd.DataFrame
   runs: dict
   search: schema.SearchRecord | None = None

@@ -304,14 +304,14 @@ def apply_overrides(config, overrides: dict) -> None:
     override(config, dotted, value)
 
 
-def variant_config(variants: dict, base, variant: str, source: str, kind: str = "variant"):
+def variant_config(variants: dict, base, variant: str, kind: str = "variant"):
   """The config of one row of a config file's table: `base()` (the config its rows share), then
   the row `variants[variant] = (label, {dotted.field: value})`: the label (a template,
-  normstudy.core.labels) and the settings, applied as the command line applies overrides. Every
-  config file's get_config is this over its own table. ValueError for a name the table lacks,
-  naming `source` (the file) and the names it has (`kind`: what a row is called there)."""
+  normstudy.core.labels) and the settings, applied as the command line applies overrides (what
+  an Experiment's get_config is, normstudy.core.experiment). ValueError for a name the table
+  lacks, naming the ones it has (`kind`: what a row is called there)."""
   if variant not in variants:
-    raise ValueError(f"unknown {kind} {variant!r} of {source}; {kind}s: {', '.join(variants)}")
+    raise ValueError(f"unknown {kind} {variant!r}; {kind}s: {', '.join(variants)}")
   label, settings = variants[variant]
   config = base()
   config.label = label

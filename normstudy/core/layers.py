@@ -32,14 +32,14 @@ class RoleBox(spmd.LogicallyPartitioned):
   fan_in: int = struct.field(default=1, pytree_node=False)
 
 
-def param(module, name, init, shape, axes, decay=True, role="vector", fan_in=1,
+def param(layer, name, init, shape, axes, decay=True, role="vector", fan_in=1,
           fan_scaled=False):
-  """A float32 parameter of `module`, as it is used: under a parametrization
-  (module.cfg.parametrization) its initialiser is that parametrization's for `role` and the value
+  """A float32 parameter of the flax module `layer`, as it is used: under a parametrization
+  (layer.cfg.parametrization) its initialiser is that parametrization's for `role` and the value
   returned is the stored one times its forward multiplier (so its gradient carries the factor
   too, as muP's multipliers do). `fan_scaled`: `init` already scales with the fans whatever
   model.init says (parametrizations.init_multiplier)."""
-  cfg = getattr(module, "cfg", None)
+  cfg = getattr(layer, "cfg", None)
   if cfg is not None and role != "vector":
     if parametrizations.unit_init(cfg, role):
       init = nn.initializers.normal(1.0)
@@ -48,7 +48,7 @@ def param(module, name, init, shape, axes, decay=True, role="vector", fan_in=1,
 
   def boxed(*args):
     return RoleBox(init(*args), names=axes, decay=decay, role=role, fan_in=fan_in)
-  value = module.param(name, boxed, shape, jnp.float32)
+  value = layer.param(name, boxed, shape, jnp.float32)
   multiplier = 1.0 if cfg is None else parametrizations.forward_multiplier(cfg, role, fan_in)
   return value if multiplier == 1.0 else value * multiplier
 

@@ -21,56 +21,44 @@ from normstudy.records import schema
 PLAN = schema.DRIFT_PLAN
 FIT = schema.DRIFT_FIT
 HELDOUT = schema.DRIFT_HELDOUT
-# What configs/drift.py must declare: name -> what it is (checked by `experiment`).
-DECLARED = {
-    "ARMS": "the law's arms (names of VARIANTS)",
-    "DECAY_BASE": "the arm the weight decays vary (a name of VARIANTS)",
-    "WEIGHT_DECAYS": "{arm: weight decay} of the base arm at other weight decays",
-    "NUM_STEPS": "the fit's steps a run",
-    "HELDOUT_STEPS": "the held-out horizon",
-    "HELDOUT_ARMS": "the held-out arms (names of ARMS)",
-    "HELDOUT_SEEDS": "the held-out seeds",
-    "HELDOUT_FRACTIONS": "the failure fractions the held-out rates are placed at",
-}
-
-
-def experiment(path: str, module) -> dict:
-  """The experiment `path` (its loaded `module`) declares, checked: UserError naming the file
-  and what is wrong."""
-  missing = [name for name in DECLARED if not hasattr(module, name)]
-  if missing:
-    raise UserError(f"--config={path} is not a drift experiment: it does not define "
-                    f"{', '.join(missing)} (configs/drift.py shows them)")
-  variants = dict(getattr(module, "VARIANTS", {}))
-  arms = list(module.ARMS)
-  unknown = [a for a in [*arms, module.DECAY_BASE, *module.WEIGHT_DECAYS] if a not in variants]
+def experiment(path: str, declared) -> dict:
+  """The drift experiment `path` declares (its Experiment, `declared`), checked: UserError naming
+  the file and what is wrong."""
+  drift = declared.drift
+  if drift is None:
+    raise UserError(f"--config={path} is not a drift experiment: its EXPERIMENT declares no "
+                    "drift=Drift(...) (configs/drift.py shows one)")
+  arms = list(drift.law_arms)
+  unknown = [a for a in [*arms, drift.decay_base, *drift.weight_decays]
+             if a not in declared.arms]
   if unknown:
-    raise UserError(f"{path}: {', '.join(unknown)} not among its VARIANTS "
-                    f"({', '.join(variants)})")
-  held = [a for a in module.HELDOUT_ARMS if a not in arms]
+    raise UserError(f"{path}: {', '.join(unknown)} not among its EXPERIMENT's arms "
+                    f"({', '.join(declared.arms)})")
+  held = [a for a in drift.heldout.arms if a not in arms]
   if held:
-    raise UserError(f"{path}: HELDOUT_ARMS {', '.join(held)} not among ARMS ({', '.join(arms)})")
-  for name in ("NUM_STEPS", "HELDOUT_STEPS"):
-    value = getattr(module, name)
+    raise UserError(f"{path}: the held-out arms {', '.join(held)} are not among the law's arms "
+                    f"({', '.join(arms)})")
+  for name, value in (("num_steps", drift.num_steps), ("heldout.steps", drift.heldout.steps)):
     if not isinstance(value, int) or value < 1:
-      raise UserError(f"{path}: {name}={value!r} is not allowed; allowed: an integer >= 1")
-  if module.HELDOUT_STEPS < 2 * module.NUM_STEPS:
-    raise UserError(f"{path}: HELDOUT_STEPS={module.HELDOUT_STEPS} is not allowed; allowed: at "
-                    f"least 2 x NUM_STEPS = {2 * module.NUM_STEPS} (a held-out horizon twice "
-                    "the longest fitted)")
-  fractions = list(module.HELDOUT_FRACTIONS)
+      raise UserError(f"{path}: Drift's {name}={value!r} is not allowed; allowed: an integer "
+                      ">= 1")
+  if drift.heldout.steps < 2 * drift.num_steps:
+    raise UserError(f"{path}: Drift's heldout.steps={drift.heldout.steps} is not allowed; "
+                    f"allowed: at least 2 x num_steps = {2 * drift.num_steps} (a held-out "
+                    "horizon twice the longest fitted)")
+  fractions = list(drift.heldout.fractions)
   if not fractions or not all(isinstance(f, float) and 0 < f < 1 for f in fractions):
-    raise UserError(f"{path}: HELDOUT_FRACTIONS={module.HELDOUT_FRACTIONS!r} is not allowed; "
-                    "allowed: fractions strictly between 0 and 1")
-  seeds = list(module.HELDOUT_SEEDS)
+    raise UserError(f"{path}: Drift's heldout.fractions={drift.heldout.fractions!r} is not "
+                    "allowed; allowed: fractions strictly between 0 and 1")
+  seeds = list(drift.heldout.seeds)
   if len(seeds) < 1 or not all(isinstance(s, int) and s >= 0 for s in seeds):
-    raise UserError(f"{path}: HELDOUT_SEEDS={module.HELDOUT_SEEDS!r} is not allowed; allowed: "
-                    "integers >= 0")
-  base_decay = float(module.get_config(module.DECAY_BASE).optimizer.weight_decay)
-  decays = {module.DECAY_BASE: base_decay,
-            **{arm: float(wd) for arm, wd in module.WEIGHT_DECAYS.items()}}
-  return {"config": path, "arms": arms, "decay_arms": decays, "num_steps": module.NUM_STEPS,
-          "heldout": {"arms": list(module.HELDOUT_ARMS), "steps": module.HELDOUT_STEPS,
+    raise UserError(f"{path}: Drift's heldout.seeds={drift.heldout.seeds!r} is not allowed; "
+                    "allowed: integers >= 0")
+  base_decay = float(declared.get_config(drift.decay_base).optimizer.weight_decay)
+  decays = {drift.decay_base: base_decay,
+            **{arm: float(wd) for arm, wd in drift.weight_decays.items()}}
+  return {"config": path, "arms": arms, "decay_arms": decays, "num_steps": drift.num_steps,
+          "heldout": {"arms": list(drift.heldout.arms), "steps": drift.heldout.steps,
                       "seeds": seeds, "fractions": fractions}, "commands": []}
 
 

@@ -1,15 +1,12 @@
-"""The runs of a study or a sweep: a config file's variants (arms) times the sweep's axes.
+"""The runs of a study or a sweep: a config file's arms times the sweep's axes.
 
-  arms   the one config named by --config=FILE:VARIANT; else the file's variants: for
-         normstudy.study its STUDY_VARIANTS (default: all of VARIANTS), for normstudy.sweep its
-         SWEEP_VARIANTS (default: all of VARIANTS); a file without VARIANTS is one arm
-  axes   {dotted.field: [values]}: the file's SWEEP (if it declares one), updated by --axis flags
+  arms   the one config named by --config=FILE:ARM; else the arms of the file's EXPERIMENT
+         (normstudy.core.experiment): for normstudy.study its study_arms (default: all), for
+         normstudy.sweep its sweep_arms (default: all)
+  axes   {dotted.field: [values]}: the experiment's axes, updated by --axis flags
 
-A file may also declare SWEEP_SETTINGS, {dotted.field: value} applied to every run of a sweep of
-it before the command line's overrides (shorter runs, sparser logs: what makes a grid of many runs
-affordable). The names are the older module tables; a file that declares an EXPERIMENT
-(normstudy.records.experiment) has them from it (`load_config_module`: its arms, sweep_arms,
-study_arms, axes and settings), so the rest of this module reads either alike.
+A sweep applies the experiment's settings ({dotted.field: value}: shorter runs, sparser logs,
+what makes a grid of many runs affordable) to every run before the command line's overrides.
 
 Each grid point is one run: the arm's config with the command-line overrides, then the point's
 values, applied through `config.override` (the same typed assignment as the command line). A
@@ -28,12 +25,11 @@ import os
 import runpy
 import shlex
 import sys
-import types
 
 from normstudy import errors
 from normstudy.core import config as config_lib
+from normstudy.core import experiment as experiment_lib
 from normstudy.core import labels
-from normstudy.records import experiment as experiment_lib
 from normstudy.records import names
 from normstudy.records import rundir
 from normstudy.records import schema
@@ -51,7 +47,7 @@ class Run:
   """One run: its name (in logs and sweep.json; relative to the grid's directory for a run of
   a grid), its config and its directory. For a run of a study or sweep also its arm (variant),
   the axis values it sets (`point`), every override that turns the arm's config into this run's
-  (`overrides`: the file's SWEEP_SETTINGS, the command line's, the point's and the label, in
+  (`overrides`: the experiment's settings, the command line's, the point's and the label, in
   that order), the `--config` that names its arm (`spec`) and the arm's label template without
   the point (`arm_template`); all of it goes into its run.json."""
   name: str
@@ -81,69 +77,69 @@ def flag_value(value) -> str:
   return repr(value) if isinstance(value, float) else str(value)
 
 
-def load_config_module(path: str):
-  """The namespace of the config file at `path` (its get_config, VARIANTS, SWEEP, ...), run as
-  a script is run: the file imports what it builds on as any module does (`from configs import
-  seed_figure`: configs/ is a package)."""
+def load_experiment(path: str) -> experiment_lib.Experiment:
+  """The Experiment the config file at `path` exports, checked (`check_experiment`). The file
+  runs as a script is run: it imports what it builds on as any module does (`from configs
+  import seed_figure`: configs/ is a package)."""
   if not os.path.isfile(path):
     raise errors.UserError(f"config file {path!r} does not exist")
   # The file --config named is loaded once: ml_collections' config_flags (1.1) loads it as the
-  # module "config_config" when the flag parses; a command reads that module's tables rather
-  # than running the file a second time.
+  # module "config_config" when the flag parses; a command reads that module's EXPERIMENT
+  # rather than running the file a second time.
   parsed = sys.modules.get(experiment_lib.CONFIG_MODULE)
   if parsed is not None and os.path.realpath(getattr(parsed, "__file__", "") or "") == (
       os.path.realpath(path)):
-    module = types.SimpleNamespace(**vars(parsed))
+    namespace = vars(parsed)
   else:
-    module = types.SimpleNamespace(**runpy.run_path(path))
-  declared = getattr(module, "EXPERIMENT", None)
-  if declared is not None:
-    if not isinstance(declared, experiment_lib.Experiment):
-      raise errors.UserError(f"{path}: EXPERIMENT is a {type(declared).__name__}, not a "
-                             "normstudy.records.experiment.Experiment")
-    older = [name for name in _TABLES if hasattr(module, name)]
-    if older:
-      raise errors.UserError(f"{path} declares EXPERIMENT and {', '.join(older)}: declare the "
-                             "experiment once (EXPERIMENT's arms, axes, settings, ...)")
-    if declared.report and declared.report not in experiment_lib.REPORTS:
-      raise errors.UserError(f"{path}: EXPERIMENT's report={declared.report!r} is not allowed; "
-                             f"allowed: {', '.join(map(repr, experiment_lib.REPORTS))} or ''")
-    for name, value in declared.tables().items():
-      setattr(module, name, value)
-  check_tables(module, path)
-  return module
-
-
-# The module tables a file may declare instead of EXPERIMENT (files written before it).
-_TABLES = ("VARIANTS", "SWEEP_VARIANTS", "STUDY_VARIANTS", "SWEEP", "SWEEP_SETTINGS")
+    namespace = runpy.run_path(path)
+  declared = namespace.get("EXPERIMENT")
+  if not isinstance(declared, experiment_lib.Experiment):
+    raise errors.UserError(
+        f"{path} exports no EXPERIMENT (a normstudy.core.experiment.Experiment"
+        + (f"; it holds a {type(declared).__name__}" if declared is not None else "")
+        + "): a config file declares what it runs there, and `get_config = "
+        "EXPERIMENT.get_config`; configs/seed_figure.py shows both")
+  check_experiment(declared, path)
+  return declared
 
 
 def _is_names(value) -> bool:
   return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
 
 
-def check_tables(module, path: str) -> None:
-  """UserError naming the table when a config file's VARIANTS ({name: (label, {field: value})}),
-  STUDY_VARIANTS or SWEEP_VARIANTS (names), SWEEP ({field: [values]}) or SWEEP_SETTINGS ({field:
-  value}) has another shape, before anything is planned."""
+def check_experiment(declared: experiment_lib.Experiment, path: str) -> None:
+  """UserError naming the field when an Experiment's arms ({name: (label, {field: value})}),
+  study_arms or sweep_arms (names of its arms), axes ({field: [values]}), settings ({field:
+  value}), report or base has another shape, before anything is planned."""
   shapes = {
-      "VARIANTS": ("{name: (label, {dotted.field: value})}", lambda v: isinstance(v, dict) and all(
+      "arms": ("{name: (label, {dotted.field: value})}", lambda v: isinstance(v, dict) and all(
           isinstance(k, str) and isinstance(e, tuple) and len(e) == 2 and isinstance(e[1], dict)
           for k, e in v.items())),
-      "STUDY_VARIANTS": ("a list of VARIANTS' names", _is_names),
-      "SWEEP_VARIANTS": ("a list of VARIANTS' names", _is_names),
-      "SWEEP": ("{dotted.field: [value, ...]}", lambda v: isinstance(v, dict) and all(
+      "study_arms": ("a list of its arms' names", _is_names),
+      "sweep_arms": ("a list of its arms' names", _is_names),
+      "axes": ("{dotted.field: [value, ...]}", lambda v: isinstance(v, dict) and all(
           isinstance(k, str) and isinstance(vs, (list, tuple)) and len(vs) > 0
           for k, vs in v.items())),
-      "SWEEP_SETTINGS": ("{dotted.field: value}", lambda v: isinstance(v, dict) and all(
+      "settings": ("{dotted.field: value}", lambda v: isinstance(v, dict) and all(
           isinstance(k, str) for k in v)),
   }
   for name, (shape, ok) in shapes.items():
-    value = getattr(module, name, None)
-    if value is not None and not ok(value):
+    value = getattr(declared, name)
+    if not ok(value):
       text = repr(value)
-      raise errors.UserError(f"{path}: {name} = {text[:60] + '...' if len(text) > 60 else text}"
-                             f" is not {shape}")
+      raise errors.UserError(f"{path}: EXPERIMENT's {name}="
+                             f"{text[:60] + '...' if len(text) > 60 else text} is not {shape}")
+  for name in ("study_arms", "sweep_arms"):
+    unknown = [arm for arm in getattr(declared, name) if arm not in declared.arms]
+    if unknown:
+      raise errors.UserError(f"{path}: EXPERIMENT's {name} names {', '.join(unknown)}, not "
+                             f"among its arms ({', '.join(declared.arms)})")
+  if declared.report and declared.report not in experiment_lib.REPORTS:
+    raise errors.UserError(f"{path}: EXPERIMENT's report={declared.report!r} is not allowed; "
+                           f"allowed: {', '.join(map(repr, experiment_lib.REPORTS))} or ''")
+  if not callable(declared.base):
+    raise errors.UserError(f"{path}: EXPERIMENT declares no base config (Experiment(base=F), "
+                           "F() -> the config every arm starts from)")
 
 
 def _value(text: str):
@@ -163,29 +159,23 @@ def parse_axis(text: str) -> tuple[str, list]:
   return field.strip(), [_value(v) for v in parts]
 
 
-def arms_of(path: str, variant, module=None, sweep: bool = False) -> dict:
-  """{arm name: get_config} of a config file: the one `variant`, or the variants a study
-  (STUDY_VARIANTS) or a sweep (SWEEP_VARIANTS) of the file runs, by default all of VARIANTS."""
-  module = module or load_config_module(path)
+def arms_of(path: str, variant, declared=None, sweep: bool = False) -> dict:
+  """{arm name: get_config} of a config file: the one `variant`, or the arms a study
+  (study_arms) or a sweep (sweep_arms) of its experiment runs, by default all of them."""
+  declared = declared or load_experiment(path)
   if variant is not None:
-    return {variant: lambda: module.get_config(variant)}
-  variants = getattr(module, "VARIANTS", None)
-  if not variants:
-    name = os.path.splitext(os.path.basename(path))[0]
-    return {name: module.get_config}
-  chosen = getattr(module, "SWEEP_VARIANTS" if sweep else "STUDY_VARIANTS", None) or variants
-  unknown = [v for v in chosen if v not in variants]
-  if unknown:
-    raise errors.UserError(f"{path}: {'SWEEP' if sweep else 'STUDY'}_VARIANTS names "
-                           f"{', '.join(unknown)}, not in VARIANTS ({', '.join(variants)})")
-  return {v: (lambda v=v: module.get_config(v)) for v in chosen}
+    return {variant: lambda: declared.get_config(variant)}
+  if not declared.arms:
+    return {os.path.splitext(os.path.basename(path))[0]: declared.get_config}
+  chosen = (declared.sweep_arms if sweep else declared.study_arms) or declared.arms
+  return {arm: (lambda arm=arm: declared.get_config(arm)) for arm in chosen}
 
 
-def axes_of(module, axis_flags) -> dict:
-  """The file's SWEEP axes, updated by --axis flags (a flag replaces a file axis of its field).
+def axes_of(declared, axis_flags) -> dict:
+  """The experiment's axes, updated by --axis flags (a flag replaces an axis of its field).
   UserError for a field given by two --axis flags, and for an axis whose values repeat one
   another by value (1 and 1.0 are one value: they would train one run twice)."""
-  axes = {field: list(values) for field, values in getattr(module, "SWEEP", {}).items()}
+  axes = {field: list(values) for field, values in declared.axes.items()}
   flagged = set()
   for text in axis_flags:
     field, values = parse_axis(text)
@@ -203,25 +193,26 @@ def axes_of(module, axis_flags) -> dict:
   return axes
 
 
-def file_axes(module, axis_flags) -> list:
-  """The fields of the file's SWEEP that no --axis flag replaces."""
+def file_axes(declared, axis_flags) -> list:
+  """The fields of the experiment's axes that no --axis flag replaces."""
   flagged = {parse_axis(text)[0] for text in axis_flags}
-  return [field for field in getattr(module, "SWEEP", {}) if field not in flagged]
+  return [field for field in declared.axes if field not in flagged]
 
 
-def points(path: str, variant, axes: dict, overrides: dict, module=None,
-           sweep: bool = False, workdir: str = "", only=None) -> list:
+def points(path: str, variant, axes: dict, overrides: dict, declared=None,
+           sweep: bool = False, workdir: str = "", only=None, settings=None) -> list:
   """Every run of the grid (Runs, each in `workdir`/<its name>): arms x the product of the
   axes, in order; with `only`, the runs of those (arm, axis values) pairs alone, named as in the
-  whole grid. For a sweep, the file's SWEEP_SETTINGS apply first, then `overrides` (the command
-  line's), then the point's values. Each arm's config is built once and copied for its points."""
-  module = module or load_config_module(path)
-  arms = arms_of(path, variant, module, sweep)
+  whole grid. For a sweep, the experiment's settings (or `settings`) apply first, then
+  `overrides` (the command line's), then the point's values. Each arm's config is built once
+  and copied for its points."""
+  declared = declared or load_experiment(path)
+  arms = arms_of(path, variant, declared, sweep)
   if only is None:
     grid = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())] or [{}]
     only = [(arm, values) for arm in arms for values in grid]
-  settings = dict(getattr(module, "SWEEP_SETTINGS", {})) if sweep else {}
-  named_arms = variant is not None or bool(getattr(module, "VARIANTS", None))
+  settings = dict(declared.settings if settings is None else settings) if sweep else {}
+  named_arms = variant is not None or bool(declared.arms)
   built, out = {}, []
   for arm, values in only:
     if arm not in built:
@@ -260,19 +251,19 @@ def _check_distinct(points_: list) -> None:
 
 @dataclasses.dataclass
 class Grid:
-  """What a study or sweep runs: the config file (`path`, its loaded `module`), the one variant
-  or None (every arm), the axes and which of them the file declared, and the command line's
-  overrides. Without axes it is a study (the file's STUDY_VARIANTS); `study`: a study over
-  axes all the same (normstudy.study --seeds: its variants as they are, no SWEEP_SETTINGS),
-  recorded as a sweep is (sweep.json: each run's command)."""
+  """What a study or sweep runs: the config file (`path`, its `experiment`), the one arm or
+  None (every arm), the axes and which of them the file declared, and the command line's
+  overrides. Without axes it is a study (the experiment's study_arms); `study`: a study over
+  axes all the same (normstudy.study --seeds: its arms as they are, no settings), recorded as
+  a sweep is (sweep.json: each run's command); `part`: which of the experiment's parts."""
   path: str
   variant: str | None
   axes: dict
   overrides: dict
-  module: object
+  experiment: experiment_lib.Experiment
   file_axes: tuple = ()
   study: bool = False
-  part: str = ""  # a declared experiment's part (normstudy.records.experiment.Part)
+  part: str = ""  # a declared experiment's part (normstudy.core.experiment.Part)
 
   @property
   def spec(self) -> str:
@@ -280,8 +271,12 @@ class Grid:
 
   @property
   def settings(self) -> dict:
-    """The file's SWEEP_SETTINGS, applied to every run of a sweep ({} for a study)."""
-    return dict(getattr(self.module, "SWEEP_SETTINGS", {})) if self.is_sweep else {}
+    """The experiment's settings (and its part's), applied to every run of a sweep ({} for a
+    study)."""
+    if not self.is_sweep:
+      return {}
+    part = self.experiment.parts[self.part].settings if self.part else {}
+    return {**self.experiment.settings, **part}
 
   @property
   def is_sweep(self) -> bool:
@@ -289,12 +284,12 @@ class Grid:
 
   def runs(self, workdir: str) -> list:
     """Every run of the grid, in `workdir`."""
-    return points(self.path, self.variant, self.axes, self.overrides, self.module,
-                  sweep=self.is_sweep, workdir=workdir)
+    return points(self.path, self.variant, self.axes, self.overrides, self.experiment,
+                  sweep=self.is_sweep, workdir=workdir, settings=self.settings)
 
   def describe(self, runs: list, num_programs: int, side_by_side: int, cores: int) -> list:
     """What the grid will run, in lines for the terminal before anything trains: its axes (and
-    which came from the file's SWEEP), the number of runs and programs, how many programs train
+    which came from the file), the number of runs and programs, how many programs train
     at a time (`side_by_side`, on `cores` cores), and the settings the file applies."""
     arms = list(dict.fromkeys(run.arm for run in runs))
     axes = " x ".join(f"{field} ({len(values)}: {', '.join(map(flag_value, values))}; "
@@ -306,7 +301,7 @@ class Grid:
       lines.append(f"programs: {side_by_side} at a time, each in a worker process on "
                    f"{cores // side_by_side} core(s) (--workers)")
     if self.settings:
-      lines.append("the file's SWEEP_SETTINGS, applied to every run before --config overrides: "
+      lines.append("the experiment's settings, applied to every run before --config overrides: "
                    + ", ".join(f"{k}={flag_value(v)}" for k, v in self.settings.items()))
     return lines
 
@@ -325,28 +320,26 @@ class Grid:
 def for_part(spec: Grid, name: str, part) -> Grid:
   """The grid of part `name` of the file's declared experiment: the same arms and overrides,
   the part's axes in place of the experiment's and its settings added to them."""
-  module = types.SimpleNamespace(**vars(spec.module))
-  module.SWEEP = dict(part.axes)
-  module.SWEEP_SETTINGS = {**getattr(spec.module, "SWEEP_SETTINGS", {}), **part.settings}
-  return dataclasses.replace(spec, axes=dict(part.axes), module=module,
+  return dataclasses.replace(spec, axes=dict(part.axes),
                              file_axes=tuple(part.axes), part=name)
 
 
 def search_points(spec: Grid) -> dict:
   """{name: run} of the points a search bisects: the grid of `spec`, whose axes leave out the
-  searched field (a sweep's: the file's SWEEP_SETTINGS apply)."""
+  searched field (a sweep's: the experiment's settings apply)."""
   return {run.name: run for run in points(spec.path, spec.variant, spec.axes, spec.overrides,
-                                          spec.module, sweep=True)}
+                                          spec.experiment, sweep=True,
+                                          settings=spec.settings)}
 
 
 def write_sweep(workdir: str, grid: Grid, runs: list, statuses: dict,
                 search: schema.SearchRecord | None = None) -> str:
   """DIR/sweep.json (a schema.SweepRecord): the sweep's --config, its axes and which came from
-  the file's SWEEP, the file's SWEEP_SETTINGS, the command line's overrides, and per run its
+  the file, the experiment's settings, the command line's overrides, and per run its
   name, arm, axis values, the overrides that reproduce it with normstudy.main, that command,
   its status as its training left it and, once it has records, its outcome by the failure rule;
   a search's record (normstudy.experiments.search_runner) when it bisected a field."""
-  path = os.path.join(workdir, schema.SWEEP)
+  path = os.path.join(workdir, schema.SWEPT)
   # A staged workdir's commands name its URL, not this host's stage.
   reproduce = storage.remote(os.path.normpath(workdir)) + "_reproduced"
   swept = []
@@ -357,10 +350,7 @@ def write_sweep(workdir: str, grid: Grid, runs: list, statuses: dict,
                                  r.command(os.path.join(reproduce, r.name)), status,
                                  ended.kind if ended else None,
                                  ended.failed_at if ended else None))
-  declared = getattr(grid.module, "EXPERIMENT", None)
-  experiment = None
-  if declared is not None:
-    experiment = {**declared.as_json(), **({"part": grid.part} if grid.part else {})}
+  experiment = {**grid.experiment.as_json(), **({"part": grid.part} if grid.part else {})}
   record = schema.SweepRecord(
       config=grid.spec, axes=grid.axes, axes_from_file=list(grid.file_axes),
       settings=grid.settings, overrides=dict(grid.overrides), runs=swept, search=search,

@@ -23,7 +23,7 @@ def rung_directories(workdir: str) -> list:
   found = []
   for root, dirs, files in os.walk(workdir):
     dirs.sort()
-    if schema.CRITICAL_LR in files and schema.SWEEP in files:
+    if schema.CRITICAL_LR in files and schema.SWEPT in files:
       found.append(root)
       dirs[:] = []  # a search's runs are not rungs
   return found
@@ -90,7 +90,7 @@ def sensitivity_directories(workdir: str) -> list:
   found = []
   for root, dirs, files in os.walk(workdir):
     dirs.sort()
-    if schema.SWEEP in files:
+    if schema.SWEPT in files:
       if schema.RUN_TABLE in files and schema.CRITICAL_LR not in files:
         found.append(root)
       dirs[:] = []  # a sweep's runs are not rungs
@@ -160,63 +160,64 @@ class Rung:
     return " ".join([python, "-m", "normstudy.sweep", *map(shlex.quote, self.argv)])
 
 
-def ladder_spec(module, path: str) -> dict:
-  """What a ladder config file declares, checked (UserError naming the file and the field):
-  LADDER_RUNGS [(num_layers, d_model)], LADDER_DTYPES, rung_overrides(num_layers, d_model) ->
-  {dotted field: value}, and what each rung measures, one of: LADDER_SEARCH {field, low, high,
-  rounds, probe_decades} (the critical learning rate by search, configs/ladder.py) or
-  LADDER_LEARNING_RATES [lr, ...] (a grid for the LR sensitivity,
-  configs/ladder_sensitivity.py). Returns {"rungs", "dtypes", "search" (or None),
+def ladder_spec(declared, path: str) -> dict:
+  """What a ladder config file's EXPERIMENT declares in its Ladder, checked (UserError naming
+  the file and the field): rungs [(num_layers, d_model)], dtypes, rung_overrides(num_layers,
+  d_model) -> {dotted field: value}, and what each rung measures, one of: search (the critical
+  learning rate by search, configs/ladder.py) or learning_rates (a grid for the LR
+  sensitivity, configs/ladder_sensitivity.py). Returns {"rungs", "dtypes", "search" (or None),
   "learning_rates" (or None)}."""
   from normstudy.experiments import search as search_lib
-  missing = [name for name in ("LADDER_RUNGS", "LADDER_DTYPES", "rung_overrides")
-             if not hasattr(module, name)]
-  measures = [name for name in ("LADDER_SEARCH", "LADDER_LEARNING_RATES")
-              if hasattr(module, name)]
-  if len(measures) != 1:
-    missing.append("exactly one of LADDER_SEARCH and LADDER_LEARNING_RATES")
+  ladder = declared.ladder
+  if ladder is None or ladder.parts:
+    raise UserError(f"--config={path} is not a ladder: its EXPERIMENT declares no "
+                    "ladder=Ladder(rungs=..., dtypes=..., rung_overrides=..., search=...) "
+                    "(configs/ladder.py and configs/ladder_sensitivity.py show one)")
+  missing = [name for name in ("rungs", "dtypes", "rung_overrides")
+             if not getattr(ladder, name)]
+  if (ladder.search is None) == (not ladder.learning_rates):
+    missing.append("exactly one of search and learning_rates")
   if missing:
-    raise UserError(f"--config={path} is not a ladder: it does not define {', '.join(missing)} "
-                    "(configs/ladder.py and configs/ladder_sensitivity.py show them)")
-  rungs = [tuple(r) for r in module.LADDER_RUNGS]
+    raise UserError(f"--config={path} is not a ladder: its Ladder does not declare "
+                    f"{', '.join(missing)} (configs/ladder.py and configs/ladder_sensitivity.py "
+                    "show them)")
+  rungs = [tuple(r) for r in ladder.rungs]
   bad = [r for r in rungs if len(r) != 2 or not all(isinstance(v, int) and v >= 1 for v in r)]
-  if not rungs or bad:
-    raise UserError(f"{path}: LADDER_RUNGS={module.LADDER_RUNGS!r} is not allowed; allowed: a "
+  if bad:
+    raise UserError(f"{path}: Ladder's rungs={list(ladder.rungs)!r} is not allowed; allowed: a "
                     "non-empty list of (num_layers, d_model) pairs of integers >= 1")
   if len(set(rungs)) != len(rungs):
-    raise UserError(f"{path}: LADDER_RUNGS lists a rung twice: {rungs}")
-  dtypes = list(module.LADDER_DTYPES)
+    raise UserError(f"{path}: Ladder's rungs list a rung twice: {rungs}")
+  dtypes = list(ladder.dtypes)
   wrong = [d for d in dtypes if d not in ("float16", "bfloat16", "float32")]
-  if not dtypes or wrong or len(set(dtypes)) != len(dtypes):
-    raise UserError(f"{path}: LADDER_DTYPES={module.LADDER_DTYPES!r} is not allowed; allowed: "
+  if wrong or len(set(dtypes)) != len(dtypes):
+    raise UserError(f"{path}: Ladder's dtypes={ladder.dtypes!r} is not allowed; allowed: "
                     "distinct names among float16, bfloat16, float32")
-  if measures == ["LADDER_LEARNING_RATES"]:
-    lrs = list(module.LADDER_LEARNING_RATES)
+  if ladder.learning_rates:
+    lrs = list(ladder.learning_rates)
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
                   for v in lrs)
     if len(lrs) < 2 or not numbers or len(set(lrs)) != len(lrs):
-      raise UserError(f"{path}: LADDER_LEARNING_RATES={module.LADDER_LEARNING_RATES!r} is not "
+      raise UserError(f"{path}: Ladder's learning_rates={ladder.learning_rates!r} is not "
                       "allowed; allowed: at least 2 distinct learning rates > 0")
     return {"rungs": rungs, "dtypes": dtypes, "search": None, "learning_rates": sorted(lrs)}
-  s = dict(module.LADDER_SEARCH)
-  search_ = search_lib.Search.parse(f"{s.get('field')}:{s.get('low')},{s.get('high')}",
-                                    int(s.get("rounds", search_lib.DEFAULT_ROUNDS)),
-                                    float(s.get("probe_decades", 0.0)))
+  s = ladder.search
+  search_ = search_lib.Search.parse(f"{s.field}:{s.low},{s.high}", int(s.rounds),
+                                    float(s.probe_decades))
   return {"rungs": rungs, "dtypes": dtypes, "search": search_, "learning_rates": None}
 
 
-def ladder_parts(module, path: str, load) -> list:
-  """[(part name, path, module)]: a file declaring LADDER_PARTS ({name: ladder file},
-  configs/ladder_mup.py) is those files, each trained into DIR/<name>/; any other ladder file is
-  itself, one part named "". `load(path)` loads a file (normstudy.experiments.grid's). UserError
-  for a LADDER_PARTS of another shape or naming a file that is not a ladder."""
-  parts = getattr(module, "LADDER_PARTS", None)
-  if parts is None:
-    return [("", path, module)]
-  if not (isinstance(parts, dict) and parts and all(
-      isinstance(k, str) and k and "/" not in k and isinstance(v, str)
-      for k, v in parts.items())):
-    raise UserError(f"{path}: LADDER_PARTS = {parts!r} is not allowed; allowed: a non-empty "
+def ladder_parts(declared, path: str, load) -> list:
+  """[(part name, path, Experiment)]: a Ladder declaring parts ({name: ladder file},
+  configs/ladder_mup.py) is those files, each trained into DIR/<name>/; any other ladder file
+  is itself, one part named "". `load(path)` loads a file's Experiment (normstudy.experiments.
+  grid's). UserError for parts of another shape or naming a file that is not a ladder."""
+  parts = declared.ladder.parts if declared.ladder is not None else {}
+  if not parts:
+    return [("", path, declared)]
+  if not all(isinstance(k, str) and k and "/" not in k and isinstance(v, str)
+             for k, v in parts.items()):
+    raise UserError(f"{path}: Ladder's parts={parts!r} is not allowed; allowed: a non-empty "
                     "{part name: ladder file path}")
   out = []
   for name, part_path in parts.items():
@@ -226,24 +227,20 @@ def ladder_parts(module, path: str, load) -> list:
   return out
 
 
-def transfer_spec(module, path: str) -> dict | None:
-  """What a parts file declares for ladder_parametrization.csv: {"reference": the sp ladder's
-  ladder.csv (TRANSFER_REFERENCE), "arms": {arm: its sp arm} (TRANSFER_ARMS)}, or None."""
-  reference = getattr(module, "TRANSFER_REFERENCE", None)
-  arms = getattr(module, "TRANSFER_ARMS", None)
-  if reference is None and arms is None:
+def transfer_spec(declared) -> dict | None:
+  """What a ladder of parts declares for ladder_parametrization.csv: {"reference": the sp
+  ladder's ladder.csv, "arms": {arm: its sp arm}} (its Ladder's Transfer), or None."""
+  transfer = declared.ladder.transfer if declared.ladder is not None else None
+  if transfer is None:
     return None
-  if not isinstance(reference, str) or not isinstance(arms, dict) or not arms:
-    raise UserError(f"{path}: TRANSFER_REFERENCE (a ladder's ladder.csv) and TRANSFER_ARMS ({{arm: "
-                    "its sp arm}}) go together")
-  return {"reference": reference, "arms": dict(arms)}
+  return {"reference": transfer.reference, "arms": dict(transfer.arms)}
 
 
-def plan_rungs(path: str, module, dtypes=None, part: str = "") -> list:
-  """Every rung of the ladder file `path` (its loaded `module`), dtype by dtype, in the file's
-  order: each a Rung whose argv trains its search (or its learning-rate grid, as an axis of
-  the sweep) into `[<part>/]<dtype>/L<layers>_d<width>`."""
-  spec = ladder_spec(module, path)
+def plan_rungs(path: str, declared, dtypes=None, part: str = "") -> list:
+  """Every rung of the ladder file `path` (its Experiment, `declared`), dtype by dtype, in the
+  file's order: each a Rung whose argv trains its search (or its learning-rate grid, as an axis
+  of the sweep) into `[<part>/]<dtype>/L<layers>_d<width>`."""
+  spec = ladder_spec(declared, path)
   search_ = spec["search"]
   if search_ is not None:
     measure = (f"--search={search_.field}:{search_.low:g},{search_.high:g}",
@@ -255,27 +252,28 @@ def plan_rungs(path: str, module, dtypes=None, part: str = "") -> list:
   for dtype in dtypes or spec["dtypes"]:
     for num_layers, d_model in spec["rungs"]:
       directory = os.path.join(part, dtype, f"L{num_layers}_d{d_model}")
-      overrides = {"model.dtype": dtype, **module.rung_overrides(num_layers, d_model)}
+      overrides = {"model.dtype": dtype,
+                   **declared.ladder.rung_overrides(num_layers, d_model)}
       argv = (f"--config={path}", *measure,
               *(f"--config.{k}={v}" for k, v in overrides.items()))
       out.append(Rung(dtype, num_layers, d_model, directory, argv))
   return out
 
 
-def headroom_heldout(module, path: str) -> set:
-  """The rungs a headroom ladder holds out ({(num_layers, d_model)}, HEADROOM_HELDOUT: trained
-  after the prediction from the others; the file then declares rung_steps(num_layers, d_model)
-  too), or an empty set. UserError for one that is not among LADDER_RUNGS."""
-  held = getattr(module, "HEADROOM_HELDOUT", None)
-  if held is None:
+def headroom_heldout(declared, path: str) -> set:
+  """The rungs a headroom ladder holds out ({(num_layers, d_model)}, its Ladder's heldout:
+  trained after the prediction from the others; the Ladder then declares rung_steps(num_layers,
+  d_model) too), or an empty set. UserError for one that is not among its rungs."""
+  ladder = declared.ladder
+  if ladder is None or not ladder.heldout:
     return set()
-  rungs = {tuple(r) for r in module.LADDER_RUNGS}
-  held = {tuple(r) for r in held}
-  if not held <= rungs or not callable(getattr(module, "rung_steps", None)):
-    raise UserError(f"{path}: HEADROOM_HELDOUT={sorted(held)} must name rungs of LADDER_RUNGS "
+  rungs = {tuple(r) for r in ladder.rungs}
+  held = {tuple(r) for r in ladder.heldout}
+  if not held <= rungs or not callable(ladder.rung_steps):
+    raise UserError(f"{path}: Ladder's heldout={sorted(held)} must name rungs of its rungs "
                     "and come with rung_steps(num_layers, d_model)")
   if held == rungs:
-    raise UserError(f"{path}: HEADROOM_HELDOUT holds out every rung; nothing is left to fit "
+    raise UserError(f"{path}: Ladder's heldout holds out every rung; nothing is left to fit "
                     "the prediction to")
   return held
 

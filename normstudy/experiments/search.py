@@ -36,7 +36,7 @@ import dataclasses
 import math
 
 from normstudy.errors import UserError
-from normstudy.records import experiment
+from normstudy.core import experiment
 
 WIDEN_FACTOR = 10.0
 MAX_WIDENINGS = 2
@@ -45,7 +45,7 @@ DEFAULT_ROUNDS = 5  # --rounds's default (launch/sweep.sh reads it to submit eve
 
 @dataclasses.dataclass(frozen=True)
 class Search(experiment.Search):
-  """What to search (normstudy.records.experiment.Search's fields: `field` from [`low`, `high`]
+  """What to search (normstudy.core.experiment.Search's fields: `field` from [`low`, `high`]
   over `rounds` bisection rounds, then, with `probe_decades` > 0, one probe round, which
   `total_rounds` counts), and its parsing from the command line."""
 

@@ -27,8 +27,8 @@ def search_runs(spec: grid.Grid, field: str, workdir: str, todo: dict, points: d
   """[(point name, value, run)] of one round: each point's values, each a run named by the
   searched value first (`lr0.1778_seed0`); each arm's config built once for the round."""
   pairs = [(name, value) for name, values in todo.items() for value in values]
-  runs = grid.points(spec.path, spec.variant, {}, spec.overrides, spec.module, sweep=True,
-                     workdir=workdir,
+  runs = grid.points(spec.path, spec.variant, {}, spec.overrides, spec.experiment, sweep=True,
+                     workdir=workdir, settings=spec.settings,
                      only=[(points[name].arm, {field: value, **points[name].point})
                            for name, value in pairs])
   return [(name, value, run) for (name, value), run in zip(pairs, runs)]

@@ -40,7 +40,7 @@ def read_json(path: str) -> dict:
 
 def read_sweep(directory: str) -> schema.SweepRecord:
   """The sweep.json of a sweep's directory."""
-  return schema.SweepRecord.from_json(read_json(os.path.join(directory, schema.SWEEP)))
+  return schema.SweepRecord.from_json(read_json(os.path.join(directory, schema.SWEPT)))
 
 
 def read_config(run_dir: str) -> dict:
@@ -168,7 +168,7 @@ def check_writable(path: str, what: str) -> None:
 
 
 # What a directory holds, by the file its command writes at its root.
-_KIND_FILES = (("sweep", schema.SWEEP), ("study", schema.STUDY), ("run", schema.RUN),
+_KIND_FILES = (("sweep", schema.SWEPT), ("study", schema.STUDY), ("run", schema.RUN),
                ("run", schema.METRICS))
 
 
@@ -186,7 +186,7 @@ def directory_kind(path: str):
 # a sweep's or study's arms put one or two levels down (a cluster share's runs before the
 # sweep's record). A non-empty directory with neither is someone else's (a repository's root,
 # a folder of notes) and is not trained into.
-_WRITTEN = frozenset({schema.RUN, schema.CONFIG, schema.METRICS, schema.SWEEP, schema.STUDY,
+_WRITTEN = frozenset({schema.RUN, schema.CONFIG, schema.METRICS, schema.SWEPT, schema.STUDY,
                       schema.CHECKPOINTS, schema.DAMAGED_CHECKPOINTS, schema.LOCK,
                       schema.LIBRARY_LOG, schema.DRIFT_PLAN, schema.LAUNCH_LOGS})
 _A_RUN = frozenset({schema.RUN, schema.CONFIG, schema.METRICS})

@@ -65,7 +65,7 @@ CHECKPOINTS = "checkpoints"
 CHECKPOINT_ITEM = "state"
 DAMAGED_CHECKPOINTS = "checkpoints_damaged"
 STUDY = "study.json"
-SWEEP = "sweep.json"
+SWEPT = "sweep.json"  # what a sweep, or a study over seeds, ran (SweepRecord)
 LOCK = ".normstudy.lock"
 LIBRARY_LOG = "normstudy.log"
 # launch/tpu_pod.sh's copy of each worker's run.log (worker-N.log), kept in the run's gs://
@@ -410,8 +410,8 @@ class SweepRun:
 
 @dataclasses.dataclass(frozen=True)
 class SweepRecord:
-  """sweep.json: the sweep's --config (`config`), its axes and which came from the file's SWEEP
-  (`axes_from_file`), the file's SWEEP_SETTINGS (`settings`), the command line's overrides, its
+  """sweep.json: the sweep's --config (`config`), its axes and which came from the file
+  (`axes_from_file`), the experiment's settings (`settings`), the command line's overrides, its
   runs (SweepRun), a search's record (SearchRecord) when it bisected a field, and the file's
   declared experiment."""
   config: str
@@ -421,7 +421,7 @@ class SweepRecord:
   overrides: dict
   runs: list  # of SweepRun
   search: SearchRecord | None = None
-  # The file's declared experiment, whole (normstudy.records.experiment.Experiment.as_json; a
+  # The file's declared experiment, whole (normstudy.core.experiment.Experiment.as_json; a
   # part's sweep adds "part": its name); None for a file of module tables, or written before.
   experiment: dict | None = None
 
