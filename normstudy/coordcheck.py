@@ -23,7 +23,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from normstudy import errors
-from normstudy.core import parametrizations  # the names alone: it imports only math
+from normstudy.core import parametrizations  # the registry alone: it imports only its records
 
 FLAGS = flags.FLAGS
 NAMES = parametrizations.NAMES
@@ -72,7 +72,7 @@ def main(argv):
                            f"allowed; allowed: a comma-separated list of {', '.join(NAMES)}")
   config = FLAGS.config
   if FLAGS.learning_rates is None:
-    lrs = [config.optimizer.learning_rate * (100 if p == "umup" else 1)
+    lrs = [config.optimizer.learning_rate * parametrizations.get(p).rate_scale
            for p in FLAGS.parametrizations]
   else:
     lrs = _numbers("learning_rates", FLAGS.learning_rates, float, 0.0)

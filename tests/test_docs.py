@@ -277,3 +277,25 @@ def test_the_placement_table_is_the_registry():
   for row, placement in zip(rows, placements.REGISTRY.registered()):
     assert row.endswith(f" | {'yes' if placement.final_norm else 'no'} | {placement.paper} |")
     assert placement.paper and placement.description
+
+
+def test_the_parametrization_table_is_the_registry():
+  """Issue 87: parametrizations are registered objects with properties, as placements are; the
+  docs' table of them is normstudy.core.parametrizations.markdown_table() below its marker, one
+  row per registered parametrization in the order registered, the first the config's default."""
+  from normstudy.core import config as config_lib
+  from normstudy.core import parametrizations
+  text = open(os.path.join(runs.REPO, "docs", "reference.md"), encoding="utf-8").read()
+  marker = "<!-- generated: normstudy.core.parametrizations.markdown_table() -->\n"
+  assert marker in text
+  found = text[text.index(marker) + len(marker):].split("\n\n")[0]
+  assert found == parametrizations.markdown_table(), (
+      "regenerate: python -c 'from normstudy.core import parametrizations; "
+      "print(parametrizations.markdown_table())'")
+  registered = parametrizations.REGISTRY.registered()
+  names = [re.match(r"\| `([a-z]+)`", row).group(1) for row in found.splitlines()[2:]]
+  assert names == [p.name for p in registered] == list(parametrizations.NAMES)
+  default = next(f.default for f in config_lib.FIELDS if f.name == "model.parametrization")
+  assert found.splitlines()[2].startswith(f"| `{default}` (default) |")
+  for row, p in zip(found.splitlines()[2:], registered):
+    assert p.changes in row and row.endswith(f" | {p.base_shape} |")

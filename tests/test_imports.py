@@ -363,3 +363,22 @@ def test_importing_the_package_has_no_side_effects():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=runs.REPO, check=True)
   assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_no_module_tests_a_parametrization_by_its_name():
+  """Issue 87: parametrization names were tested by hand in 5 files outside their module; each
+  caller reads the registered object's properties (normstudy.core.parametrizations)."""
+  from normstudy.core import parametrizations
+  names = "|".join(parametrizations.NAMES)
+  by_name = re.compile(rf"parametrization\s*(==|!=)\s*[\"']({names})[\"']"
+                       rf"|parametrization\s+(not\s+)?in\s*\(\s*[\"']({names})[\"']"
+                       rf"|[\"']({names})[\"']\s*(==|!=)\s*\w*parametrization\b")
+  found = []
+  for root, _, files in os.walk(os.path.join(runs.REPO, "normstudy")):
+    for name in files:
+      path = os.path.join(root, name)
+      if name.endswith(".py") and not path.endswith(os.path.join("core", "parametrizations.py")):
+        text = open(path, encoding="utf-8").read()
+        found += [f"{os.path.relpath(path, runs.REPO)}: {m.group(0)}"
+                  for m in by_name.finditer(text)]
+  assert not found, found

@@ -434,3 +434,24 @@ def test_a_refused_combination_stops_the_run_before_anything_is_written(tmp_path
       "Pre-LN; config.model.placement='deepnorm' is not; allowed: 'pre_ln', or parametrization "
       "'sp' or 'mup'"]
   assert not (tmp_path / "never").exists()
+
+
+def test_each_registered_property_is_what_its_rules_do():
+  """Issue 87: a parametrization is a registered object whose properties the config's checks
+  read; each property agrees with what the rules compute for it (at twice the base width and
+  depth, where every rule departs from sp's)."""
+  import types
+  from normstudy.core import parametrizations
+  for p in parametrizations.REGISTRY.registered():
+    cfg = types.SimpleNamespace(parametrization=p.name, d_model=64, base_width=32, num_layers=8,
+                                base_depth=4, num_heads=4, base_head_dim=0, init="bert",
+                                max_len=16, causal=False, dropout=0.0, activation="gelu",
+                                vocab_size=32)
+    assert (parametrizations.lr_multiplier(cfg, "hidden", 64, True) == 0.5) == p.width_rules
+    assert (parametrizations.residual_scales(cfg, 0) == (0.5, 1.0)) == p.depth_rules, p.name
+    assert (parametrizations.eps_multiplier(cfg, "vector") == 0.25) == p.depth_rules
+    assert parametrizations.unit_init(cfg, "hidden") == p.unit_scaled
+    assert parametrizations.scales_loss_backward(cfg) == p.unit_scaled
+    assert (p.label == "") == (p.name == "sp") and p.changes
+  with pytest.raises(errors.ConfigError, match="model.parametrization='nup' is not allowed"):
+    parametrizations.get("nup")

@@ -49,11 +49,92 @@ tau = 1 / (lr x weight_decay), is the same for every parameter at every width (C
 scales the decay by m_N for the same reason).
 """
 
+import dataclasses
 import math
 
-# The parametrizations' names, in the order the schema lists them.
-NAMES = ("sp", "mup", "completep", "umup")
+from normstudy.core import registry
+
 ROLES = ("embedding", "hidden", "readout", "vector")
+
+
+@dataclasses.dataclass(frozen=True)
+class Parametrization:
+  """One parametrization's properties, which the rules below and the config's checks read (no
+  code outside this module tests a parametrization by its name).
+
+  label         its part of a run's label ("" for sp)
+  changes       what it changes (docs/reference.md's table, generated: markdown_table)
+  base_shape    the config fields its base shape is read from
+  width_rules   muP's width rules: hidden init and rate, readout multiplier (mup, completep)
+  depth_rules   CompleteP's residual branches times 1/m_L and Adam's epsilon (completep)
+  unit_scaled   u-muP's unit scales: N(0, 1) init, fan-in multipliers, the tau residual rule,
+                the loss's backward scale, float16 without a loss scaler (umup)
+  pre_ln_only   its residual rules are derived for x + F(LN(x))
+  untied_head   its embedding and readout scale differently: model.tie_embeddings=False
+  rate_scale    a rate under it is about this many times sp's at the base shape (coordcheck's
+                default rate when none is given: u-muP's unit-scaled rates are ~100x)"""
+  name: str
+  label: str
+  changes: str
+  base_shape: str = "none"
+  width_rules: bool = False
+  depth_rules: bool = False
+  unit_scaled: bool = False
+  pre_ln_only: bool = False
+  untied_head: bool = False
+  rate_scale: float = 1.0
+
+
+REGISTRY: registry.Registry[Parametrization] = registry.Registry("model.parametrization")
+for _p in (
+    Parametrization("sp", "", "nothing: the code as it was"),
+    Parametrization(
+        "mup", "muP",
+        "muP for Adam (Yang et al. 2022, Tensor Programs V, Table 8): hidden matrices' rate x "
+        "base_width / d_model (and \"bert\"'s init std x sqrt(base_width / d_model); the "
+        "position convolution's Xavier kernel is 1/fan_in already and kept), logits x "
+        "base_width / d_model (an untied head's Xavier init x sqrt(d_model / base_width), as "
+        "`mup`'s MuReadout rescales it; bert's 0.02 is kept), attention q.k x "
+        "sqrt(base_head_dim) / d_head",
+        base_shape="`model.base_width`, `model.base_head_dim` (0: each model's own head width)",
+        width_rules=True),
+    Parametrization(
+        "completep", "CompleteP",
+        "muP plus CompleteP at alpha = 1 (Dey et al. 2025, Table 1): each residual branch x "
+        "base_depth / num_layers, Adam's epsilon x 1 / (m_N m_L) on every parameter (as the "
+        "reference scales its one epsilon); Pre-LN only",
+        base_shape="`model.base_width`, `model.base_depth`", width_rules=True,
+        depth_rules=True, pre_ln_only=True),
+    Parametrization(
+        "umup", "u-muP",
+        "u-muP (Blake et al. 2024, Table 2): unit-variance weights, hidden matrices used x "
+        "fan_in^-1/2 (rate x fan_in^-1/2), readout x 1/fan_in, embedding rate x d^-1/2, rates "
+        "inside blocks x L^-1/2, attention q.k / d_head and its output (by unit_scaling's "
+        "rule: causal or not) and GELU at unit scale, the residual by the tau rule, the loss's "
+        "gradient scaled to unit size in the backward pass (undone in float32 before the "
+        "clip); Pre-LN, untied head",
+        unit_scaled=True, pre_ln_only=True, untied_head=True, rate_scale=100.0),
+):
+  REGISTRY.register(_p.name, _p)
+# The parametrizations' names, in the order registered (the schema's); sp is the default.
+NAMES = tuple(p.name for p in REGISTRY.registered())
+
+
+def get(name: str) -> Parametrization:
+  """The registered parametrization `name` (a one-line error naming the allowed ones)."""
+  return REGISTRY.get(name)
+
+
+def _of(cfg) -> Parametrization:
+  return REGISTRY.get(cfg.parametrization)
+
+
+def markdown_table() -> str:
+  """docs/reference.md's table of the registered parametrizations, in the order registered."""
+  rows = ["| value | what it changes | base shape |", "| --- | --- | --- |"]
+  rows += [f"| `{p.name}`{' (default)' if i == 0 else ''} | {p.changes} | {p.base_shape} |"
+           for i, p in enumerate(REGISTRY.registered())]
+  return "\n".join(rows)
 
 
 def width_mult(cfg) -> float:
@@ -67,13 +148,13 @@ def depth_mult(cfg) -> float:
 
 
 def _width_rules(cfg) -> bool:
-  return cfg.parametrization in ("mup", "completep")
+  return _of(cfg).width_rules
 
 
 def unit_init(cfg, role: str) -> bool:
   """Whether a parameter of `role` is initialised N(0, 1) (u-muP's matrices) in place of its
   sp initialiser."""
-  return cfg.parametrization == "umup" and role in ("embedding", "hidden", "readout")
+  return _of(cfg).unit_scaled and role in ("embedding", "hidden", "readout")
 
 
 def init_multiplier(cfg, role: str, fan_scaled: bool = False) -> float:
@@ -96,7 +177,7 @@ def init_multiplier(cfg, role: str, fan_scaled: bool = False) -> float:
 def forward_multiplier(cfg, role: str, fan_in: int) -> float:
   """The constant a parameter is multiplied by where it is used (its gradient carries the same
   factor): u-muP's fan_in^-1/2 (hidden) and 1/fan_in (readout); muP's 1/m_N on the readout."""
-  if cfg.parametrization == "umup":
+  if _of(cfg).unit_scaled:
     return {"hidden": fan_in ** -0.5, "readout": 1.0 / fan_in}.get(role, 1.0)
   if _width_rules(cfg) and role == "readout":
     return 1.0 / width_mult(cfg)
@@ -107,7 +188,7 @@ def lr_multiplier(cfg, role: str, fan_in: int, in_block: bool) -> float:
   """The factor on the learning rate of one parameter (its Adam direction; module docstring)."""
   if _width_rules(cfg):
     return 1.0 / width_mult(cfg) if role == "hidden" else 1.0
-  if cfg.parametrization == "umup":
+  if _of(cfg).unit_scaled:
     own = {"hidden": fan_in ** -0.5, "embedding": cfg.d_model ** -0.5}.get(role, 1.0)
     return own * (cfg.num_layers ** -0.5 if in_block else 1.0)
   return 1.0
@@ -119,7 +200,7 @@ def eps_multiplier(cfg, role: str) -> float:
   llm-foundry port: eps *= 1 / width_multiplier x depth_multiplier^-alpha, before the parameter
   groups); 1 otherwise. `role` is every role's the same factor."""
   del role  # one epsilon for every parameter group in the reference
-  if cfg.parametrization == "completep":
+  if _of(cfg).depth_rules:
     return 1.0 / (width_mult(cfg) * depth_mult(cfg))
   return 1.0
 
@@ -131,7 +212,7 @@ def attention_scale(cfg) -> float | None:
   if _width_rules(cfg):
     base = cfg.base_head_dim or head_dim
     return math.sqrt(base) / head_dim
-  if cfg.parametrization == "umup":
+  if _of(cfg).unit_scaled:
     return 1.0 / head_dim
   return None
 
@@ -149,7 +230,7 @@ def attention_output_multiplier(cfg) -> float:
   averages all S), and 1 (one position), with alpha = 1 / (1 + 4 d_head); times
   sqrt(1 - dropout) (unit_scaling.functional.scaled_dot_product_attention's rule, its is_causal
   choosing the lower end). 1 for the others."""
-  if cfg.parametrization != "umup":
+  if not _of(cfg).unit_scaled:
     return 1.0
   head_dim = cfg.d_model // cfg.num_heads
   length = cfg.max_len
@@ -166,7 +247,7 @@ def activation_multiplier(cfg) -> float:
   """u-muP: the MLP activation's output times its unit scale (GELU at multiplier 1: interpolated
   between 2 and ReLU's sqrt(2 / (1 - 1/pi)) with alpha = 1 / (1 + 1/4); ReLU: the latter).
   1 for the others."""
-  if cfg.parametrization != "umup":
+  if not _of(cfg).unit_scaled:
     return 1.0
   if cfg.activation == "relu":
     return _RELU_UNIT
@@ -186,9 +267,9 @@ def residual_scales(cfg, branch):
   multiplier 1): the branch's variance 1/L against the stream's 1 + i/L so far, tau = 1 / (L + i),
   branch sqrt(tau / (1 + tau)) and skip sqrt(1 / (1 + tau)), L the number of layers (u-muP's depth
   scale L^-1/2 on each branch). None for the others (no operation)."""
-  if cfg.parametrization == "completep":
+  if _of(cfg).depth_rules:
     return 1.0 / depth_mult(cfg), 1.0
-  if cfg.parametrization == "umup":
+  if _of(cfg).unit_scaled:
     tau = 1.0 / (cfg.num_layers + branch)
     return (tau / (1.0 + tau)) ** 0.5, (1.0 / (1.0 + tau)) ** 0.5
   return None
@@ -196,7 +277,7 @@ def residual_scales(cfg, branch):
 
 def scales_loss_backward(cfg) -> bool:
   """Whether the parametrization scales the loss's gradient in the backward pass (u-muP)."""
-  return cfg.parametrization == "umup"
+  return _of(cfg).unit_scaled
 
 
 def loss_backward_scale(cfg, count):

@@ -82,17 +82,19 @@ def _parametrization_conflicts():
                lambda c: f"config.model.parametrization={c.model.parametrization!r} scales "
                          f"matrices that config.model.placement={c.model.placement!r} keeps on "
                          f"the unit sphere; allowed with {c.model.placement}: 'sp'"),
-      Conflict(lambda c: c.model.parametrization in ("completep", "umup")
+      Conflict(lambda c: parametrizations.get(c.model.parametrization).pre_ln_only
                and not _placement(c).depth_parametrizable,
                lambda c: f"config.model.parametrization={c.model.parametrization!r} scales "
                          "residual branches as derived for Pre-LN; config.model.placement="
                          f"{c.model.placement!r} is not; allowed: "
-                         f"{', '.join(repr(n) for n in depth())}, or "
-                         "parametrization 'sp' or 'mup'"),
-      Conflict(lambda c: c.model.parametrization == "umup" and c.model.tie_embeddings,
-               lambda c: "config.model.parametrization='umup' scales the embedding and the "
-                         "readout differently; config.model.tie_embeddings=True shares them; "
-                         "allowed: tie_embeddings=False"),
+                         f"{', '.join(repr(n) for n in depth())}, or parametrization "
+                         + " or ".join(repr(n) for n in parametrizations.NAMES
+                                       if not parametrizations.get(n).pre_ln_only)),
+      Conflict(lambda c: parametrizations.get(c.model.parametrization).untied_head
+               and c.model.tie_embeddings,
+               lambda c: f"config.model.parametrization={c.model.parametrization!r} scales the "
+                         "embedding and the readout differently; config.model.tie_embeddings="
+                         "True shares them; allowed: tie_embeddings=False"),
   )
 
 
@@ -101,7 +103,7 @@ TECHNIQUES = (
                     "learning rates scale with width and depth (normstudy.core."
                     "parametrizations): sp (standard), mup (Yang et al. 2022), completep (Dey "
                     "et al. 2025), umup (Blake et al. 2024)", parametrizations.NAMES),
-              lambda v, c: {"mup": "muP", "completep": "CompleteP", "umup": "u-muP"}[v],
+              lambda v, c: parametrizations.get(v).label,
               "Yang et al. 2022 (muP); Dey et al. 2025 (CompleteP); Blake et al. 2024 (u-muP)",
               conflicts=_parametrization_conflicts()),
     Technique(Field("model.attention_relax", 0.0,

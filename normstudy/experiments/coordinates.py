@@ -16,6 +16,7 @@ import numpy as np
 
 from normstudy.core import config as config_lib
 from normstudy.core import model as model_lib
+from normstudy.core import parametrizations
 from normstudy.core import per_run
 from normstudy.core import steps as steps_lib
 
@@ -33,7 +34,8 @@ def width_config(config, parametrization: str, width: int, head_dim: int, lr: fl
         "model.d_ff": 4 * width, "model.num_heads": max(1, width // head_dim),
         "model.scan_layers": False, "optimizer.learning_rate": lr,
         "optimizer.warmup_steps": 0, "optimizer.schedule": "constant",
-        "model.tie_embeddings": config.model.tie_embeddings and parametrization != "umup"})
+        "model.tie_embeddings": (config.model.tie_embeddings
+                                 and not parametrizations.get(parametrization).untied_head)})
   return config
 
 

@@ -69,7 +69,7 @@ def parametrization_note(config) -> str:
   from normstudy.core import config as config_lib
   from normstudy.core import parametrizations
   model = config.model
-  if model.parametrization not in ("mup", "completep"):
+  if not parametrizations.get(model.parametrization).width_rules:
     return ""
   default = next(f.default for f in config_lib.FIELDS if f.name == "model.base_width")
   base = (f"model.base_width={model.base_width}"

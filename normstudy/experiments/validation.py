@@ -15,6 +15,7 @@ from normstudy.core import config as config_lib
 from normstudy.core import labels
 from normstudy.core import layers
 from normstudy.core import optimizer as optimizer_lib
+from normstudy.core import parametrizations
 from normstudy.core import placements
 from normstudy.core import technique_table
 from normstudy.core.fields import get_field
@@ -85,11 +86,13 @@ RULES = (
     # Without a scaler, float16 gradients under- and overflow unless the model keeps them at
     # unit scale (u-muP's backward scales).
     _rule(lambda c: c.optimizer.loss_scale.kind == "dynamic" or c.model.dtype != "float16"
-          or c.model.parametrization == "umup",
+          or parametrizations.get(c.model.parametrization).unit_scaled,
           lambda c: "config.optimizer.loss_scale.kind='none' trains float16 without a loss "
                     "scaler, whose gradients would underflow or overflow under config.model."
                     f"parametrization={c.model.parametrization!r}; allowed: 'dynamic', or "
-                    "parametrization 'umup' (unit-scaled gradients)"),
+                    "parametrization " + " or ".join(
+                        repr(p.name) for p in parametrizations.REGISTRY.registered()
+                        if p.unit_scaled) + " (unit-scaled gradients)"),
     # A placement without norm modules (ReZero; nGPT normalises onto the unit sphere): a norm
     # choice or an input norm would be silently meaningless.
     _rule(lambda c: placements.get(c.model.placement).has_norms or c.model.norm == "layernorm",
