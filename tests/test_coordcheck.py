@@ -37,6 +37,7 @@ def test_under_mup_the_coordinates_stay_flat_in_width_and_under_sp_they_grow(tmp
     assert rms[-1] / rms[0] > 10, (layer, rms)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag,message", [
     ("--widths=16,abc", "--widths=16,abc is not allowed; allowed: a comma-separated list of "
                         "ints >= 1"),
@@ -57,6 +58,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, flag, message):
   assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_print_rules_tables_each_parameters_rules_and_trains_nothing(tmp_path):
   """Issue 85: --print_rules prints, per parametrization and width, every parameter's role,
   fan-in, initial RMS and its forward, learning-rate and epsilon factors, checked here against

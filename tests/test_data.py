@@ -206,6 +206,7 @@ def test_text_files_are_checked_before_a_run_starts(make_config, tmp_path):
   data_lib.check_files(config)  # enough UTF-8 text: accepted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["lm1b", "c4/en"])
 def test_catalog_dataset_byte_level_with_mock_data(make_config, tmp_path, name):
   import tensorflow_datasets as tfds
@@ -511,6 +512,7 @@ def _small_corpus(tmp_path, monkeypatch):
   return directory
 
 
+@pytest.mark.slow
 def test_a_trained_tokenizer_is_the_same_model_from_the_same_plays(tmp_path, monkeypatch):
   import sentencepiece as spm
   _small_corpus(tmp_path, monkeypatch)

@@ -114,6 +114,7 @@ def workdir(tmp_path_factory):
   return root
 
 
+@pytest.mark.slow
 def test_the_drift_measures_match_the_fabricated_growth(workdir):
   outputs = horizon_report.analyze(workdir)
   drift = pd.read_csv(outputs["drift"])
@@ -141,6 +142,7 @@ def test_the_drift_measures_match_the_fabricated_growth(workdir):
   assert rates.k["b"] == pytest.approx(K, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_the_law_and_the_held_out_horizon_of_the_fabricated_world(workdir):
   outputs = horizon_report.analyze(workdir)
   fits = pd.read_csv(outputs["law_fit"]).set_index("arm")

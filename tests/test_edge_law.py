@@ -58,6 +58,7 @@ def _world(rng, floor, seeds=4, end=2000):
   return pd.DataFrame(rows)
 
 
+@pytest.mark.slow
 def test_a_power_law_world_is_told_by_its_future():
   """Fitted at H = 200 and scored on 200..2000, the Weibull power law beats the floor form
   summed over 20 simulated worlds by its log-likelihood on the unseen runs (the log-normal
@@ -71,6 +72,7 @@ def test_a_power_law_world_is_told_by_its_future():
   assert totals["weibull"] > totals["floor"]
 
 
+@pytest.mark.slow
 def test_a_floor_world_is_told_by_its_future():
   """A world with a floor at 0.06 (three of the eight rates never fail), fitted at H = 1000 and
   scored to 20,000 steps: the floor form beats the Weibull power law, which has the runs below
@@ -103,6 +105,7 @@ def test_spread_and_margin_by_hand():
   assert got.margin_high == pytest.approx(0.04 / 0.001)
 
 
+@pytest.mark.slow
 def test_the_command_rederives_from_a_drift_directorys_tables(tmp_path):
   directory = tmp_path / "drift"
   os.makedirs(directory)

@@ -60,6 +60,7 @@ def test_a_flat_or_rising_series_never_crosses():
   assert forecast.fit(steps[:5], np.ones(5)) is None  # too few points
 
 
+@pytest.mark.slow
 def test_the_interval_holds_the_first_passage_of_the_continued_series():
   """100 simulated runs (AR(1) noise, slopes, starts and scatter drawn; the crossing after the
   seen steps): fitted on steps up to 1000, the 95% interval holds the step where the continued
@@ -154,6 +155,7 @@ def test_bad_input_is_one_line(tmp_path, args, words):
   assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_validation_ranks_runs_by_when_they_fail(tmp_path):
   """Six runs drifting at different powers, in two directories pooled by a repeated --workdir:
   the three fastest fail before their 2000 steps, the rest survive; forecasts from a quarter

@@ -44,6 +44,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.slow
 @needs_server
 @pytest.mark.parametrize("module,args", REFUSED)
 def test_a_forked_command_exits_and_prints_as_python_m_does(module, args):
@@ -102,6 +103,7 @@ def test_a_command_whose_environment_differs_in_what_is_read_at_use_is_forked_wi
   assert runs.run_module("tests.devices").stdout.split() == ["1"]
 
 
+@pytest.mark.slow
 @needs_server
 def test_a_change_of_this_process_environment_starts_the_server_again(monkeypatch):
   before = runs._ForkServer.for_env(dict(os.environ, PYTHONUNBUFFERED="1"))

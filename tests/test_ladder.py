@@ -225,6 +225,7 @@ def test_a_wrong_ladder_file_is_refused_in_one_line(field, value, message):
     experiment.plan_rungs("configs/survival.py", grid.load_experiment("configs/survival.py"))
 
 
+@pytest.mark.slow
 def test_the_ladder_command_refuses_a_dtype_its_file_does_not_declare(tmp_path):
   import runs
   refused = runs.run_module("normstudy.ladder", "--config=configs/ladder.py",

@@ -48,6 +48,7 @@ def test_tpu_pod_dry_run_prints_every_step():
   assert "detached on every worker" in result.stderr
 
 
+@pytest.mark.slow
 def test_tpu_pod_workers_run_detached_with_every_argument_intact(tmp_path):
   """The command each worker runs, run here by bash with a stand-in python: it returns at once,
   the run goes on with its pid in run.pid and its output in run.log, labels with quotes and

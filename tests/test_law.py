@@ -157,6 +157,7 @@ def test_lognormal_and_weibull_are_chosen_by_their_likelihood():
   assert law.choose_law(worlds)[0] == "lognormal"
 
 
+@pytest.mark.slow
 def test_the_floor_is_found_where_there_is_one_and_not_where_there_is_none():
   rng = np.random.default_rng(7)
   lrs = np.geomspace(0.02, 0.3, 10)
@@ -230,6 +231,7 @@ def test_held_out_runs_that_outlive_the_law_are_a_shift_and_those_that_follow_it
   assert sum(p < 0.05 for p in ps) <= 8  # 3 expected; binomial P(>= 9) < 0.01
 
 
+@pytest.mark.slow
 def test_the_bootstrap_calibrates_the_shift_test_where_chi2_cannot():
   # Every held-out run survived: the shifted law's maximum is at an infinite shift. Under the
   # null (held-out runs from the fitted law) the bootstrap p is about uniform: it keeps its level.

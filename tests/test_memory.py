@@ -25,6 +25,7 @@ def _real_count(config):
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
 
 
+@pytest.mark.slow
 def test_the_parameter_count_is_the_models(make_config):
   for name in placements.names():
     for options in ({}, {"use_bias": True, "tie_embeddings": False, "causal": False,
@@ -114,6 +115,7 @@ def _compiled_flops(config):
   return float((cost[0] if isinstance(cost, list) else cost)["flops"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options", [{}, {"remat": "block"}, {"d_ff": 512, "max_len": 128}])
 def test_the_analytic_flop_count_is_what_xla_counts_on_an_unrolled_program(make_config,
                                                                             options):

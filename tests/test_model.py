@@ -296,6 +296,7 @@ def test_the_fused_kernel_is_softmax_attention(monkeypatch, causal):
                          expected, atol=3e-2)  # the mask is the one asked for
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_fused_kernel_changes_no_parameter_and_computes_the_same_model(
     monkeypatch, make_config, causal):

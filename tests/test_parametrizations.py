@@ -164,6 +164,7 @@ def test_umup_scales_the_residual_by_the_tau_rule_scanned_or_not(make_config, sc
   np.testing.assert_allclose(np.asarray(b if scan else a), expected, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.slow
 def test_initial_scales_follow_the_tables(make_config):
   """bert init (normal 0.02): muP divides a hidden matrix's std by sqrt(m); u-muP starts every
   matrix at std 1; the embedding keeps 0.02 under muP."""
@@ -185,6 +186,7 @@ def test_initial_scales_follow_the_tables(make_config):
     np.testing.assert_allclose(umup["embedding"], 1.0, rtol=0.05)
 
 
+@pytest.mark.slow
 def test_mups_conv_position_kernel_keeps_its_xavier_variance(make_config):
   """M1 (issue 85): the convolutional positions' kernel is Xavier-normal whatever model.init
   says, variance 2 / (fan_in + fan_out) with fan_in = width x d_model / groups and fan_out =
@@ -223,6 +225,7 @@ def _expected_rates(parametrization, path, shape, d, d_ff, L, base_width):
   return 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parametrization", ["sp", "mup", "completep", "umup"])
 def test_each_parameter_moves_at_its_tables_rate(make_config, parametrization):
   """One Adam step from zero moments moves each entry by lr x factor x g / (|g| + eps): with
@@ -269,6 +272,7 @@ def test_completep_scales_epsilon_and_the_decay_keeps_its_own_rate():
     np.testing.assert_allclose(np.asarray(updates[name]), expected, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_mups_untied_readout_is_rescaled_as_mureadout(make_config):
   """M3 (issue 85): microsoft/mup's set_base_shapes calls MuReadout._rescale_parameters, which
   multiplies the sp-initialised head by width_mult^1/2 (its forward then divides by width_mult).
@@ -323,6 +327,7 @@ def test_completep_scales_every_parameters_epsilon(make_config):
     assert factor == pytest.approx(1 / (m_n * m_l), rel=1e-12), jax.tree_util.keystr(path)
 
 
+@pytest.mark.slow
 def test_umups_backward_scale_is_undone_before_the_clip(make_config):
   """In float32 the unit-scaled backward changes nothing the optimizer sees: the step's gradient
   norm is jax.grad's of the plain mean loss."""
@@ -369,6 +374,7 @@ def test_combinations_that_do_not_make_sense_are_one_line(make_config, change, m
   assert str(e.value) == message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parametrization,dtype", [
     ("mup", "float16"), ("completep", "float32"), ("umup", "float16"), ("umup", "float32")])
 def test_each_parametrization_trains(make_config, parametrization, dtype):
@@ -423,6 +429,7 @@ def test_mup_trains_with_every_placement_it_allows(make_config, placement):
   assert losses[-1] < losses[0] - 0.2, losses
 
 
+@pytest.mark.slow
 def test_a_refused_combination_stops_the_run_before_anything_is_written(tmp_path):
   result = runs.run_module("normstudy.main", "--config=configs/seed_figure.py:pre_norm_clip1",
                            f"--workdir={tmp_path / 'never'}",

@@ -153,6 +153,7 @@ def test_a_restored_state_takes_the_changeable_fields_of_its_new_config(make_con
   assert int(applied.status) == life.CODE_RUNNING
 
 
+@pytest.mark.slow
 def test_a_stopped_run_is_not_stepped_again_and_reports_nothing(make_config):
   """Stepped one at a time, a run the loop says has stopped keeps its state object as it was
   (no compiled step ran for it) and reports itself inactive; the others step as ever."""

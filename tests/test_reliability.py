@@ -827,6 +827,7 @@ def test_a_directory_normstudy_did_not_write_is_not_trained_into(tmp_path, comma
   assert _tree_listing(workdir) == before
 
 
+@pytest.mark.slow
 def test_checkpoint_every_minus_one_keeps_no_state_and_the_run_still_finishes(tmp_path):
   """train.checkpoint_every=-1 (a lease's sweep whose states nobody reads, benchmarks/
   gpu_ladder.py): no checkpoint at any step, not even the last, the records whole; -2 is refused
@@ -915,6 +916,7 @@ def test_the_stop_signal_handler_only_sets_a_flag():
   assert seen == []  # nothing written from inside the handler
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_says_so_and_trains_nothing(tmp_path):
   """Issue 88, item 18: the same command again over a finished run printed "steps 61..60" as if
   it trained; it says the run had finished, trains nothing and leaves the records as they were."""
@@ -1041,6 +1043,7 @@ def test_a_file_size_limit_is_a_full_disk_in_one_line(tmp_path):
   assert rundir.RunDir(str(workdir)).status() == schema.FINISHED
 
 
+@pytest.mark.slow
 def test_starting_over_without_a_checkpoint_says_so_and_keeps_the_old_records(tmp_path):
   """Issue 88, item 9: with its checkpoints deleted, the same command retrained from step 1 and
   overwrote the recorded steps without a word. It says how many records it sets aside and

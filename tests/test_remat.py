@@ -32,6 +32,7 @@ def _value_and_grad(config):
   return step(params), step.lower(params).compile().memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_remat_changes_no_value_or_gradient(make_config, scan):
   (loss, grads), kept = _value_and_grad(_config(make_config, "none", scan))

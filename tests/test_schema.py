@@ -100,6 +100,7 @@ def test_a_run_that_never_started_reads_as_an_empty_run_info(tmp_path):
   assert info == schema.RunInfo() and info.status is None and info.needs_training(10)
 
 
+@pytest.mark.slow
 def test_a_run_finished_by_applied_updates_is_done_by_the_records_too(tmp_path):
   """One "run is done" rule: with train.count_skipped_steps=False the step finishes a float16
   run after num_steps applied updates, past num_steps train steps; run.json records the

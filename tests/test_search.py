@@ -331,6 +331,7 @@ def test_the_interaction_of_two_searches_is_the_likelihood_ratio_of_one_log_rati
 
 
 
+@pytest.mark.slow
 def test_the_committed_search_re_derives_from_its_tables_byte_for_byte(tmp_path):
   """docs/survival's critical_lr.csv and critical_lr_tests.csv are what --from_tables writes from
   its critical_lr_points.csv and runs.csv: the committed numbers are reproducible without the

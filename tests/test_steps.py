@@ -290,6 +290,7 @@ def test_a_block_of_steps_is_the_same_steps_one_at_a_time(make_config, monkeypat
     assert int(blocked.status[0]) == life.CODE_HALTED_SCALE
 
 
+@pytest.mark.slow
 def test_skip_spikes_in_the_train_step_counts_skips_and_otherwise_changes_nothing(make_config):
   """optimizer.skip_spikes wraps the optimizer: with no spike the trajectory is the plain one
   (to rounding: the wrapped step is another program); with sigma so small that every step after

@@ -394,6 +394,7 @@ def test_the_2025_norm_options_refuse_what_makes_no_sense(make_config, overrides
   assert str(refused.value).startswith(message)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan,use_bias", [(False, True), (True, False)])
 def test_qk_clip_rescales_the_heads_whose_logits_exceed_tau(make_config, scan, use_bias):
   """model.qk_clip = tau (Kimi K2's MuonClip): the step's update, then each head with largest
@@ -518,6 +519,7 @@ def _assert_on_the_sphere(params, scanned: bool):
       np.testing.assert_allclose(norms, 1.0, atol=2e-6, err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_ngpt_puts_every_matrix_back_on_the_sphere_after_each_update(make_config, monkeypatch,
                                                                      scan):
@@ -550,6 +552,7 @@ def test_ngpt_puts_every_matrix_back_on_the_sphere_after_each_update(make_config
     _assert_on_the_sphere(state.params, scan)
 
 
+@pytest.mark.slow
 def test_ngpt_keeps_its_sphere_through_a_skipped_float16_step(make_config):
   """An fp16 overflow skips the step (the loss scale halves): the parameters stay exactly as
   they were, on the sphere, and the next finite step renormalises as usual."""

@@ -35,6 +35,7 @@ def _norm(tree):
   return np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(tree)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [True, False])
 def test_telemetry_matches_independent_computations(make_config, scan):
   config = make_config(scan_layers=scan, causal=True, placement="pre_ln", activation="gelu_tanh",
@@ -102,6 +103,7 @@ def test_telemetry_matches_independent_computations(make_config, scan):
   assert keys.parse_layer_key("loss") is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement", ["post_ln", "deepnorm", "rezero"])
 def test_norm_input_telemetry_is_what_each_norm_is_given(make_config, placement):
   """Post-LN's norms are given alpha x + F(x) (DeepNet's growing LN input); ReZero has none."""
@@ -186,6 +188,7 @@ def test_locator_names_the_first_non_finite_site(make_config, scan):
 
 
 # Restored without a target, orbax reads the shardings from the checkpoint and says so.
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Sharding info not provided")
 def test_update_size_is_the_change_of_the_outputs_between_checkpoints(tmp_path):
   """metrics.jsonl's update_size at step t is ||f(x; theta_t) - f(x; theta_t-1)|| on the first

@@ -142,6 +142,7 @@ def test_a_run_without_a_wandb_key_keeps_its_records_offline_with_one_warning(tm
   assert sorted(history) == [r["step"] for r in runs.records(workdir)]
 
 
+@pytest.mark.slow
 def test_wandbs_own_lines_go_to_the_log_file_and_normstudys_one_line_stays(tmp_path):
   """Issue 78, item 17: without an API key wandb printed some 30 lines of its own (its version,
   where the run is kept, the run's summary, how to sync it) on the terminal. They are in the
