@@ -54,8 +54,18 @@ def stages(declared, path: str, workdir: str, workers: int | None, study: bool) 
     first = [["normstudy.sweep", *where, *with_workers]]
   if declared.kind == "techniques":
     first.append(["normstudy.techniques", *where])
-  then = [shlex.split(command.replace("{workdir}", workdir)) for command in declared.then]
-  return first + then
+  return first + [[_fill(token, workdir) for token in shlex.split(command)]
+                  for command in declared.then]
+
+
+def _fill(token: str, workdir: str) -> str:
+  """A `then` command's token with "{workdir}" filled in, its path normalised (a sibling,
+  "{workdir}/../horizon", as `runs/horizon`: the path a command records is the one a user
+  types)."""
+  if "{workdir}" not in token:
+    return token
+  flag, sep, path = token.rpartition("=")
+  return f"{flag}{sep}{os.path.normpath(path.replace('{workdir}', workdir))}"
 
 
 def main(argv):

@@ -40,6 +40,9 @@ def test_each_kind_runs_its_command_then_what_it_lists():
   assert _stages("horizon") == [
       ["normstudy.study", *where("horizon")],
       ["normstudy.forecast", "--workdir=runs/horizon", "--out=runs/horizon"]]
+  assert _stages("forecast_validation")[1] == [
+      "normstudy.forecast", "--validate", "--workdir=runs/forecast_validation",
+      "--workdir=runs/horizon", "--out=runs/forecast_validation"]
   assert _stages("attention") == [
       ["normstudy.sweep", *where("attention")],
       ["normstudy.context_gap", "--workdir=runs/attention/context"],
@@ -85,6 +88,9 @@ def test_sweep_json_records_the_experiment_with_its_functions_by_name():
       "test_run.py:test_sweep_json_records_the_experiment_with_its_functions_by_name.<locals>."
       "rung_overrides")
   assert record["arms"] == {"a": ["A", {}]} and record["drift"] is None
+  builtin = dataclasses.replace(declared, ladder=dataclasses.replace(declared.ladder,
+                                                                     rung_overrides=dict))
+  assert builtin.as_json()["ladder"]["rung_overrides"] == "dict"
 
 
 def test_study_on_another_kind_is_one_line_and_runs_nothing(tmp_path):

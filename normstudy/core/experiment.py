@@ -186,6 +186,8 @@ def _plain(value: Any) -> Any:
     return {str(k): _plain(v) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
     return [_plain(v) for v in value]
-  if callable(value):
-    return f"{os.path.basename(value.__code__.co_filename)}:{value.__qualname__}"
+  if callable(value):  # a function by its file and name (a builtin or partial by its name)
+    code = getattr(value, "__code__", None)
+    where = f"{os.path.basename(code.co_filename)}:" if code is not None else ""
+    return where + getattr(value, "__qualname__", type(value).__name__)
   return value

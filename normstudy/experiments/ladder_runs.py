@@ -215,8 +215,8 @@ def ladder_parts(declared, path: str, load) -> list:
   parts = declared.ladder.parts if declared.ladder is not None else {}
   if not parts:
     return [("", path, declared)]
-  if not all(isinstance(k, str) and k and "/" not in k and isinstance(v, str)
-             for k, v in parts.items()):
+  if not isinstance(parts, dict) or not all(
+      isinstance(k, str) and k and "/" not in k and isinstance(v, str) for k, v in parts.items()):
     raise UserError(f"{path}: Ladder's parts={parts!r} is not allowed; allowed: a non-empty "
                     "{part name: ladder file path}")
   out = []
