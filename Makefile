@@ -82,10 +82,10 @@ benchmark: install
 	$(PY) benchmarks/throughput.py
 
 # The seed figure's four arms at MERT's size (24 x 1024, length 512, float16) on one GPU within one
-# 10-minute lease, as many steps as fit (benchmarks/gpu_seed_figure.py); DRY_RUN=1 prints its
+# 10-minute lease, as many steps as fit (benchmarks/lease.py seed-figure); DRY_RUN=1 prints its
 # steps, memory, time and disk without a GPU.
 gpu-seed-figure: corpora
-	$(PY) benchmarks/gpu_seed_figure.py $(if $(DRY_RUN),--dry-run,)
+	$(PY) benchmarks/lease.py seed-figure $(if $(DRY_RUN),--dry-run,)
 
 clean:
 	rm -rf $(VENV) .tpu-aot runs *.egg-info

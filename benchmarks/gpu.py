@@ -4,8 +4,9 @@ another at the seed figure's size. Run by benchmarks/gpu.sh; see there.
 
   python benchmarks/gpu.py [--steps 20] [--ks 8,64] [--json docs/gpu/results.json]
                           [--sections matmul,gpt_125m_bf16,...]
+  python benchmarks/gpu.py attention [--rows 32,256] [--step_ms 949.6] [--json ...]
 
-MFU = model FLOPs per step (benchmarks/throughput.py's count: every matmul of the forward pass,
+MFU = model FLOPs per step (normstudy.engine.timing's count: every matmul of the forward pass,
 3x for forward and backward) / step time / the GPU's dense peak for the dtype (PEAK_TFLOPS, by
 the device's name; a bf16 matmul's measured rate is printed beside it).
 """
@@ -22,10 +23,12 @@ import jax
 import jax.numpy as jnp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
+sys.path.insert(0, ROOT)
 
-import sweep  # noqa: E402
-import throughput  # noqa: E402
+from configs import benchmark as benchmark_sizes  # noqa: E402
+from configs import seed_figure  # noqa: E402
+from normstudy.core import layers  # noqa: E402
+from normstudy.engine import timing  # noqa: E402
 
 # Dense bfloat16/float16 tensor-core peak, TFLOP/s (vendor data sheets), by the model token of
 # jax's device_kind ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA L40S") and, where the
@@ -76,7 +79,7 @@ def gpt_125m(rows: int = GPT_ROWS, remat: str = "block", attention_kernel: str =
   block recomputed in the backward pass by default (its activations at 256 rows would not fit);
   `remat` is model.remat ("block", "dots": matmul outputs kept, "none"), `attention_kernel`
   model.attention_kernel ("xla": the scores written out; "cudnn": the fused kernel)."""
-  config = throughput.size_config("S")
+  config = benchmark_sizes.get_config("S")
   config.model.update(d_model=768, num_heads=12, num_layers=12, d_ff=3072, max_len=1024,
                       vocab_size=50304, dtype="bfloat16", tie_embeddings=True, remat=remat,
                       attention_kernel=attention_kernel)
@@ -100,17 +103,17 @@ def timed_fitting(make_config, rows: int, steps: int) -> dict:
 
 def paper_size(arm: str):
   """A seed figure arm at the paper's size: 24 layers, width 1024, 16 heads, float16."""
-  config = throughput.seed_config(arm)
+  config = seed_figure.get_config(arm)
   config.model.update(num_layers=24, d_model=1024, num_heads=16, d_ff=4096, max_len=512)
   config.train.batch_size = 16
   return config
 
 
 def timed(config, steps: int) -> dict:
-  seconds = statistics.median(throughput.step_seconds(config, steps))
+  seconds = statistics.median(timing.step_seconds(config, steps))
   tokens = config.train.batch_size * config.model.max_len
   return {"ms_per_step": 1e3 * seconds, "tokens_per_s": tokens / seconds,
-          "model_flops_per_s": throughput.model_flops_per_step(config) / seconds}
+          "model_flops_per_s": timing.model_flops_per_step(config) / seconds}
 
 
 SECTIONS = ("matmul", "gpt_125m_bf16", "gpt_125m_bf16_cudnn", "sweep", "paper_size_fp16",
@@ -130,8 +133,20 @@ def _versions() -> dict:
   return versions
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _seed_runs(k: int) -> list:
+  """K runs of the seed figure's Pre-LN clip 1 as a sweep's grid holds them: learning rates
+  1e-3 and 3e-3 times seeds 0..K/2-1 (benchmarks/grids.py's runs)."""
+  configs = []
+  for lr in (1e-3, 3e-3):
+    for seed in range(k // 2):
+      config = seed_figure.get_config("pre_norm_clip1")
+      config.optimizer.learning_rate, config.train.seed = lr, seed
+      configs.append(config)
+  return configs
+
+
+def throughput(argv=None):
+  parser = argparse.ArgumentParser(prog="gpu.py", description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--ks", default="8,64", help="sweep sizes K (even)")
   parser.add_argument("--json", default=os.path.join(ROOT, "docs", "gpu", "results.json"))
@@ -204,11 +219,10 @@ def main(argv=None):
     # The engine's step of K runs as one program (vmapped on a GPU) against the one-run step,
     # each on one random batch staged once: what a sweep's runs cost on the device, not its data.
     results["sweep"] = []
-    alone = statistics.median(throughput.step_seconds(sweep.run_configs("seed", 2, "")[0],
-                                                      args.steps))
+    alone = statistics.median(timing.step_seconds(_seed_runs(2)[0], args.steps))
     for k in (int(k) for k in args.ks.split(",")):
-      configs = sweep.run_configs("seed", k, "")
-      stacked = statistics.median(throughput.step_seconds(configs[0], args.steps, runs=configs))
+      configs = _seed_runs(k)
+      stacked = statistics.median(timing.step_seconds(configs[0], args.steps, runs=configs))
       row = {"runs": k, "vmapped_run_steps_per_s": k / stacked,
              "sequential_run_steps_per_s": 1 / alone,
              "vmapped_ms_per_step": 1e3 * stacked, "alone_ms_per_step": 1e3 * alone}
@@ -237,6 +251,119 @@ def main(argv=None):
   print(f"wrote {args.json}" + ("" if results["complete"] else
                                 f" (failed: {', '.join(results['errors'])})"))
   return 0 if results["complete"] else 1
+
+
+
+# ---- attention --------------------------------------------------------------------------------
+
+ATTENTION_DOC = """What the attention core costs in a GPU step, and what a fused kernel saves:
+one layer's causal self-attention, forward and backward, at the 125M LM's shape (the `throughput` part above:
+12 heads of 64, 1024 tokens, bfloat16), three ways:
+
+  normstudy   what normstudy.core.layers.Attention computes between its projections
+              (attention_scores, the causal mask, a float32 softmax, the weighted sum): the
+              [rows, heads, 1024, 1024] scores materialised in HBM
+  xla         jax.nn.dot_product_attention(implementation="xla")
+  cudnn       jax.nn.dot_product_attention(implementation="cudnn"): cuDNN's fused (flash)
+              attention, the scores never written out; what model.attention_kernel="cudnn"
+              runs (layers.fused_attention)
+Each row also gives the largest difference of its output from normstudy's on the same inputs.
+
+The milliseconds are the median of 20 timed calls after one compiling call. gpu.py's step
+recomputes each block once in the backward pass (model.remat="block"), so a step runs the
+forward twice and the backward once per layer; `step_share` multiplies the per-layer times out
+to the step's 12 layers that way and sets it against the step time gpu.py measured at the
+largest --rows (--step_ms), when given.
+
+  python benchmarks/gpu.py attention [--rows 32,256] [--step_ms 949.6] [--json ...]
+"""
+
+HEADS, HEAD_DIM, LENGTH, LAYERS = 12, 64, 1024, 12
+
+
+def normstudy_core(q, k, v):
+  """Mirrors layers.Attention between its projections for a plain causal model: q, k, v
+  [b, h, l, d] in the compute dtype."""
+  logits, _ = layers.attention_scores(q, k)
+  length = q.shape[2]
+  logits = jnp.where(jnp.tril(jnp.ones((length, length), bool)), logits, -jnp.inf)
+  probs = jax.nn.softmax(logits, axis=-1)
+  return jnp.einsum("bhqk,bhkd->bhqd", probs.astype(q.dtype), v)
+
+
+def fused_core(implementation):
+  """layers.fused_attention (model.attention_kernel="cudnn") through jax's `implementation`."""
+  return lambda q, k, v: layers.fused_attention(q, k, v, True, implementation)
+
+
+def timed_ms(fn, *args, repeats: int = 20) -> float:
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return 1e3 * statistics.median(times)
+
+
+def inputs(rows: int):
+  keys = jax.random.split(jax.random.key(0), 4)
+  return tuple(jax.random.normal(key, (rows, HEADS, LENGTH, HEAD_DIM), jnp.bfloat16)
+               for key in keys)
+
+
+def measure(core, rows: int, reference) -> dict:
+  q, k, v, cotangent = inputs(rows)
+  forward = jax.jit(core)
+  grads = jax.jit(jax.grad(lambda q, k, v: jnp.vdot(core(q, k, v), cotangent).real,
+                           argnums=(0, 1, 2)))
+  difference = jnp.max(jnp.abs(forward(q, k, v).astype(jnp.float32) - reference))
+  return {"max_abs_difference": float(difference), "forward_ms": timed_ms(forward, q, k, v),
+          "forward_backward_ms": timed_ms(grads, q, k, v)}
+
+
+def attention(argv=None):
+  parser = argparse.ArgumentParser(prog="gpu.py attention",
+                                   description=ATTENTION_DOC.splitlines()[0])
+  parser.add_argument("--rows", default="32,256")
+  parser.add_argument("--step_ms", type=float, default=None,
+                      help="the 125M step time at the largest rows (gpu.py's), for step_share")
+  parser.add_argument("--json", default=os.path.join(ROOT, "docs", "gpu", "attention.json"))
+  args = parser.parse_args(argv)
+  device = jax.devices()[0]
+  results = {"device": device.device_kind, "jax": jax.__version__, "rows": {}}
+  cores = {"normstudy": normstudy_core, "xla": fused_core("xla"), "cudnn": fused_core("cudnn")}
+  all_rows = [int(r) for r in args.rows.split(",")]
+  for rows in all_rows:
+    results["rows"][rows] = {}
+    # Each way's output against normstudy's (bfloat16 outputs: differences of ~1e-2 are rounding).
+    reference = jax.jit(normstudy_core)(*inputs(rows)[:3]).astype(jnp.float32)
+    for name, core in cores.items():
+      try:
+        row = measure(core, rows, reference)
+      except Exception as e:  # noqa: BLE001 (a kernel this device or jax cannot run: recorded)
+        row = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+      else:
+        # A step with block remat: the forward twice, the backward once, per layer.
+        row["step_ms"] = LAYERS * (row["forward_ms"] + row["forward_backward_ms"])
+        if args.step_ms and rows == max(all_rows):
+          row["step_share"] = row["step_ms"] / args.step_ms
+      results["rows"][rows][name] = row
+      print(f"rows {rows}, {name}: " + ", ".join(
+          f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+          for key, value in row.items()), flush=True)
+  os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+  with open(args.json, "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2)
+  print(f"wrote {args.json}")
+
+
+def main(argv=None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and argv[0] == "attention":
+    attention(argv[1:])
+    return 0
+  return throughput(argv[1:] if argv and argv[0] == "throughput" else argv)
 
 
 if __name__ == "__main__":

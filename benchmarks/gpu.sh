@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/gpu.sh [--steps 20] [--ks 8,64] [--sections matmul,gpt_125m_bf16,...]
 #
-# Then benchmarks/gpu_attention.py: one layer's attention core at the 125M shape, normstudy's
+# Then `benchmarks/gpu.py attention`: one layer's attention core at the 125M shape, normstudy's
 # against jax's and cuDNN's fused kernel, set against the 125M step just measured
 # (docs/gpu/attention.json).
 #
@@ -35,6 +35,6 @@ status=0  # a failed part does not stop the rest; the script exits with the firs
   tee -a "$out/results.txt" || status=$?
 step_ms=$("$PYTHON" -c 'import json, sys; r = json.load(open(sys.argv[1])).get("gpt_125m_bf16")
 print(r["ms_per_step"] if r else "")' "$out/results.json" 2>/dev/null || true)
-"$PYTHON" benchmarks/gpu_attention.py --json "$out/attention.json" ${step_ms:+--step_ms "$step_ms"} 2>&1 |
+"$PYTHON" benchmarks/gpu.py attention --json "$out/attention.json" ${step_ms:+--step_ms "$step_ms"} 2>&1 |
   grep -v -i "warning" | tee "$out/attention.txt" || { failed=$?; [ "$status" -ne 0 ] || status=$failed; }
 exit "$status"

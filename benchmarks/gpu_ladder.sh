@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ladder's next width rungs on one GPU within one lease (benchmarks/gpu_ladder.py has the
+# The ladder's next width rungs on one GPU within one lease (`benchmarks/lease.py ladder` has the
 # plan): 4 x 256, 4 x 512, 4 x 1024 and 24 x 1024 (16 heads of 64) for plain Pre-LN and DeepNorm
 # in float16, one vmapped program per (arm, rung). It prints its programs, estimated time and
 # disk need first and refuses in one line when either does not fit; outputs append to
@@ -17,4 +17,4 @@ if [ "$dry" = 0 ] && ! command -v nvidia-smi >/dev/null 2>&1; then
   echo "error: no nvidia-smi here: the GPU ladder needs an NVIDIA GPU (--dry-run prints its plan)" >&2
   exit 2
 fi
-exec "$PYTHON" benchmarks/gpu_ladder.py "$@"
+exec "$PYTHON" benchmarks/lease.py ladder "$@"

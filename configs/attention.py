@@ -8,7 +8,8 @@ each, trained NUM_STEPS steps at the recipe's learning rate, on the context lang
 the recipe's fastest learner (docs/speed). The speed analysis compares the two arms paired by
 seed (speed.csv, speed_tests.csv); each run's run.json holds the language's loss floor
 (masked_loss_floor), which only a model that reads the whole row can approach: any model limited
-to a 5-token window stays above `benchmarks/context_language.py`'s window bound.
+to a 5-token window stays above the window bound `python -m normstudy.context_gap --floors`
+prints.
 """
 
 from configs import context

@@ -92,3 +92,12 @@ def test_the_per_run_table_is_its_rows_summed(tmp_path):
   assert a["p"] == pytest.approx(scipy_stats.ttest_1samp(per_row, 0.0).pvalue)
   b = table.loc["b/seed0"]
   assert b["gap"] == 0.0 and b["rows_differ"] == 0 and b["sign_p"] == 1.0
+
+
+def test_without_runs_or_floors_is_one_line(tmp_path):
+  """--workdir (runs to measure) or --floors (the language alone, what benchmarks/
+  context_language.py printed) is needed; neither is one line naming both."""
+  refused = runs.run_module("normstudy.context_gap", check=False)
+  assert refused.returncode == 2 and refused.stderr.strip() == (
+      "error: --workdir=DIR is required (a directory of finished runs), or --floors for the "
+      "language's floors")

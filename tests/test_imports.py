@@ -382,3 +382,29 @@ def test_no_module_tests_a_parametrization_by_its_name():
         found += [f"{os.path.relpath(path, runs.REPO)}: {m.group(0)}"
                   for m in by_name.finditer(text)]
   assert not found, found
+
+
+def test_benchmarks_are_at_most_eight_scripts_sharing_code_only_through_the_package():
+  """Issue 87: benchmarks/ was 17 scripts with a hidden library (throughput.py imported by
+  three others) and two basenames of the package's. Now at most 8 scripts, none named as a
+  package module, none importing another script (only normstudy, configs and libraries), each
+  with a docstring that says its question, each listed in benchmarks/README.md."""
+  folder = os.path.join(runs.REPO, "benchmarks")
+  scripts = sorted(n for n in os.listdir(folder) if n.endswith((".py", ".sh")))
+  assert len(scripts) <= 8, scripts
+  package = {name.rsplit(".", 1)[-1] for name in _graph()}
+  own = {os.path.splitext(n)[0] for n in scripts}
+  assert not own & package, own & package
+  readme = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
+  for name in scripts:
+    assert f"`{name}" in readme, name
+    if not name.endswith(".py"):
+      continue
+    tree = ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())
+    assert ast.get_docstring(tree), name
+    for node in ast.walk(tree):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+               [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+      for imported in names:
+        top = imported.split(".")[0]
+        assert top not in own or top == os.path.splitext(name)[0], (name, imported)

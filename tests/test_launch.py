@@ -554,10 +554,10 @@ def test_the_gpu_benchmark_appends_each_run_dated_with_its_device(tmp_path):
   python = fake / "python"  # writes the JSON it is asked for; -c goes to the real Python
   python.write_text(f"""#!/bin/bash
 if [ "$1" = -c ]; then exec {sys.executable} "$@"; fi
-script="$1"; shift
+call="$*"
 while [ $# -gt 0 ]; do [ "$1" = --json ] && json="$2"; shift; done
-echo '{{"gpt_125m_bf16": {{"ms_per_step": 12.5}}, "script": "'"$script"'"}}' > "$json"
-echo "measured by $script"
+echo '{{"gpt_125m_bf16": {{"ms_per_step": 12.5}}, "call": "'"$call"'"}}' > "$json"
+echo "measured by $call"
 """)
   for path in (fake / "nvidia-smi", python):
     path.chmod(0o755)
@@ -573,7 +573,10 @@ echo "measured by $script"
   for name in made:
     run = repo / "docs" / "gpu" / "runs" / name
     assert "NVIDIA H100 80GB HBM3" in (run / "results.txt").read_text()
-    assert "gpu_attention.py" in (run / "attention.json").read_text()
+    called = json.loads((run / "attention.json").read_text())["call"]
+    assert called.startswith("benchmarks/gpu.py attention --json ") and "--step_ms 12.5" in called
+    assert json.loads((run / "results.json").read_text())["call"].startswith(
+        "benchmarks/gpu.py --json ")
   assert first.read_text() == '{"device": "the first run"}'
 
 
@@ -604,8 +607,7 @@ def test_the_gpu_ladder_plans_one_lease_and_refuses_what_does_not_fit(tmp_path, 
   assert memory.plan(top, one_gpu, num_runs=11).total > usable  # why the rung is split
   assert memory.plan(top, one_gpu, num_runs=6).total <= usable
   assert "24 x 1024 (16 heads, 304.0M parameters): 11 runs" in result.stdout
-  sys.path.insert(0, os.path.join(runs.REPO, "benchmarks"))
-  import gpu_ladder
+  gpu_ladder = runs.benchmark("lease")  # its ladder part
   programs = gpu_ladder.plan()
   assert sum(p.parts for p in programs) == 10
   split = [p for p in programs if p.parts > 1][0]
@@ -622,16 +624,16 @@ def test_the_gpu_ladder_plans_one_lease_and_refuses_what_does_not_fit(tmp_path, 
   want = memory.parameter_count(types.SimpleNamespace(**dict(top.model))) * 12 * 11 * 1.1 / 2**30
   monkeypatch.setattr(gpu_ladder.shutil, "disk_usage", lambda path: types.SimpleNamespace(
       free=10 * 2**30))
-  monkeypatch.setattr(sys, "argv", ["gpu_ladder.py", f"--workdir={tmp_path / 'w'}",
+  monkeypatch.setattr(sys, "argv", ["lease.py", f"--workdir={tmp_path / 'w'}",
                                     "--keep-checkpoints"])
   assert gpu_ladder.main() == 2
   assert capsys.readouterr().err.strip() == (
       f"error: {tmp_path} has 10.0 GiB free and the ladder needs {want:.1f} GiB")
   assert not (tmp_path / "w").exists()
-  monkeypatch.setattr(sys, "argv", ["gpu_ladder.py", "--budget_minutes=1"])
+  monkeypatch.setattr(sys, "argv", ["lease.py", "ladder", "--budget_minutes=1"])
   assert gpu_ladder.main() == 2
   assert capsys.readouterr().err.strip().startswith("error: the estimate, ")
-  monkeypatch.setattr(sys, "argv", ["gpu_ladder.py", "--dry-run", "--gpu_memory_gib=2"])
+  monkeypatch.setattr(sys, "argv", ["lease.py", "--dry-run", "--gpu_memory_gib=2"])
   assert gpu_ladder.main() == 2
   assert re.match(r"^error: pre_norm_clip1 at 24 x 1024: one run plans .* more than the 1.8 GiB "
                   r"the GPU gives XLA$", capsys.readouterr().err.strip())
@@ -793,9 +795,7 @@ def test_the_seed_figure_lease_plans_steps_memory_time_and_disk(monkeypatch, cap
   clips share one), each arm stepping at its measured time; every program's memory plan within
   0.9 of an 80 GB H100; records only on disk. A GPU too small, or a budget too short, is one
   line."""
-  sys.path.insert(0, os.path.join(runs.REPO, "benchmarks"))
-  import gpu_ladder
-  import gpu_seed_figure
+  gpu_ladder = gpu_seed_figure = runs.benchmark("lease")  # its ladder and seed-figure parts
   from normstudy.engine import memory
   result = subprocess.run(["make", "-s", "gpu-seed-figure", "DRY_RUN=1"], cwd=runs.REPO,
                           capture_output=True, text=True, timeout=runs.bound(120))
@@ -819,6 +819,6 @@ def test_the_seed_figure_lease_plans_steps_memory_time_and_disk(monkeypatch, cap
        r"MERT's size plans .* more than the 36 GiB the GPU gives XLA$"),
       (["--dry-run", "--budget_minutes=1"], r"^error: --budget_minutes=1 leaves no time to "
        r"train after \d+ s of start-up and compiles$")):
-    monkeypatch.setattr(sys, "argv", ["gpu_seed_figure.py", *argv])
+    monkeypatch.setattr(sys, "argv", ["lease.py", "seed-figure", *argv])
     assert gpu_seed_figure.main() == 2
     assert re.match(message, capsys.readouterr().err.strip())

@@ -830,7 +830,7 @@ def test_a_directory_normstudy_did_not_write_is_not_trained_into(tmp_path, comma
 @pytest.mark.slow
 def test_checkpoint_every_minus_one_keeps_no_state_and_the_run_still_finishes(tmp_path):
   """train.checkpoint_every=-1 (a lease's sweep whose states nobody reads, benchmarks/
-  gpu_ladder.py): no checkpoint at any step, not even the last, the records whole; -2 is refused
+  lease.py ladder): no checkpoint at any step, not even the last, the records whole; -2 is refused
   naming what is allowed."""
   workdir = tmp_path / "run"
   runs.run_module("normstudy.main", f"--config={SEED}", f"--workdir={workdir}",

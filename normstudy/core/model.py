@@ -137,7 +137,7 @@ class Transformer(nn.Module):
     # (a sum over the batch) with layer 0's backward pass and computes that a second time there
     # (3.3 of 110 ms of operations per step at benchmarks/throughput.py's S). Before the cast:
     # after it, a bfloat16 run's gradient was rounded before that sum and its bits changed
-    # (benchmarks/same_bits.py).
+    # (benchmarks/trees.py bits).
     x = layers.boundary(cfg, x).astype(dtype)
     if cfg.position_embedding == "conv":
       x = x + layers.ConvPositions(cfg, name="pos_conv")(x)

@@ -69,3 +69,21 @@ def causal_floor(data_dir: str, matrices, data_cfg, max_len: int) -> float:
     return synthetic.causal_loss_floor(matrices, floor_rows(matrices, data_cfg, max_len)[0])
   return _cached_floor(os.path.join(
       data_dir, f"causal_floor_L{max_len}_n{FLOOR_ROWS}_s{FLOOR_SEED}.json"), compute)[0]
+
+
+def language_floors(config, half: int) -> dict:
+  """What reading the whole row is worth on a synthetic language (the context language's
+  question, `python -m normstudy.context_gap --floors`): from the FLOOR_ROWS fresh rows and
+  masks the runs' floors come from, its unigram entropy (no context), the masked loss floor with
+  its standard error (the whole row), the Bayes bound of a model that sees --half tokens either
+  side (synthetic.window_loss_floor: what a model without attention sees through a position
+  convolution of width 2 half + 1) and the causal entropy floor."""
+  from normstudy.data import synthetic  # pylint: disable=import-outside-toplevel
+  data_cfg, model = config.data, config.model
+  matrices = synthetic.dialect_matrices(model.vocab_size, data_cfg.branching, data_cfg.seed,
+                                        data_cfg.dialects, data_cfg.dialect_weight)
+  rows, masks = floor_rows(matrices, data_cfg, model.max_len)
+  floor, stderr = synthetic.masked_loss_floor(matrices, rows, masks)
+  return {"unigram": synthetic.mixture_unigram_entropy(matrices), "masked": floor,
+          "stderr": stderr, "window": synthetic.window_loss_floor(matrices, rows, masks, half),
+          "causal": synthetic.causal_loss_floor(matrices, rows)[0]}

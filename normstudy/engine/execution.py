@@ -18,7 +18,7 @@ program's runs step in one of two ways, chosen once here:
                   the state held as K one-run states [1, ...], each donated to and returned by
                   its own step: on XLA:CPU with the runs axis unsplit (normstudy.engine.platform),
                   where every run of a sweep then computes bit for bit what it computes alone
-                  and its sweep.json command reproduces it (benchmarks/sweep.py compares both)
+                  and its sweep.json command reproduces it (benchmarks/grids.py compares both)
 The loop never asks which: it holds whatever `initial`/`hold` return and hands it back.
 """
 

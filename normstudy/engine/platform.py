@@ -20,7 +20,7 @@ from normstudy.errors import UserError
 # XLA:CPU removes optimization barriers before fusion (its `cse_barrier_expander` pass), which
 # would undo the model's fusion boundaries; with the pass off they stay as no-ops that end
 # fusions. Eigen's dots beat XNNPACK/YNN's at the small sizes normstudy trains on a CPU
-# (benchmarks/ab.py, benchmarks/profile.py), so both are off.
+# (benchmarks/trees.py step, benchmarks/throughput.py profile), so both are off.
 CPU_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander",
                         "xla_cpu_experimental_ynn_fusion_type": "", "xla_cpu_use_xnnpack": False}
 
@@ -32,15 +32,15 @@ class Choices:
   fusion_boundaries  the model ends fusions at each projection, the embedding plus positions,
                      the logits and each block (normstudy.core.layers.fusion_boundary), and
                      takes the operand layouts measured faster there: q, k, v projected
-                     token-major, the MLP's layers.widening_product (benchmarks/profile.py;
-                     the same bits, benchmarks/same_bits.py)
+                     token-major, the MLP's layers.widening_product (benchmarks/throughput.py profile;
+                     the same bits, benchmarks/trees.py bits)
   compiler_options   XLA options of every compiled step
   runs_one_at_a_time a program's K runs, with the runs axis unsplit, step one after another
                      through the one-run program rather than as one vmapped program, so each
                      run is bit for bit the run alone (normstudy.engine.execution;
-                     benchmarks/sweep.py)
+                     benchmarks/grids.py)
   worker_processes   a sweep may train programs side by side in worker processes, one per
-                     share of the cores (normstudy.experiments.workers; benchmarks/workers.py)
+                     share of the cores (normstudy.experiments.workers; benchmarks/grids.py workers)
   """
   fusion_boundaries: bool
   compiler_options: dict

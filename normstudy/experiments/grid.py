@@ -36,7 +36,7 @@ from normstudy.records import schema
 from normstudy.records import storage
 
 # Runs per program beyond which a grid's runs of one structure are split into several programs;
-# 0 = no limit. On XLA:CPU a run-step costs about the same whatever K (benchmarks/sweep.py
+# 0 = no limit. On XLA:CPU a run-step costs about the same whatever K (benchmarks/grids.py
 # --program_sizes measures it), so by default one program takes every run of a structure; a
 # limit bounds a program's memory.
 MAX_RUNS_PER_PROGRAM = 0

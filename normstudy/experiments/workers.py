@@ -2,7 +2,7 @@
 
 On XLA:CPU one process does not keep two cores busy with programs this small, so two programs
 in two processes, each pinned to one core, train more run-steps per second than the same
-programs one after another in one two-core process (benchmarks/workers.py measures it;
+programs one after another in one two-core process (benchmarks/grids.py workers measures it;
 docs/throughput.md).
 
 Determinism: XLA:CPU's results depend on the size of its thread pool (how it splits a dot's
