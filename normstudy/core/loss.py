@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from normstudy.records import keys
+
 
 def targets(cfg, logits, batch):
   """(logits, target ids, float32 weights) of the predicted positions."""
@@ -42,9 +44,9 @@ def objective(cfg, loss_cfg, logits, batch) -> tuple[jax.Array, dict]:
   runs with and without auxiliary terms compare; each term is logged under its own key
   ("z_loss": the coefficient times the mean (log Z)^2, what it adds to the loss)."""
   ce, _ = cross_entropy(cfg, logits, batch)
-  total, terms = ce, {"loss": ce}
+  total, terms = ce, {keys.LOSS: ce}
   coefficient = loss_cfg.z_loss
   if coefficient > 0:
-    terms["z_loss"] = coefficient * z_loss(cfg, logits, batch)
-    total = total + terms["z_loss"]
+    terms[keys.Z_LOSS] = coefficient * z_loss(cfg, logits, batch)
+    total = total + terms[keys.Z_LOSS]
   return total, terms
