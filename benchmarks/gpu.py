@@ -57,18 +57,6 @@ def peak_flops(device) -> float | None:
   return None if tflops is None else tflops * 1e12
 
 
-def bf16_matmul_flops_per_second(n: int = 8192, repeats: int = 20) -> float:
-  a = jnp.ones((n, n), jnp.bfloat16)
-  matmul = jax.jit(lambda x: x @ x)
-  matmul(a).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    matmul(a).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return 2 * n**3 / statistics.median(times)
-
-
 # Rows of 1024 tokens a step for the 125M LM: 256 x 1024 = 262K tokens fills an H100/H200 (16
 # rows, 16K tokens, left most of it idle); halved until it fits on a smaller GPU.
 GPT_ROWS = 256
@@ -133,18 +121,6 @@ def _versions() -> dict:
   return versions
 
 
-def _seed_runs(k: int) -> list:
-  """K runs of the seed figure's Pre-LN clip 1 as a sweep's grid holds them: learning rates
-  1e-3 and 3e-3 times seeds 0..K/2-1 (benchmarks/grids.py's runs)."""
-  configs = []
-  for lr in (1e-3, 3e-3):
-    for seed in range(k // 2):
-      config = seed_figure.get_config("pre_norm_clip1")
-      config.optimizer.learning_rate, config.train.seed = lr, seed
-      configs.append(config)
-  return configs
-
-
 def throughput(argv=None):
   parser = argparse.ArgumentParser(prog="gpu.py", description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=20)
@@ -186,7 +162,8 @@ def throughput(argv=None):
     write()
 
   def matmul():
-    results["bf16_matmul_flops_per_s"] = rate = bf16_matmul_flops_per_second()
+    results["bf16_matmul_flops_per_s"] = rate = timing.matmul_flops_per_second(
+        8192, repeats=20, dtype=jnp.bfloat16)
     print(f"{device.device_kind}: peak {peak and peak / 1e12} TFLOP/s, "
           f"bf16 8192^3 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
 
@@ -219,9 +196,10 @@ def throughput(argv=None):
     # The engine's step of K runs as one program (vmapped on a GPU) against the one-run step,
     # each on one random batch staged once: what a sweep's runs cost on the device, not its data.
     results["sweep"] = []
-    alone = statistics.median(timing.step_seconds(_seed_runs(2)[0], args.steps))
+    seed = seed_figure.get_config("pre_norm_clip1")
+    alone = statistics.median(timing.step_seconds(seed, args.steps))
     for k in (int(k) for k in args.ks.split(",")):
-      configs = _seed_runs(k)
+      configs = timing.grid_runs(seed, k)
       stacked = statistics.median(timing.step_seconds(configs[0], args.steps, runs=configs))
       row = {"runs": k, "vmapped_run_steps_per_s": k / stacked,
              "sequential_run_steps_per_s": 1 / alone,
@@ -257,8 +235,8 @@ def throughput(argv=None):
 # ---- attention --------------------------------------------------------------------------------
 
 ATTENTION_DOC = """What the attention core costs in a GPU step, and what a fused kernel saves:
-one layer's causal self-attention, forward and backward, at the 125M LM's shape (the `throughput` part above:
-12 heads of 64, 1024 tokens, bfloat16), three ways:
+one layer's causal self-attention, forward and backward, at the 125M LM's shape (the
+`throughput` part above: 12 heads of 64, 1024 tokens, bfloat16), three ways:
 
   normstudy   what normstudy.core.layers.Attention computes between its projections
               (attention_scores, the causal mask, a float32 softmax, the weighted sum): the

@@ -26,9 +26,9 @@ pipeline, one program per group of runs as the sweep trains it):
   one process   the programs one after another in this process, which may use every core
   workers       one process per program, all at once, each pinned to its own share of the cores
                 (os.sched_setaffinity), each compiling its program and training it; --pin late
-                (normstudy.experiments.workers): pinned after XLA started on every core, so its thread pool
-                and its results are one process's; early: pinned before, a pool per share;
-                none: not pinned (each pool as large as the machine, the threads unbound)
+                (normstudy.experiments.workers): pinned after XLA started on every core, so its
+                thread pool and its results are one process's; early: pinned before, a pool per
+                share; none: not pinned (each pool as large as the machine, the threads unbound)
 Printed: steady-state run-steps per second (from the median step time of every program; for the
 workers, summed over the programs training together) and the wall time including compilation,
 and the ratio workers / one process. normstudy.sweep would gain from workers where the ratio is
@@ -36,7 +36,6 @@ well above 1 (docs/throughput.md's rule: at least 1.25x).
 """
 
 import argparse
-import copy
 import json
 import multiprocessing
 import os
@@ -54,10 +53,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from configs import benchmark as benchmark_sizes  # noqa: E402
+from configs import seed_figure  # noqa: E402
 from normstudy.data import batches as batches_lib  # noqa: E402
 from normstudy.data import sources as data_lib  # noqa: E402
 from normstudy.engine import execution  # noqa: E402
 from normstudy.engine import sharding  # noqa: E402
+from normstudy.engine import timing  # noqa: E402
 
 # Each subcommand's question (its --help): the first line of its part of the docstring.
 _QUESTIONS = {name: re.search(rf"^{name}: (.*)$", __doc__, re.M).group(1)
@@ -67,28 +68,15 @@ _QUESTIONS = {name: re.search(rf"^{name}: (.*)$", __doc__, re.M).group(1)
 
 # ---- programs ----------------------------------------------------------------------------------
 
-def _seed_figure(variant="pre_norm_clip1"):
-  from configs import seed_figure
-  return seed_figure.get_config(variant)
-
-
 def base_config(size: str, data_dir: str):
-  if size == "seed":
-    config = _seed_figure()
-  else:
-    config = benchmark_sizes.get_config(size)
+  config = (seed_figure.get_config("pre_norm_clip1") if size == "seed"
+            else benchmark_sizes.get_config(size))
   config.data.update(data_dir=data_dir, train_tokens=2**17, validation_tokens=2**14)
   return config
 
 
 def run_configs(size: str, k: int, data_dir: str) -> list:
-  configs = []
-  for lr in (1e-3, 3e-3):
-    for seed in range(k // 2):
-      config = copy.deepcopy(base_config(size, data_dir))
-      config.optimizer.learning_rate, config.train.seed = lr, seed
-      configs.append(config)
-  return configs
+  return timing.grid_runs(base_config(size, data_dir), k)
 
 
 def train(configs, steps: int, vmapped=None) -> dict:
@@ -162,7 +150,8 @@ def programs(argv=None):
   parser.add_argument("--runs", type=int, default=8, help="K, even")
   parser.add_argument("--steps", type=int, default=40, help="steps per run")
   parser.add_argument("--sizes", default="seed,S", help="comma-separated, from: seed, S, M")
-  parser.add_argument("--memory_runs", type=int, default=16, help="K for the memory check (0: skip)")
+  parser.add_argument("--memory_runs", type=int, default=16,
+                      help="K for the memory check (0: skip)")
   parser.add_argument("--json", default="benchmarks/grids.json", help="output file")
   parser.add_argument("--program_sizes", default="",
                       help="comma-separated K (even): only time one K-run program per K at the "

@@ -193,7 +193,8 @@ def plain_step_seconds(config, steps: int) -> list[float]:
 
 
 def throughput(argv=None):
-  parser = argparse.ArgumentParser(prog="throughput.py throughput", description=_QUESTIONS["throughput"])
+  parser = argparse.ArgumentParser(prog="throughput.py throughput",
+                                   description=_QUESTIONS["throughput"])
   parser.add_argument("--steps", type=int, default=20, help="timed steps after compilation")
   parser.add_argument("--sizes", default="S,M", help="comma-separated, from: S, M")
   parser.add_argument("--json", default="benchmarks/throughput.json", help="output file")
@@ -458,7 +459,8 @@ def steps_per_second(records: list, tokens_per_step: int) -> float:
 
 
 def dispatch(argv=None):
-  parser = argparse.ArgumentParser(prog="throughput.py dispatch", description=_QUESTIONS["dispatch"])
+  parser = argparse.ArgumentParser(prog="throughput.py dispatch",
+                                   description=_QUESTIONS["dispatch"])
   parser.add_argument("--per_dispatch", default="1,16")
   parser.add_argument("--steps", type=int, default=300)
   parser.add_argument("--rounds", type=int, default=3)

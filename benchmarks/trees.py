@@ -172,13 +172,14 @@ COMMITTED = (
     ("docs/survival", ("pre_norm_clip1/lr0.1_seed0", "pre_norm_clip1/lr1_seed0",
                        "pre_norm_attn_relax_clip1/lr0.1_seed1",
                        "pre_norm_attn_relax_after_product_clip1/lr0.1_seed0",
-                       "post_norm_deepnorm_clip1/lr0.1_seed0", "post_norm_input_norm_clip1/lr1_seed0")),
+                       "post_norm_deepnorm_clip1/lr0.1_seed0",
+                       "post_norm_input_norm_clip1/lr1_seed0")),
     ("docs/survival_fp32", ("pre_norm_clip1/lr0.1_seed0",)),
     ("docs/survival_bf16", ("pre_norm_clip1/lr0.1_seed0", "post_norm_deepnorm_clip1/lr0.1_seed0")),
-    ("docs/techniques/float16", ("qk_norm/lr0.1_seed0", "qk_clip/lr0.1_seed0", "sub_ln/lr0.1_seed0",
-                                 "ngpt/lr0.1_seed0", "fp32_scores/lr0.1_seed0", "mix_ln/lr0.1_seed0",
-                                 "dyt/lr0.316228_seed1", "emb_grad_shrink/lr0.1_seed0",
-                                 "peri_ln/lr1_seed0")),
+    ("docs/techniques/float16", (
+        "qk_norm/lr0.1_seed0", "qk_clip/lr0.1_seed0", "sub_ln/lr0.1_seed0", "ngpt/lr0.1_seed0",
+        "fp32_scores/lr0.1_seed0", "mix_ln/lr0.1_seed0", "dyt/lr0.316228_seed1",
+        "emb_grad_shrink/lr0.1_seed0", "peri_ln/lr1_seed0")),
 )
 LADDER_RUNG = ("--config=configs/ladder.py", "--config.model.num_layers=4",
                "--config.model.d_model=32", "--config.model.d_ff=128",
@@ -233,7 +234,9 @@ def first_difference(a: list, b: list) -> str:
   for x, y in zip(a, b):
     if x != y:
       keys = sorted(k for k in set(x) | set(y) if x.get(k) != y.get(k))
-      return f"step {x.get('step')}: {', '.join(keys[:6])} ({keys[0]} {x.get(keys[0])} -> {y.get(keys[0])})"
+      first = keys[0]
+      return (f"step {x.get('step')}: {', '.join(keys[:6])} ({first} {x.get(first)} -> "
+              f"{y.get(first)})")
   return ""
 
 
@@ -266,8 +269,8 @@ def bits(argv=None):
         difference = first_difference(futures[name, "base"].result(),
                                       futures[name, "this"].result())
         differ += bool(difference)
-        print(f"{'DIFF' if difference else 'SAME'} {name}" + (f": {difference}" if difference else ""),
-              flush=True)
+        print(f"{'DIFF' if difference else 'SAME'} {name}"
+              + (f": {difference}" if difference else ""), flush=True)
   print(f"\nbase = {args.base} ({rev.stdout.strip()}), this = the working tree: "
         f"{len(chosen) - differ} of {len(chosen)} cases the same")
   sys.exit(1 if differ else 0)

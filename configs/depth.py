@@ -68,6 +68,7 @@ def base_config():
   return config
 
 
-EXPERIMENT = Experiment(base=base_config, arms=_ARMS, axes=_AXES, settings=_SETTINGS, report="depth")
+EXPERIMENT = Experiment(base=base_config, arms=_ARMS, axes=_AXES, settings=_SETTINGS,
+                        report="depth")
 
 get_config = EXPERIMENT.get_config

@@ -15,8 +15,8 @@ own (its Ladder's parts, trained into DIR/<part>/...):
              scaling: the combination is refused);
   sp         the standard parametrization's reference arms at every one of those rungs (the
              committed sp ladder stops at 4 x 128 and 16 layers), and Pre-LN without the clip.
-ladder_parametrization.csv sets each arm's slope beside sp's (its Transfer's arms: arm -> its sp arm):
-the sp part's rungs, and where it has none the committed docs/ladder/ladder.csv
+ladder_parametrization.csv sets each arm's slope beside sp's (its Transfer's arms: arm -> its
+sp arm): the sp part's rungs, and where it has none the committed docs/ladder/ladder.csv
 (its Transfer's reference, the same instrument and arms). ladder_clip.csv says how often each arm's
 clip acted at each rung.
 

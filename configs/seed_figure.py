@@ -124,7 +124,8 @@ def base_config():
   return config
 
 
-EXPERIMENT = Experiment(base=base_config, default_arm="pre_norm_clip1", arms=_ARMS, sweep_arms=_SWEEP_ARMS, study_arms=_STUDY_ARMS, axes=_AXES,
+EXPERIMENT = Experiment(base=base_config, default_arm="pre_norm_clip1", arms=_ARMS,
+                        sweep_arms=_SWEEP_ARMS, study_arms=_STUDY_ARMS, axes=_AXES,
                         settings=_SETTINGS, seeds=(0, 1, 2))
 
 get_config = EXPERIMENT.get_config

@@ -30,6 +30,6 @@ def base_config():
   return config
 
 
-EXPERIMENT = dataclasses.replace(seed_figure.EXPERIMENT, base=base_config, default_arm="pre_norm_clip1", seeds=())
+EXPERIMENT = dataclasses.replace(seed_figure.EXPERIMENT, base=base_config, seeds=())
 
 get_config = EXPERIMENT.get_config

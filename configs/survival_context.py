@@ -6,6 +6,7 @@ import dataclasses
 from configs import context
 from configs import survival
 
-EXPERIMENT = dataclasses.replace(survival.EXPERIMENT, base=context.base_config, parts={})  # the search alone
+# The search alone, on the context language.
+EXPERIMENT = dataclasses.replace(survival.EXPERIMENT, base=context.base_config, parts={})
 
 get_config = EXPERIMENT.get_config

@@ -6,10 +6,10 @@ moves with size, and whether the small rungs predict the largest.
 
 With --config, the rungs of the file's EXPERIMENT's Ladder (normstudy.core.experiment: its
 rungs, (num_layers, d_model) pairs, in each of its dtypes) are trained first, each a
-critical-learning-rate search (its search) of the experiment's arms run as its own `normstudy.sweep` into DIR/<dtype>/L<layers>_d<width>; DIR/ladder.json
-lists each rung's command, so one rung can be re-run alone. Re-running resumes: a finished rung
-trains nothing again. Extra --sweep_arg flags reach every rung's sweep (e.g.
---sweep_arg=--workers=1). Then the analysis:
+critical-learning-rate search (its search) of the experiment's arms run as its own `normstudy.sweep`
+into DIR/<dtype>/L<layers>_d<width>; DIR/ladder.json lists each rung's command, so one rung can be
+re-run alone. Re-running resumes: a finished rung trains nothing again. Extra --sweep_arg flags
+reach every rung's sweep (e.g. --sweep_arg=--workers=1). Then the analysis:
 every directory below DIR holding an analysed critical-learning-rate search (critical_lr.csv and
 sweep.json: `normstudy.sweep --search=...` then `normstudy.analyze`) is a rung; its size is
 read from its runs' config. Writes into DIR: ladder.csv (per rung and arm: dtype, num_layers,
@@ -18,10 +18,11 @@ and axis: the slope of log critical rate on log size, the held-out largest rung,
 extrapolation to the target size), ladder_tests.csv (whether two arms' ratio changes with size)
 and ladder.png (normstudy.analysis.ladder_report has the statistics).
 
-A Ladder that declares learning_rates instead of a search (configs/ladder_sensitivity.py) trains each rung as a sweep over that learning-rate grid; every
-directory below DIR holding an analysed grid (runs.csv and sweep.json, no critical_lr.csv) is
-then a rung of Wortsman's LR sensitivity: ladder_sensitivity.csv, ladder_sensitivity_tests.csv,
-ladder_sensitivity.png and ladder_sensitivity.md (normstudy.analysis.ladder_sensitivity).
+A Ladder that declares learning_rates instead of a search (configs/ladder_sensitivity.py) trains
+each rung as a sweep over that learning-rate grid; every directory below DIR holding an analysed
+grid (runs.csv and sweep.json, no critical_lr.csv) is then a rung of Wortsman's LR sensitivity:
+ladder_sensitivity.csv, ladder_sensitivity_tests.csv, ladder_sensitivity.png and
+ladder_sensitivity.md (normstudy.analysis.ladder_sensitivity).
 """
 
 # normstudy.cli before the libraries: from its first line, Ctrl-C while they import is one line.

@@ -8,15 +8,14 @@ that arm; with --config=FILE, of every arm of the file's EXPERIMENT (its sweep_a
 DIR/<arm>/...). The experiment's axes ({dotted.field: [values]}) are the sweep's; --axis adds to
 them or replaces an axis of the same field (the same --axis twice, or a --config.X of an axis's
 field, is refused). A run's config is its arm's, then the experiment's settings, then
---config.X, then the point's values; the grid is planned once (expanded, grouped into programs, every run
-checked) and printed before anything trains. Points that differ only in data fields (learning
-rate, clip norm, weight decay, warm-up, Adam's betas and eps, seed, limits, loss-scale settings)
-share one compiled program (normstudy.engine.execution: vmapped on an accelerator, one run after
-another on a CPU); fields that change the program (placement, depth, dtype, ...) make one
-program per structural point, trained one after another or side by side (--workers). Each run
-writes DIR/<run>/ as a single run does; stacked checkpoints live under DIR/checkpoints/;
-DIR/sweep.json lists the axes and each run's status. Re-running the same command resumes where
-it stopped.
+--config.X, then the point's values; the grid is planned once (expanded, grouped into programs,
+every run checked) and printed before anything trains. Points that differ only in data fields
+(learning rate, clip norm, weight decay, warm-up, Adam's betas and eps, seed, limits, loss-scale
+settings) share one compiled program (normstudy.engine.execution: vmapped on an accelerator, one run
+after another on a CPU); fields that change the program (placement, depth, dtype, ...) make one
+program per structural point, trained one after another or side by side (--workers). Each run writes
+DIR/<run>/ as a single run does; stacked checkpoints live under DIR/checkpoints/; DIR/sweep.json
+lists the axes and each run's status. Re-running the same command resumes where it stopped.
 
 A file's EXPERIMENT (normstudy.core.experiment) is run whole by `--config=FILE --workdir=DIR`:
 its axes and settings, its search (with its rounds and probes),

@@ -1,7 +1,8 @@
 """layers.fusion_boundary and platform.CPU_COMPILER_OPTIONS: the boundary is the identity forward
 and backward, and with the options XLA:CPU keeps it (jaxlib would otherwise drop it before
-fusion, silently undoing the speed-up benchmarks/throughput.py profile measured); layers.widening_product
-is the plain product, value and gradients bit for bit, with the smaller operand transposed."""
+fusion, silently undoing the speed-up `benchmarks/throughput.py profile` measured);
+layers.widening_product is the plain product, value and gradients bit for bit, with the smaller
+operand transposed."""
 
 import re
 import types
@@ -73,7 +74,7 @@ def test_the_widening_product_has_the_plain_products_value_and_gradients_bit_for
 
 def test_the_widening_products_weight_gradient_transposes_the_smaller_operand():
   # What it is for: XLA:CPU transposes x [tokens, d] for the weight gradient, not the gradient
-  # of the output [tokens, f], 4x larger here (benchmarks/throughput.py profile: the copies it saves).
+  # of the output [tokens, f], 4x larger here (`throughput.py profile`: the copies it saves).
   x, w, c = np.ones((4, 32, 16), np.float32), np.ones((16, 64), np.float32), np.ones((4, 32, 64),
                                                                                     np.float32)
   def transposed_copies(widening):

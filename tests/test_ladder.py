@@ -244,8 +244,9 @@ def test_the_gpu_ladder_continues_the_cpu_ladder_at_larger_rungs():
                                 grid.load_experiment("configs/ladder_gpu.py"))
   assert max((r.num_layers, r.d_model) for r in rungs) == (24, 1024)  # MERT's shape
   assert not {(r.num_layers, r.d_model) for r in rungs} & set(cpu.LADDER_RUNGS)
-  same = lambda e: dataclasses.replace(e, ladder=dataclasses.replace(e.ladder, rungs=()))  # noqa: E731
-  assert same(gpu.EXPERIMENT) == same(cpu.EXPERIMENT)  # only the rungs differ
+  def without_rungs(declared):
+    return dataclasses.replace(declared, ladder=dataclasses.replace(declared.ladder, rungs=()))
+  assert without_rungs(gpu.EXPERIMENT) == without_rungs(cpu.EXPERIMENT)  # only the rungs differ
   assert gpu.get_config("pre_norm_clip1").to_dict() == cpu.get_config("pre_norm_clip1").to_dict()
 
 

@@ -595,6 +595,7 @@ def test_the_sweep_eta_is_within_30_percent_once_a_tenth_is_done(monkeypatch, wo
      "is not {name: (label, {dotted.field: value})}"),
     ("sweep_arms", '"pre_norm_clip1"', "is not a list of its arms' names"),
     ("sweep_arms", '("pre_norm_clip2",)', "names pre_norm_clip2, not among its arms"),
+    ("default_arm", '"pre_norm_clip2"', "default_arm names pre_norm_clip2, not among its arms"),
     ("settings", '[("train.num_steps", 5)]', "is not {dotted.field: value}"),
     ("report", '"figure"', "report='figure' is not allowed"),
     ("base", 'None', "declares no base config"),

@@ -76,8 +76,8 @@ def add_bias(y, bias, dims):
   to y's dtype, as PyTorch sums a half tensor's gradient (fairseq's --fp16 bias gradients): a sum
   beyond float16's range is still inf, so loss-scale overflow is what it was. Differentiated
   plainly, JAX sums the float16 gradient in float16, which XLA:CPU computes as a slow tree of
-  reduce-windows (benchmarks/throughput.py profile: 12% of the seed recipe's step) and rounds at every
-  level."""
+  reduce-windows (`benchmarks/throughput.py profile`: 12% of the seed recipe's step) and rounds
+  at every level."""
   return y + jnp.expand_dims(bias.astype(y.dtype), _other_dims(y.ndim, dims))
 
 
@@ -255,8 +255,8 @@ def fusion_boundary(x):
   fuses elementwise work into the layout copies before the weight-gradient dots and computes
   it there in transposed order, several inputs read with a stride; between the layers of an
   unrolled stack it fuses the residual stream's gradient, a sum over every later layer's
-  branch, into each consumer and recomputes it there (benchmarks/throughput.py profile measures what such
-  copies cost; docs/throughput.md). XLA:CPU drops barriers before fusion unless its
+  branch, into each consumer and recomputes it there (`benchmarks/throughput.py profile` measures
+  what such copies cost; docs/throughput.md). XLA:CPU drops barriers before fusion unless its
   `cse_barrier_expander` pass is off (platform.CPU_COMPILER_OPTIONS). Values are unchanged up to
   the rounding of a different fusion."""
   return jax.lax.optimization_barrier(x)

@@ -32,8 +32,8 @@ class Choices:
   fusion_boundaries  the model ends fusions at each projection, the embedding plus positions,
                      the logits and each block (normstudy.core.layers.fusion_boundary), and
                      takes the operand layouts measured faster there: q, k, v projected
-                     token-major, the MLP's layers.widening_product (benchmarks/throughput.py profile;
-                     the same bits, benchmarks/trees.py bits)
+                     token-major, the MLP's layers.widening_product (`benchmarks/
+                     throughput.py profile`; the same bits, `benchmarks/trees.py bits`)
   compiler_options   XLA options of every compiled step
   runs_one_at_a_time a program's K runs, with the runs axis unsplit, step one after another
                      through the one-run program rather than as one vmapped program, so each

@@ -2,6 +2,7 @@
 so that the scripts share code only through the package.
 
   step_seconds(config, steps)        seconds per compiled step of one run (or K runs: `runs`)
+  grid_runs(config, k)               K runs of `config` as a sweep's grid holds them
   EngineSteps(config)                one run stepped by blocks or one step per dispatch
   model_flops_per_step(config)       the matmul FLOPs of a step (forward and backward)
   matmul_flops_per_second()          this machine's dense float32 matmul rate, measured now
@@ -13,6 +14,7 @@ forward pass (q, k, v, out, fc1, fc2, the scores and the attention-weighted sum 
 length, the output head) and twice that for the backward pass.
 """
 
+import copy
 import statistics
 import time
 
@@ -81,6 +83,18 @@ def run_batch(config) -> dict:
   if not config.model.causal:
     return encoder_batch(config)
   return {"tokens": np.asarray(token_batch(config)["tokens"])[None]}
+
+
+def grid_runs(config, k: int) -> list:
+  """K runs of `config` as a sweep's grid holds them, differing only in per-run fields: learning
+  rates 1e-3 and 3e-3 times seeds 0..K/2-1 (K even)."""
+  runs = []
+  for lr in (1e-3, 3e-3):
+    for seed in range(k // 2):
+      run = copy.deepcopy(config)
+      run.optimizer.learning_rate, run.train.seed = lr, seed
+      runs.append(run)
+  return runs
 
 
 def step_seconds(config, steps: int, runs=None) -> list[float]:

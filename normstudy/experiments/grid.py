@@ -129,8 +129,10 @@ def check_experiment(declared: experiment_lib.Experiment, path: str) -> None:
       text = repr(value)
       raise errors.UserError(f"{path}: EXPERIMENT's {name}="
                              f"{text[:60] + '...' if len(text) > 60 else text} is not {shape}")
-  for name in ("study_arms", "sweep_arms"):
-    unknown = [arm for arm in getattr(declared, name) if arm not in declared.arms]
+  for name in ("study_arms", "sweep_arms", "default_arm"):
+    value = getattr(declared, name)
+    unknown = [arm for arm in ([value] if isinstance(value, str) and value else value)
+               if arm not in declared.arms]
     if unknown:
       raise errors.UserError(f"{path}: EXPERIMENT's {name} names {', '.join(unknown)}, not "
                              f"among its arms ({', '.join(declared.arms)})")
